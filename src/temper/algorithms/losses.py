@@ -1,0 +1,33 @@
+"""Losses: short pure functions over tensors, each with its formula."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target_t | x_<t) for every position. logits (B, T, V), targets (B, T) -> (B, T)."""
+    return -F.cross_entropy(
+        logits.float().transpose(1, 2), targets.clamp_min(0), reduction="none"
+    )
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token cross-entropy over supervised tokens.
+
+        L = -(1 / N) * sum_{b,t : y_{b,t+1} != -100} log p(y_{b,t+1} | x_{b,<=t})
+
+    logits (B, T, V) and labels (B, T) are aligned with the inputs (the shift happens here).
+    N is `num_tokens` when given (the supervised-token count of the whole optimizer step, so that
+    gradient accumulation and data-parallel splits give the same gradient as one big batch),
+    otherwise the count in this batch.
+    """
+    targets = labels[:, 1:]  # (B, T-1)
+    mask = targets != IGNORE
+    nll = -token_logprobs(logits[:, :-1], targets)
+    total = (nll * mask).sum()
+    n = mask.sum() if num_tokens is None else num_tokens
+    return total / torch.as_tensor(n, dtype=total.dtype).clamp_min(1)

@@ -1,0 +1,76 @@
+"""Load and save causal LMs through the transformers Auto classes.
+
+A local directory and a hub id go through the same `from_pretrained` call; the built-in
+presets are created with `temper pretrain` (or `build_preset`) and saved like any model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from temper.atomic import atomic_dir
+
+
+class ModelNotFoundError(RuntimeError):
+    """A model id is neither a local directory nor reachable on the hub."""
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmul on CPUs without native bf16 is ~100x slower), bf16 on CUDA."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _not_found(name: str, err: Exception) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"cannot load model {name!r}: it is not a local directory and the hub could not provide it "
+        f"({type(err).__name__}). Pass a local path (e.g. the output of `temper pretrain`) "
+        f"or make the hub reachable."
+    )
+
+
+def _check_local(name: str) -> None:
+    """A name that is clearly a path must exist: do not send it to the hub (and wait on retries)."""
+    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
+    if looks_like_path and not Path(name).expanduser().is_dir():
+        raise ModelNotFoundError(f"model directory {name!r} does not exist")
+
+
+def load_tokenizer(name: str | os.PathLike) -> PreTrainedTokenizerBase:
+    _check_local(str(name))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(name))
+    except (OSError, ValueError) as err:
+        raise _not_found(str(name), err) from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name: str | os.PathLike,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> PreTrainedModel:
+    device = device or default_device()
+    _check_local(str(name))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(name), dtype=dtype or default_dtype(device))
+    except (OSError, ValueError) as err:
+        raise _not_found(str(name), err) from err
+    return model.to(device)
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return Path(out_dir)

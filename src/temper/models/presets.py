@@ -1,0 +1,41 @@
+"""Tiny Llama-architecture presets trained from scratch, so every stage runs with no hub.
+
+Sizes follow shared/research/cpu-performance.md: in a fixed CPU budget the number of optimizer
+steps decides what a from-scratch model learns, so the default `tiny` is ~1M parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+PRESETS: dict[str, dict[str, int]] = {
+    # name: hidden, layers, heads, ffn; parameter counts with the built-in 263-token vocab
+    "nano": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
+    "small": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024),
+}
+
+
+def preset_config(name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 512) -> LlamaConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_len,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **PRESETS[name],
+    )
+
+
+def build_preset(name: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> LlamaForCausalLM:
+    """A freshly initialized preset model (fp32), deterministic in `seed`."""
+    config = preset_config(name, tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model

@@ -1,0 +1,58 @@
+"""A byte-level tokenizer built locally with the `tokenizers` library, with a chat template.
+
+Why byte-level with no merges: the built-in tiny models learn arithmetic, where one token per
+digit helps, and a byte vocabulary covers any text a user passes without an unknown token.
+Token id i is byte i, so ids are readable in tests. Saved with `save_pretrained`, it reloads
+through `AutoTokenizer` like any hub tokenizer.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
+ROLES = ("system", "user", "assistant", "tool")
+SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
+
+# Each turn is `<|role|>content<|end|>`. The `{% generation %}` markers let
+# `apply_chat_template(return_assistant_tokens_mask=True)` mark assistant tokens; our own
+# masking (temper.data.chat) does not rely on them, so hub templates without markers work too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|>"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"
+    "{% else %}{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode map, the alphabet `ByteLevel` uses."""
+    printable = list(range(ord("!"), ord("~") + 1))
+    printable += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The built-in tokenizer: 256 byte tokens, then the special tokens (ids 256..262)."""
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, padding_side="left"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

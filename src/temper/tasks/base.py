@@ -1,0 +1,66 @@
+"""The `Task` interface: one object owns problem generation, prompt rendering, parsing and grading.
+
+Eval and RL both call `Task.score`, so the two never drift apart (nanochat's `reward()` reuses
+its `evaluate()` in the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+SPLITS = ("train", "test", "ood")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable problem. `data` holds what the grader needs (operands, cards, target...)."""
+
+    task: str
+    split: str
+    id: str
+    prompt: str  # the user turn's text
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat prompt the policy sees (no assistant turn)."""
+        return [{"role": "user", "content": self.prompt}]
+
+
+@dataclass(frozen=True)
+class Score:
+    """The grade of one completion.
+
+    reward: the scalar outcome reward (1.0 correct, 0.0 otherwise, unless a task says more).
+    correct: the answer is right.
+    parsed: an answer could be extracted in the required format (format stability).
+    details: why (`reason`), what was parsed (`answer`), and task-specific facts.
+    """
+
+    reward: float
+    correct: bool
+    parsed: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def sample(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split` ("train", "test" or "ood"), deterministic in `seed`.
+
+        test and train never share a problem; ood follows a shifted rule or surface."""
+        ...
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        """Grade the assistant's completion text. Never raises on model output."""
+        ...
+
+    def demonstration(self, problem: Problem) -> str:
+        """A correct assistant response in the required format, for SFT."""
+        ...
+
+    def corpus_text(self, problem: Problem) -> str:
+        """The problem and its solution in plain notation, without the chat protocol (pre-training)."""
+        ...

@@ -1,0 +1,33 @@
+"""Metrics as JSON lines: one object per logged step, appended and flushed as training goes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from temper.atomic import atomic_write_text
+
+
+class MetricsLog:
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path, self.enabled = Path(path), enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows past `step` (after a resume from that step), atomically."""
+        if not self.enabled or not self.path.exists():
+            return
+        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]

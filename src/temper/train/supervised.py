@@ -1,0 +1,202 @@
+"""The supervised trainer (pre-training, SFT): a loop over optimizer steps, built on Accelerate.
+
+Behaviour comes from what it is given (sequences and a loss), not from subclasses. Batches are a
+pure function of (seed, step), so resuming from a checkpoint replays exactly the batches the
+uninterrupted run would have seen, and `accelerate launch --num_processes N` splits the same
+global batch N ways.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from temper.algorithms.losses import IGNORE, sft_loss
+from temper.data.dataset import Sequence, collate
+from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from temper.train.metrics import MetricsLog
+from temper.train.schedule import lr_at
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer-step-level settings shared by every supervised stage."""
+
+    max_steps: int = 500  # optimizer steps
+    batch_size: int = 16  # sequences per optimizer step, over all processes
+    micro_batch_size: int = 0  # sequences per forward pass; 0 = the whole per-process batch
+    lr: float = 1e-3  # peak learning rate
+    schedule: str = "cosine"  # cosine | wsd | constant
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    eval_every: int = 0  # steps between eval-loss passes; 0 = only at the end
+    save_every: int = 0  # steps between checkpoints; 0 = none
+    log_every: int = 10
+    seed: int = 0
+    progress: bool = True  # rich progress bar on the main process
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float
+    eval_loss: float | None
+    tokens: int  # input tokens processed (pads excluded)
+    seconds: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def batch_indices(step: int, n_examples: int, batch_size: int, seed: int) -> list[int]:
+    """Indices of the global batch at `step`: a stream of seeded permutations, one per epoch."""
+    start = step * batch_size
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n_examples)
+        perm = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        out += perm[offset : offset + batch_size - len(out)].tolist()
+    return out
+
+
+def _count_supervised(batch: list[Sequence]) -> int:
+    return sum(sum(label != IGNORE for label in s.labels[1:]) for s in batch)
+
+
+def evaluate_loss(model: torch.nn.Module, sequences: list[Sequence], pad_id: int, batch_size: int, device) -> float:
+    """Token-weighted mean loss over `sequences`."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(sequences), batch_size):
+            chunk = sequences[i : i + batch_size]
+            batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+            labels = batch.pop("labels")
+            n = _count_supervised(chunk)
+            logits = model(**batch, use_cache=False).logits
+            total += sft_loss(logits, labels, n).item() * n
+            count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def train_supervised(
+    model: torch.nn.Module,
+    train: list[Sequence],
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    pad_id: int,
+    eval_set: list[Sequence] | None = None,
+    loss_fn: Callable[..., torch.Tensor] = sft_loss,
+    callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
+    accelerator: Accelerator | None = None,
+) -> TrainResult:
+    """Train `model` in place on `train` for `config.max_steps` steps; resume from the newest
+    checkpoint under `out_dir/checkpoints` if there is one. Metrics go to `out_dir/metrics.jsonl`."""
+    if not train:
+        raise ValueError("no training sequences (every example was empty or dropped)")
+    out_dir = Path(out_dir)
+    accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if config.batch_size % world:
+        raise ValueError(f"batch_size {config.batch_size} is not divisible by {world} processes")
+    per_process = config.batch_size // world
+    micro = config.micro_batch_size or per_process
+    if per_process % micro:
+        raise ValueError(f"per-process batch {per_process} is not divisible by micro_batch_size {micro}")
+
+    torch.manual_seed(config.seed)
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=config.betas,
+    )
+    model.train()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    unwrapped = accelerator.unwrap_model(model)
+
+    ckpt_root = out_dir / "checkpoints"
+    log = MetricsLog(out_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    start = 0
+    if checkpoints := list_checkpoints(ckpt_root):
+        start = load_checkpoint(checkpoints[-1], unwrapped, optimizer)
+        log.truncate_after(start)
+    elif accelerator.is_main_process and log.path.exists():
+        log.path.unlink()
+
+    def lr_for(step: int) -> float:
+        return lr_at(step, lr=config.lr, max_steps=config.max_steps, warmup_steps=config.warmup_steps,
+                     schedule=config.schedule, min_lr_ratio=config.min_lr_ratio)
+
+    history: list[dict[str, Any]] = []
+    tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
+    loss_value, eval_loss = float("nan"), None
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+        disable=not (config.progress and accelerator.is_main_process),
+    )
+    with progress:
+        bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
+        for step in range(start, config.max_steps):
+            global_idx = batch_indices(step, len(train), config.batch_size, config.seed)
+            n_tokens = _count_supervised([train[i] for i in global_idx])  # same on every process
+            local = [train[i] for i in global_idx[rank * per_process : (rank + 1) * per_process]]
+            for group in optimizer.param_groups:
+                group["lr"] = lr_for(step)
+            loss_sum = torch.zeros((), device=accelerator.device)
+            for m in range(0, per_process, micro):
+                chunk = local[m : m + micro]
+                batch = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
+                labels = batch.pop("labels")
+                last = m + micro >= per_process
+                ctx = accelerator.no_sync(model) if not last else nullcontext()
+                with ctx:
+                    logits = model(**batch, use_cache=False).logits
+                    loss = loss_fn(logits, labels, n_tokens)
+                    # DDP averages gradients over processes; each holds sum_local / N_global.
+                    accelerator.backward(loss * world)
+                loss_sum += loss.detach()
+                tokens_total += sum(len(s.input_ids) for s in chunk)
+                tok_window += sum(len(s.input_ids) for s in chunk)
+            grad_norm = None
+            if config.grad_clip > 0:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
+            done = step + 1
+
+            row: dict[str, Any] = {"step": done, "loss": loss_value, "lr": lr_for(step)}
+            if grad_norm is not None:
+                row["grad_norm"] = float(grad_norm)
+            is_last = done == config.max_steps
+            if eval_set and ((config.eval_every and done % config.eval_every == 0) or is_last):
+                eval_loss = evaluate_loss(model, eval_set, pad_id, micro, accelerator.device)
+                row["eval_loss"] = eval_loss
+            if done % config.log_every == 0 or is_last or "eval_loss" in row:
+                now = time.perf_counter()
+                row["tokens_per_s"] = tok_window * world / max(now - t_window, 1e-9)
+                t_window, tok_window = now, 0
+                log.log(row)
+                history.append(row)
+            progress.update(bar, advance=1, info=f"loss {loss_value:.4f}")
+            for cb in callbacks:
+                cb(done, row)
+            if config.save_every and done % config.save_every == 0 and accelerator.is_main_process:
+                save_checkpoint(ckpt_root, done, unwrapped, optimizer)
+            accelerator.wait_for_everyone()
+
+    seconds = time.perf_counter() - t_start
+    return TrainResult(config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history)
