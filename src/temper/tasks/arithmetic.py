@@ -9,7 +9,9 @@ Splits: train and test draw operands of `min_digits..max_digits` digits and are 
 hash of the canonical problem (37+45 and 45+37 are the same problem, so they land in the same
 split); ood draws operands of exactly `ood_digits` digits, longer than anything in train, so it
 measures length generalization. The second operand of `*` never has more than `mul_max_digits`
-digits, in every split, so multiplication stays learnable for a tiny model.
+digits, in every split, so multiplication stays learnable for a tiny model. An operand's digit
+count is uniform over its range, then its value uniform among numbers of that length, so short
+operands are not drowned out by the far more numerous long ones.
 
 Score reasons: "correct", "wrong" (a well-formed integer, not the result), "no_answer" (the
 completion does not end with `Answer: <integer>`; `Answer: +082` is the integer 82).
@@ -128,7 +130,9 @@ def _key(a: int, op: str, b: int) -> str:
 
 
 def _split_of(key: str, test_fraction: float) -> str:
-    """"test" for a stable `test_fraction` of keys (sha256, unlike the per-process salted hash)."""
+    """The split of a problem key: test for a stable `test_fraction` of keys, else train.
+
+    sha256 rather than `hash()`, which Python salts per process."""
     point = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return "test" if point < test_fraction else "train"
 

@@ -1,0 +1,236 @@
+import time
+
+import pytest
+
+from temper.tasks import GeneralPoints, GeneralPointsConfig, Task
+from temper.tasks.base import Problem
+from temper.tasks.general_points import REASONS, solvable, solve
+
+TASK = GeneralPoints()
+ID_RULE = "A=1 J=10 Q=10 K=10."
+OOD_RULE = "A=1 J=11 Q=12 K=13."
+
+
+def hand(cards: list[str], faces: tuple[int, int, int], split: str = "test") -> Problem:
+    names = {"A": 1, "J": faces[0], "Q": faces[1], "K": faces[2]}
+    values = [names[c] if c in names else int(c) for c in cards]
+    data = {"cards": cards, "values": values, "target": 24, "face_values": list(faces)}
+    return Problem("general_points", split, ",".join(cards), "", data)
+
+
+P = hand(["3", "8", "K", "A"], (10, 10, 10))
+
+
+def grade(completion: str, problem: Problem = P) -> tuple[float, bool, bool, str]:
+    s = TASK.score(problem, completion)
+    assert s.details["reason"] in REASONS and "answer" in s.details
+    return s.reward, s.correct, s.parsed, s.details["reason"]
+
+
+def test_is_a_task():
+    assert isinstance(TASK, Task)
+    assert TASK.name == "general_points"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "(10-1)*8/3",
+        "8*(10-1)/3",
+        "8/3*(10-1)",
+        "(10 - 1) * 8 / 3",
+        "((10-1)*8)/3",
+        "(((10-1)))*(8/3)",
+        "(10-1)*8/3=24",
+        "(10-1)*8/3 = 24",
+        "(10-1)*8/3=024",
+    ],
+)
+def test_correct_in_equivalent_forms(answer):
+    assert grade(f"Answer: {answer}") == (1.0, True, True, "correct")
+
+
+def test_answer_line_tolerance():
+    assert grade("10-1=9, 9*8=72, 72/3=24\n  Answer:  (10-1)*8/3  \n<|end|>")[3] == "correct"
+    assert grade("Answer: 3*8\nAnswer: (10-1)*8/3")[3] == "correct"
+    assert grade("Answer: (10-1)*8/3\nAnswer: 3*8")[3] == "wrong_cards"
+
+
+@pytest.mark.parametrize(
+    ("completion", "reason", "parsed"),
+    [
+        ("", "no_answer", False),
+        ("(10-1)*8/3", "no_answer", False),
+        ("answer: (10-1)*8/3", "no_answer", False),
+        ("Answer:", "no_answer", False),
+        ("Answer: (K-A)*8/3", "syntax_error", False),
+        ("Answer: (10-1)×8/3", "syntax_error", False),
+        ("Answer: (10-1)*8/3)", "syntax_error", False),
+        ("Answer: (10-1)*8/3==24", "syntax_error", False),
+        ("Answer: (10-1)*8/3=twenty-four", "syntax_error", False),
+        ("Answer: (10-1)*8/3=", "syntax_error", False),
+        ("Answer: (10-1)*8/3\nso that is 24", "syntax_error", False),
+        ("Answer: -1+10*8/3*... ", "syntax_error", False),
+        ("Answer: 8/(1-1)", "division_by_zero", True),
+        ("Answer: 3/(10-10)*8*1", "division_by_zero", True),
+        ("Answer: 999999*999999*999999*999999", "too_large", True),
+        ("Answer: 12345678-3", "too_large", True),
+        ("Answer: " + "+".join(["1"] * 60), "too_large", True),
+        ("Answer: (10-8+1)*8", "wrong_cards", True),
+        ("Answer: 3*8", "wrong_cards", True),
+        ("Answer: 24", "wrong_cards", True),
+        ("Answer: (13-1)*8/3", "wrong_cards", True),
+        ("Answer: 10+8+3+1", "wrong_value", True),
+        ("Answer: (10-1)*8/3=25", "wrong_value", True),
+        ("Answer: 10+8+3+1=24", "wrong_value", True),
+    ],
+)
+def test_failure_reasons(completion, reason, parsed):
+    assert grade(completion) == (0.0, False, parsed, reason)
+
+
+@pytest.mark.parametrize("completion", [None, "\x00" * 1000, "Answer: " + "(" * 5000, "Answer: 1/0" * 10])
+def test_garbage_never_raises(completion):
+    assert grade(completion)[:2] == (0.0, False)
+
+
+def test_wrong_value_reports_the_value():
+    assert TASK.score(P, "Answer: 10+8+3+1").details["value"] == "22"
+
+
+def test_same_cards_different_rules():
+    """K K 2 2 is solvable under both rules, but the ID answer uses K=10, which OOD forbids."""
+    id_hand = hand(["K", "K", "2", "2"], (10, 10, 10))
+    ood_hand = hand(["K", "K", "2", "2"], (11, 12, 13), split="ood")
+    assert grade("Answer: 10+10+2+2", id_hand)[3] == "correct"
+    assert grade("Answer: 10+10+2+2", ood_hand)[3] == "wrong_cards"
+    assert grade("Answer: 13*(2-2/13)", ood_hand)[3] == "correct"
+    assert grade("Answer: 13*(2-2/13)", id_hand)[3] == "wrong_cards"
+
+
+def test_a_hand_can_be_solvable_under_one_rule_only():
+    # J A A A: with J=10 the best is (10+1)*(1+1)=22; with J=11 it is (11+1)*(1+1)=24.
+    assert not solvable([10, 1, 1, 1], 24)
+    assert solvable([11, 1, 1, 1], 24)
+
+
+def test_solver():
+    assert solvable([8, 8, 3, 3], 24)  # 8/(3-8/3): needs exact fractions
+    assert solvable([1, 5, 5, 5], 24)  # 5*(5-1/5)
+    assert not solvable([1, 1, 1, 1], 24)
+    assert solvable([1, 2, 3, 4], 24) and not solvable([1, 1, 2, 2], 24)  # at most (2+1)*(2+1)
+    assert solvable([4, 6], 24) and not solvable([5, 5], 24)
+    assert solve([3, 8, 10, 1], 24) == solve([1, 10, 8, 3], 24)
+    assert solve([3, 8, 10, 1], 24).expression == "(10-1)*8/3"
+    assert solve([3, 8, 10, 1], 24).steps == ("10-1=9", "9*8=72", "72/3=24")
+    assert solve([8, 8, 3, 3], 24).expression == "8/(3-8/3)"
+    with pytest.raises(ValueError):
+        solve([1, 1, 1, 1], 24)
+
+
+def test_formats():
+    assert TASK.demonstration(P) == "10-1=9, 9*8=72, 72/3=24\nAnswer: (10-1)*8/3"
+    assert TASK.corpus_text(P) == "3 8 10 1 to 24: 10-1=9, 9*8=72, 72/3=24; (10-1)*8/3=24"
+    fractional = hand(["8", "3", "8", "3"], (10, 10, 10))
+    assert TASK.demonstration(fractional) == ("8/3=8/3, 3-(8/3)=1/3, 8/(1/3)=24\nAnswer: 8/(3-8/3)")
+
+
+@pytest.mark.parametrize("split", ["train", "test", "ood"])
+def test_sampled_problems(split):
+    rule = OOD_RULE if split == "ood" else ID_RULE
+    for p in TASK.sample(split, 300, seed=1):
+        cards = " ".join(p.data["cards"])
+        assert p.prompt == f"Cards: {cards}. {rule} Make 24 using each value once with + - * / ( )."
+        assert TASK.score(p, TASK.demonstration(p)).correct
+        assert "Answer:" not in TASK.corpus_text(p)
+        assert TASK.corpus_text(p).startswith(" ".join(map(str, p.data["values"])) + " to 24: ")
+        assert (p.split, p.task, len(p.data["cards"])) == (split, "general_points", 4)
+        assert solvable(p.data["values"], 24)
+
+
+def test_ood_hands_hold_a_face_card_and_use_the_ood_values():
+    for p in TASK.sample("ood", 500, seed=2):
+        assert {"J", "Q", "K"} & set(p.data["cards"])
+        for card, v in zip(p.data["cards"], p.data["values"], strict=True):
+            assert v == {"A": 1, "J": 11, "Q": 12, "K": 13}.get(card, v)
+            assert card in "JQKA" or int(card) == v
+
+
+def test_id_values():
+    for p in TASK.sample("train", 500, seed=2):
+        for card, v in zip(p.data["cards"], p.data["values"], strict=True):
+            assert v == {"A": 1, "J": 10, "Q": 10, "K": 10}.get(card, v) and v <= 10
+
+
+def test_train_and_test_disjoint_by_values():
+    train = {tuple(sorted(p.data["values"])) for p in TASK.sample("train", 3000, seed=0)}
+    test = {tuple(sorted(p.data["values"])) for p in TASK.sample("test", 1000, seed=0)}
+    assert len(test) > 50 and not train & test
+
+
+def test_seeded_sampling_is_reproducible():
+    assert TASK.sample("ood", 40, seed=5) == TASK.sample("ood", 40, seed=5)
+    assert TASK.sample("ood", 40, seed=5) != TASK.sample("ood", 40, seed=6)
+
+
+def test_unknown_split():
+    with pytest.raises(ValueError, match="valid splits: train, test, ood"):
+        TASK.sample("dev", 1, seed=0)
+
+
+@pytest.mark.parametrize("n_cards", [2, 3])
+def test_fewer_cards(n_cards):
+    task = GeneralPoints(GeneralPointsConfig(n_cards=n_cards))
+    for split in ("train", "test", "ood"):
+        for p in task.sample(split, 100, seed=0):
+            assert len(p.data["cards"]) == n_cards
+            assert task.score(p, task.demonstration(p)).correct
+
+
+def test_two_cards_space_is_tiny_but_sampling_works():
+    """With J=Q=K=10 only {3, 8} and {4, 6} make 24; each split gets one of them."""
+    task = GeneralPoints(GeneralPointsConfig(n_cards=2))
+    train = {tuple(sorted(p.data["values"])) for p in task.sample("train", 200, seed=0)}
+    test = {tuple(sorted(p.data["values"])) for p in task.sample("test", 200, seed=0)}
+    assert train | test == {(3, 8), (4, 6)} and not train & test
+
+
+def test_max_rank_ten_deals_no_faces_in_distribution_but_ood_still_does():
+    task = GeneralPoints(GeneralPointsConfig(max_rank=10))
+    assert not any(set(p.data["cards"]) & {"J", "Q", "K"} for p in task.sample("train", 300, seed=0))
+    assert all(set(p.data["cards"]) & {"J", "Q", "K"} for p in task.sample("ood", 300, seed=0))
+
+
+def test_other_target():
+    task = GeneralPoints(GeneralPointsConfig(target=10, n_cards=3))
+    for p in task.sample("train", 50, seed=0):
+        assert "Make 10 " in p.prompt and task.score(p, task.demonstration(p)).correct
+
+
+def test_empty_split_is_a_clear_error():
+    task = GeneralPoints(GeneralPointsConfig(n_cards=2, target=1000))
+    with pytest.raises(ValueError, match="no solvable train hand"):
+        task.sample("train", 1, seed=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"n_cards": 1},
+        {"n_cards": 5},
+        {"max_rank": 14},
+        {"target": 0},
+        {"face_values_ood": (11, 12)},
+    ],
+)
+def test_invalid_config(options):
+    with pytest.raises(ValueError):
+        GeneralPointsConfig(**options)
+
+
+def test_sampling_10k_is_fast_even_cold():
+    task = GeneralPoints(GeneralPointsConfig(target=23))  # a target no other test warms the cache for
+    start = time.perf_counter()
+    for split in ("train", "ood"):
+        assert len(task.sample(split, 10_000, seed=0)) == 10_000
+    assert time.perf_counter() - start < 5.0
