@@ -21,9 +21,7 @@ from temper.tasks.base import Problem, Score, Task
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
-def chat_prompt_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
-) -> list[int]:
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
     """The token ids of the chat prompt, ending with the assistant header.
 
     transformers 5 returns a BatchEncoding from `apply_chat_template(tokenize=True)` (4.x
@@ -50,6 +48,15 @@ def _mean(values: Sequence[float], bounds: tuple[float, float] | None = None) ->
     if bounds is not None:
         lo, hi = max(bounds[0], lo), min(bounds[1], hi)
     return _metric(m, lo, hi)
+
+
+def _unit_mean(values: Sequence[float]) -> dict[str, float]:
+    """A mean of per-problem values in [0, 1]. When every value is 0 or 1 (pass@k with n = k,
+    or mean@k when each problem is all right or all wrong) it is a proportion and gets the Wilson
+    interval, which stays honest at 0% and 100% where the normal interval collapses to a point."""
+    if all(v in (0.0, 1.0) for v in values):
+        return _rate([v == 1.0 for v in values])
+    return _mean(values, (0.0, 1.0))
 
 
 def _jsonable(x: Any) -> Any:
@@ -91,7 +98,8 @@ def evaluate(
     Metrics are {"value", "lo", "hi"} with 95% intervals over problems:
       greedy_accuracy, parse_rate, truncation_rate (greedy; Wilson interval),
       greedy_reward, mean_length (greedy completion tokens incl. the stop id; normal interval),
-      mean@k = mean_i c_i / k and pass@1, pass@k = mean_i pass_at_k(k, c_i, .) (normal interval),
+      mean@k = mean_i c_i / k and pass@1, pass@k = mean_i pass_at_k(k, c_i, .) (normal interval
+      clipped to [0, 1], or Wilson when every per-problem value is 0 or 1),
     where c_i counts the correct samples of problem i. With n = k samples, pass@1 equals mean@k
     and pass@k is the share of problems with at least one correct sample.
     """
@@ -107,8 +115,7 @@ def evaluate(
 
     scores = [task.score(p, c.text) for p, c in zip(problems, greedy, strict=True)]
     correct_P = [
-        sum(task.score(p, c.text).correct for c in cs)
-        for p, cs in zip(problems, sampled, strict=True)
+        sum(task.score(p, c.text).correct for c in cs) for p, cs in zip(problems, sampled, strict=True)
     ]
     reasons = Counter(str(s.details.get("reason", "unknown")) for s in scores)
 
@@ -118,9 +125,9 @@ def evaluate(
         "truncation_rate": _rate([c.stop_reason == "length" for c in greedy]),
         "greedy_reward": _mean([float(s.reward) for s in scores]),
         "mean_length": _mean([len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))),
-        f"mean@{k}": _mean([c / k for c in correct_P], (0.0, 1.0)),
-        "pass@1": _mean([pass_at_k(k, c, 1) for c in correct_P], (0.0, 1.0)),
-        f"pass@{k}": _mean([pass_at_k(k, c, k) for c in correct_P], (0.0, 1.0)),
+        f"mean@{k}": _unit_mean([c / k for c in correct_P]),
+        "pass@1": _unit_mean([pass_at_k(k, c, 1) for c in correct_P]),
+        f"pass@{k}": _unit_mean([pass_at_k(k, c, k) for c in correct_P]),
     }
     return {
         "task": task.name,
@@ -133,8 +140,7 @@ def evaluate(
         "metrics": metrics,
         "reasons": dict(reasons.most_common()),
         "examples": [
-            _example(p, c, s)
-            for p, c, s in list(zip(problems, greedy, scores, strict=True))[:n_examples]
+            _example(p, c, s) for p, c, s in list(zip(problems, greedy, scores, strict=True))[:n_examples]
         ],
     }
 
@@ -183,7 +189,7 @@ def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                 ]
             )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

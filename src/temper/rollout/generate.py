@@ -155,9 +155,7 @@ def generate(
     runs = 1 if greedy else num_samples
     # one job per sequence; sorting by length puts similar prompts in a batch (less padding),
     # and the stable sort keeps each prompt's samples in order
-    jobs = sorted(
-        (i for i in range(len(prompts)) for _ in range(runs)), key=lambda i: -len(prompts[i])
-    )
+    jobs = sorted((i for i in range(len(prompts)) for _ in range(runs)), key=lambda i: -len(prompts[i]))
     results: list[list[Completion]] = [[] for _ in prompts]
     device = _model_device(model)
     cuda_devices = [device.index or 0] if device.type == "cuda" else []
