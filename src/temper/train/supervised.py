@@ -30,21 +30,31 @@ from temper.train.schedule import lr_at
 class TrainConfig:
     """Optimizer-step-level settings shared by every supervised stage."""
 
-    max_steps: int = 500  # optimizer steps
-    batch_size: int = 16  # sequences per optimizer step, over all processes
-    micro_batch_size: int = 0  # sequences per forward pass; 0 = the whole per-process batch
-    lr: float = 1e-3  # peak learning rate
-    schedule: str = "cosine"  # cosine | wsd | constant
+    max_steps: int = 500
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Sequences per optimizer step, over all processes."""
+    micro_batch_size: int = 0
+    """Sequences per forward pass; 0 = the whole per-process batch."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    schedule: str = "cosine"
+    """One of cosine, wsd (warmup-stable-decay), constant."""
     warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
+    min_lr_ratio: float = 0.1
+    """Final lr as a fraction of the peak."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0  # max global grad norm; 0 disables
-    eval_every: int = 0  # steps between eval-loss passes; 0 = only at the end
-    save_every: int = 0  # steps between checkpoints; 0 = none
+    grad_clip: float = 1.0
+    """Max global grad norm; 0 disables."""
+    eval_every: int = 0
+    """Steps between eval-loss passes; 0 = only at the end."""
+    save_every: int = 0
+    """Steps between checkpoints; 0 = none."""
     log_every: int = 10
     seed: int = 0
-    progress: bool = True  # rich progress bar on the main process
+    progress: bool = True
+    """Show a rich progress bar on the main process."""
 
 
 @dataclass

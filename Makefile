@@ -1,0 +1,41 @@
+# Two commands on a fresh machine:
+#   make demo   set up .venv and run the default recipe end to end on the CPU (report in runs/quickstart)
+#   make test   set up .venv and run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# On a machine without an NVIDIA GPU, install the CPU build of torch first, so that nothing
+# pulls a multi-GB CUDA build (this pin resolves to the CPU wheel where one is provided locally;
+# elsewhere set e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu").
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test test-fast lint bench setup clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q $(TORCH_SPEC); fi
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/temper run recipes/quickstart.yaml
+
+# pytest exits 5 when it collected no tests: for this project that is a broken suite, not a pass.
+test: setup
+	$(BIN)/python -m pytest -q; rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; exit $$rc
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks && $(BIN)/ruff format --check src tests benchmarks
+
+bench: setup
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/sft_throughput.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,39 @@
+"""The eval stage: every chosen model on every chosen task and split, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from temper.evaluate import evaluate_splits, format_table, write_eval
+from temper.models import load_model, load_tokenizer
+from temper.recipe import EvalStage
+from temper.stages.context import StageContext
+
+console = Console(stderr=True)
+
+
+def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
+    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`."""
+    models = stage.models or list(ctx.models)
+    tasks = stage.tasks or list(ctx.tasks)
+    results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
+    for model_name in models:
+        path = ctx.models[model_name]
+        tokenizer, model = load_tokenizer(path), load_model(path)
+        for task in tasks:
+            console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
+            results[task][model_name] = evaluate_splits(
+                model, tokenizer, ctx.tasks[task], stage.splits, n_problems=stage.n_problems,
+                seed=stage.seed, k=stage.k, temperature=stage.temperature,
+                max_new_tokens=stage.max_new_tokens,
+            )
+    write_eval(out / "eval.json", results)
+    return results
+
+
+def eval_table(results: dict[str, dict[str, Any]]) -> str:
+    flat = {f"{task} / {model}": by_split for task, by_model in results.items() for model, by_split in by_model.items()}
+    return format_table(flat)

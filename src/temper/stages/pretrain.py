@@ -1,0 +1,98 @@
+"""The pretrain stage: a from-scratch preset (or a user model) trained on a text corpus.
+
+The default corpus is the built-in tasks' problems with their solutions in plain notation, so
+the base learns the notation and the arithmetic but not the chat protocol: SFT teaches that.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from temper.atomic import atomic_dir, atomic_write_json
+from temper.data.dataset import build_sequences
+from temper.data.formats import Example, load_jsonl
+from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
+from temper.recipe import ModelSpec, PretrainStage
+from temper.stages.context import StageContext, settings_hash
+from temper.train.supervised import train_supervised
+
+console = Console(stderr=True)
+
+
+def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:
+    """Task lines (train split only, so test problems never leak into the base) plus user files."""
+    examples: list[Example] = []
+    for name in stage.corpus.tasks:
+        task = ctx.tasks[name]
+        for i, problem in enumerate(task.sample("train", stage.corpus.problems_per_task, stage.corpus.seed)):
+            examples.append(Example(source=f"task:{name}", line=i + 1, text=task.corpus_text(problem)))
+    for path in stage.corpus.files:
+        rows, _ = load_jsonl(ctx.resolve(path))
+        examples += [r for r in rows if r.text is not None] or _no_text(path)
+    random.Random(stage.corpus.seed).shuffle(examples)
+    return examples
+
+
+def _no_text(path: str) -> list[Example]:
+    raise ValueError(f"corpus file {path!r} has no 'text' rows to pre-train on")
+
+
+def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> str:
+    """The settings the recipe states that determine the weights (not the stage name or cache path).
+
+    Only explicitly set values count, so a shipped base stays valid when a later version adds a
+    setting with a default; the full resolved settings are recorded beside it for provenance."""
+    tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
+    settings = stage.model_dump(exclude_unset=True, exclude={"name": True, "cache": True, "train": {"progress"}})
+    return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
+
+
+def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: Path) -> Path:
+    digest = pretrain_hash(stage, spec, ctx)
+    model_dir = out / "model"
+    cache = ctx.resolve(stage.cache) if stage.cache else None
+    if cache and _cache_matches(cache, digest):
+        console.print(f"[green]pretrain[/]: using the base in {cache} (same settings, hash {digest})")
+        shutil.copytree(cache / "model", model_dir, dirs_exist_ok=True)
+        for name in ("metrics.jsonl", "pretrain.json"):
+            if (cache / name).exists():
+                shutil.copy(cache / name, out / name)
+        return model_dir
+    if cache:
+        console.print(f"[yellow]pretrain[/]: no base with these settings in {cache}; training one (hash {digest})")
+
+    if spec.preset:
+        tokenizer = build_tokenizer()
+        model = build_preset(spec.preset, tokenizer, seed=spec.seed)
+    else:
+        tokenizer, model = load_tokenizer(spec.path), load_model(spec.path)
+    sequences, stats = build_sequences(tokenizer, corpus_examples(stage, ctx), stage.max_len, pack=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    console.print(f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
+                  f"{stats.tokens} tokens, {stats.truncated} truncated")
+    result = train_supervised(model, sequences, stage.train, out, pad_id=tokenizer.pad_token_id)
+    save_model(model, tokenizer, model_dir)
+    summary = {"hash": digest, "settings": stage.model_dump(), "model": spec.model_dump(), "parameters": n_params, "data": stats.as_dict(), "steps": result.steps,
+               "final_loss": result.final_loss, "seconds": result.seconds, "tokens": result.tokens}
+    atomic_write_json(out / "pretrain.json", summary)
+    if cache:
+        _fill_cache(cache, out, summary)
+    return model_dir
+
+
+def _cache_matches(cache: Path, digest: str) -> bool:
+    marker = cache / "pretrain.json"
+    return marker.exists() and (cache / "model").is_dir() and json.loads(marker.read_text()).get("hash") == digest
+
+
+def _fill_cache(cache: Path, out: Path, summary: dict) -> None:
+    with atomic_dir(cache) as tmp:
+        shutil.copytree(out / "model", tmp / "model")
+        shutil.copy(out / "metrics.jsonl", tmp / "metrics.jsonl")
+        atomic_write_json(tmp / "pretrain.json", summary)
+    console.print(f"pretrain: stored the base in {cache}")

@@ -1,0 +1,65 @@
+"""The SFT stage: chat demonstrations (from tasks and/or TRL-format files) with assistant-only loss."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rich.console import Console
+
+from temper.atomic import atomic_write_json
+from temper.data.dataset import build_sequences
+from temper.data.formats import Example, load_jsonl
+from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
+from temper.recipe import SFTStage
+from temper.stages.context import StageContext
+from temper.train.supervised import train_supervised
+
+console = Console(stderr=True)
+
+
+def demonstrations(ctx: StageContext, tasks: list[str], split: str, n: int, seed: int) -> list[Example]:
+    """One single-turn chat example per problem: the task's prompt and its demonstration."""
+    out = []
+    for name in tasks:
+        task = ctx.tasks[name]
+        for i, problem in enumerate(task.sample(split, n, seed)):
+            messages = problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]
+            out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages))
+    return out
+
+
+def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], list[Example], dict]:
+    data = stage.data
+    train = demonstrations(ctx, data.tasks, "train", data.problems_per_task, data.seed)
+    skipped: dict[str, int] = {}
+    for path in data.files:
+        rows, report = load_jsonl(ctx.resolve(path), skip_bad_rows=data.skip_bad_rows)
+        train += rows
+        if report.skipped:
+            skipped[path] = report.skipped
+            console.print(f"[yellow]sft[/]: skipped {report.skipped} bad rows of {path}; first: {report.errors[0]}")
+    random.Random(data.seed).shuffle(train)
+    held_out = demonstrations(ctx, data.tasks, "test", data.eval_problems, data.seed) if data.eval_problems else []
+    return train, held_out, skipped
+
+
+def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
+    tokenizer, model = load_tokenizer(source), load_model(source)
+    train_rows, eval_rows, skipped = sft_examples(stage, ctx)
+    train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
+    eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
+    console.print(f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
+                  f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out")
+    if stage.lora:
+        model = apply_lora(model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules)
+    result = train_supervised(model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set)
+    model_dir = out / "model"
+    if stage.lora:
+        merge_and_save(model, tokenizer, model_dir)
+    else:
+        save_model(model, tokenizer, model_dir)
+    atomic_write_json(out / "sft.json", {"data": stats.as_dict(), "skipped_rows": skipped, "steps": result.steps,
+                                         "final_loss": result.final_loss, "eval_loss": result.eval_loss,
+                                         "seconds": result.seconds, "tokens": result.tokens})
+    return model_dir
