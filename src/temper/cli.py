@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from temper.models import ModelNotFoundError
     from temper.data import DataError
+    from temper.models import ModelNotFoundError
 
     try:
         args.func(args)

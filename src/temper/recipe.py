@@ -203,7 +203,7 @@ def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str
     line = _yaml_line(text, loc)
     where = f"{source}:{line}" if line else source
     message = err["msg"]
-    if err["type"] == "extra_forbidden":
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         owner = _model_at(loc, data)
         valid = list(getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {}))
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1)

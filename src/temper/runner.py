@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+from accelerate import PartialState
 from rich.console import Console
 
 from temper.atomic import atomic_write_json, atomic_write_text
@@ -53,7 +54,9 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
         if stage.kind == "pretrain":
             what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {stage.train.max_steps} steps"
         elif stage.kind == "sft":
-            what = f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps" + (f", LoRA r={stage.lora.r}" if stage.lora else "")
+            what = f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps" + (
+                f", LoRA r={stage.lora.r}" if stage.lora else ""
+            )
         else:
             what = f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
         lines.append(f"{i + 1}. {stage.name}: {what} -> {out} [{state}]")
@@ -61,13 +64,17 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
 
 
 def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str = "") -> Path:
-    """Run every stage; return the run folder (which ends with report.html)."""
+    """Run every stage; return the run folder (which ends with report.html).
+
+    Under `accelerate launch` every process trains; only the main process writes markers,
+    evaluates and reports, and the others wait for it at each stage boundary."""
+    state = PartialState()
+    main = state.is_main_process
     run_dir.mkdir(parents=True, exist_ok=True)
-    if recipe_text:
+    if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
     tasks = {name: make_task(name, **opts) for name, opts in recipe.tasks.items()}
     ctx = StageContext(run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks)
-    timings = {}
     for i, stage in enumerate(recipe.stages):
         out = stage_dir(run_dir, i, stage.name)
         digest = _stage_hash(recipe, i, ctx)
@@ -75,25 +82,31 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
         if marker.exists() and _read_hash(marker) == digest:
             console.print(f"[dim]{stage.name}: complete, skipped ({out})[/]")
         else:
-            if out.exists() and _read_hash(out / "stage.started.json") != digest:
-                shutil.rmtree(out)  # settings changed: old checkpoints must not be resumed
-            out.mkdir(parents=True, exist_ok=True)
-            marker.unlink(missing_ok=True)
-            atomic_write_json(out / "stage.started.json", {"hash": digest})
-            console.rule(f"[bold]{stage.name}[/] ({stage.kind})")
+            if main:
+                if out.exists() and _read_hash(out / "stage.started.json") != digest:
+                    shutil.rmtree(out)  # settings changed: old checkpoints must not be resumed
+                out.mkdir(parents=True, exist_ok=True)
+                marker.unlink(missing_ok=True)
+                atomic_write_json(out / "stage.started.json", {"hash": digest})
+                console.rule(f"[bold]{stage.name}[/] ({stage.kind})")
+            state.wait_for_everyone()
             start = time.perf_counter()
-            _run_stage(recipe, i, ctx, out)
-            timings[stage.name] = time.perf_counter() - start
-            atomic_write_json(marker, {"hash": digest, "kind": stage.kind, "seconds": timings[stage.name]})
+            if stage.kind != "eval" or main:
+                _run_stage(recipe, i, ctx, out)
+            if main:
+                atomic_write_json(
+                    marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}
+                )
+            state.wait_for_everyone()
         if stage.kind in ("pretrain", "sft"):
             ctx.models[stage.name] = out / "model"
             ctx.model_hashes[stage.name] = digest
-        if stage.kind == "eval":
+        if stage.kind == "eval" and main:
             print(eval_table(json.loads((out / "eval.json").read_text())), flush=True)
-    from temper.report import write_report  # imported late: matplotlib is slow to import
+    if main:
+        from temper.report import write_report  # imported late: matplotlib is slow to import
 
-    report = write_report(run_dir)
-    console.print(f"report: {report}")
+        console.print(f"report: {write_report(run_dir)}")
     return run_dir
 
 
@@ -109,7 +122,11 @@ def _run_stage(recipe: Recipe, index: int, ctx: StageContext, out: Path) -> None
     if stage.kind == "pretrain":
         run_pretrain(stage, recipe.model, ctx, out)
     elif stage.kind == "sft":
-        source = ctx.models.get(stage.source) if stage.source else (list(ctx.models.values())[-1] if ctx.models else None)
+        source = (
+            ctx.models.get(stage.source)
+            if stage.source
+            else (list(ctx.models.values())[-1] if ctx.models else None)
+        )
         if source is None:
             source = recipe.model.path  # a user model (local dir or hub id) fine-tuned directly
         run_sft(stage, ctx, source, out)

@@ -25,9 +25,8 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch
     gradient accumulation and data-parallel splits give the same gradient as one big batch),
     otherwise the count in this batch.
     """
-    targets = labels[:, 1:]  # (B, T-1)
-    mask = targets != IGNORE
-    nll = -token_logprobs(logits[:, :-1], targets)
-    total = (nll * mask).sum()
-    n = mask.sum() if num_tokens is None else num_tokens
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts label t+1
+    # flattened (B*T, V) logits: no shifted copy of the largest tensor in the step
+    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    n = (targets != IGNORE).sum() if num_tokens is None else num_tokens
     return total / torch.as_tensor(n, dtype=total.dtype).clamp_min(1)

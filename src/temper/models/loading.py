@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from temper.atomic import atomic_dir
@@ -69,8 +70,13 @@ def load_model(
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
-    """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model."""
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model.
+
+    Under `accelerate launch` only the main process writes; the others wait for it."""
+    state = PartialState()
+    if state.is_main_process:
+        with atomic_dir(out_dir) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    state.wait_for_everyone()
     return Path(out_dir)

@@ -11,6 +11,7 @@ import random
 import shutil
 from pathlib import Path
 
+from accelerate import PartialState
 from rich.console import Console
 
 from temper.atomic import atomic_dir, atomic_write_json
@@ -48,7 +49,9 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     Only explicitly set values count, so a shipped base stays valid when a later version adds a
     setting with a default; the full resolved settings are recorded beside it for provenance."""
     tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
-    settings = stage.model_dump(exclude_unset=True, exclude={"name": True, "cache": True, "train": {"progress"}})
+    settings = stage.model_dump(
+        exclude_unset=True, exclude={"name": True, "cache": True, "train": {"progress"}}
+    )
     return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
 
 
@@ -58,13 +61,17 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
     cache = ctx.resolve(stage.cache) if stage.cache else None
     if cache and _cache_matches(cache, digest):
         console.print(f"[green]pretrain[/]: using the base in {cache} (same settings, hash {digest})")
-        shutil.copytree(cache / "model", model_dir, dirs_exist_ok=True)
-        for name in ("metrics.jsonl", "pretrain.json"):
-            if (cache / name).exists():
-                shutil.copy(cache / name, out / name)
+        if PartialState().is_main_process:
+            shutil.copytree(cache / "model", model_dir, dirs_exist_ok=True)
+            for name in ("metrics.jsonl", "pretrain.json"):
+                if (cache / name).exists():
+                    shutil.copy(cache / name, out / name)
+        PartialState().wait_for_everyone()
         return model_dir
     if cache:
-        console.print(f"[yellow]pretrain[/]: no base with these settings in {cache}; training one (hash {digest})")
+        console.print(
+            f"[yellow]pretrain[/]: no base with these settings in {cache}; training one (hash {digest})"
+        )
 
     if spec.preset:
         tokenizer = build_tokenizer()
@@ -73,21 +80,37 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         tokenizer, model = load_tokenizer(spec.path), load_model(spec.path)
     sequences, stats = build_sequences(tokenizer, corpus_examples(stage, ctx), stage.max_len, pack=True)
     n_params = sum(p.numel() for p in model.parameters())
-    console.print(f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
-                  f"{stats.tokens} tokens, {stats.truncated} truncated")
+    console.print(
+        f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
+        f"{stats.tokens} tokens, {stats.truncated} truncated"
+    )
     result = train_supervised(model, sequences, stage.train, out, pad_id=tokenizer.pad_token_id)
     save_model(model, tokenizer, model_dir)
-    summary = {"hash": digest, "settings": stage.model_dump(), "model": spec.model_dump(), "parameters": n_params, "data": stats.as_dict(), "steps": result.steps,
-               "final_loss": result.final_loss, "seconds": result.seconds, "tokens": result.tokens}
-    atomic_write_json(out / "pretrain.json", summary)
-    if cache:
-        _fill_cache(cache, out, summary)
+    summary = {
+        "hash": digest,
+        "settings": stage.model_dump(),
+        "model": spec.model_dump(),
+        "parameters": n_params,
+        "data": stats.as_dict(),
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "seconds": result.seconds,
+        "tokens": result.tokens,
+    }
+    if PartialState().is_main_process:
+        atomic_write_json(out / "pretrain.json", summary)
+        if cache:
+            _fill_cache(cache, out, summary)
     return model_dir
 
 
 def _cache_matches(cache: Path, digest: str) -> bool:
     marker = cache / "pretrain.json"
-    return marker.exists() and (cache / "model").is_dir() and json.loads(marker.read_text()).get("hash") == digest
+    return (
+        marker.exists()
+        and (cache / "model").is_dir()
+        and json.loads(marker.read_text()).get("hash") == digest
+    )
 
 
 def _fill_cache(cache: Path, out: Path, summary: dict) -> None:

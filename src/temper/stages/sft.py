@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from accelerate import PartialState
 from rich.console import Console
 
 from temper.atomic import atomic_write_json
@@ -38,9 +39,13 @@ def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], lis
         train += rows
         if report.skipped:
             skipped[path] = report.skipped
-            console.print(f"[yellow]sft[/]: skipped {report.skipped} bad rows of {path}; first: {report.errors[0]}")
+            console.print(
+                f"[yellow]sft[/]: skipped {report.skipped} bad rows of {path}; first: {report.errors[0]}"
+            )
     random.Random(data.seed).shuffle(train)
-    held_out = demonstrations(ctx, data.tasks, "test", data.eval_problems, data.seed) if data.eval_problems else []
+    held_out = (
+        demonstrations(ctx, data.tasks, "test", data.eval_problems, data.seed) if data.eval_problems else []
+    )
     return train, held_out, skipped
 
 
@@ -49,17 +54,33 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
-    console.print(f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
-                  f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out")
+    console.print(
+        f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
+        f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out"
+    )
     if stage.lora:
-        model = apply_lora(model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules)
-    result = train_supervised(model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set)
+        model = apply_lora(
+            model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules
+        )
+    result = train_supervised(
+        model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set
+    )
     model_dir = out / "model"
     if stage.lora:
         merge_and_save(model, tokenizer, model_dir)
     else:
         save_model(model, tokenizer, model_dir)
-    atomic_write_json(out / "sft.json", {"data": stats.as_dict(), "skipped_rows": skipped, "steps": result.steps,
-                                         "final_loss": result.final_loss, "eval_loss": result.eval_loss,
-                                         "seconds": result.seconds, "tokens": result.tokens})
+    if PartialState().is_main_process:
+        atomic_write_json(
+            out / "sft.json",
+            {
+                "data": stats.as_dict(),
+                "skipped_rows": skipped,
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "eval_loss": result.eval_loss,
+                "seconds": result.seconds,
+                "tokens": result.tokens,
+            },
+        )
     return model_dir

@@ -9,8 +9,8 @@ global batch N ways.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -1,0 +1,102 @@
+"""New tokens/s of `HFSampler` against `model.generate` on the same model.
+
+Both decode a fixed number of tokens (no eos, no stop string), so this measures decoding speed
+alone; in RL the sampler also saves the work after each sample's stop, which this leaves out.
+The model is a randomly initialized preset (speed does not depend on the weights).
+
+    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/sampler_speed.py [--preset tiny] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# E402: these imports must follow the offline switch above
+import torch  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+
+from temper.models import build_preset, build_tokenizer  # noqa: E402
+from temper.rollout.generate import left_pad  # noqa: E402
+from temper.rollout.sampler import HFSampler  # noqa: E402
+
+# (prompts, samples per prompt, new tokens)
+CONFIGS = [(64, 4, 32), (256, 1, 32)]
+
+
+class _NoEos:
+    """The tokenizer with an eos id the model cannot produce, so every sample runs to length."""
+
+    def __init__(self, tokenizer, never: int):
+        self._tokenizer, self.eos_token_id = tokenizer, never
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) -> None:
+    """`model.generate` as the eval helper calls it: left-padded batch, every prompt repeated n times."""
+    rows = [p for p in prompts for _ in range(n)]
+    ids_B_P, mask_B_P = left_pad(rows, tokenizer.pad_token_id)
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=new,
+        min_new_tokens=new,  # no early stop: the same work as the sampler
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids_B_P, attention_mask=mask_B_P, generation_config=config)
+    assert out.shape[1] == ids_B_P.shape[1] + new
+
+
+def best_of(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="tiny", help="model preset (temper.models.PRESETS)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the best counts")
+    args = parser.parse_args()
+
+    tokenizer = build_tokenizer()
+    model = build_preset(args.preset, tokenizer, seed=0).eval()
+    model.generation_config.eos_token_id = None
+    sampler = HFSampler(model, _NoEos(tokenizer, never=model.config.vocab_size))
+    params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    print(f"preset {args.preset} ({params / 1e6:.2f}M params), torch threads {torch.get_num_threads()}\n")
+    print("| prompts x samples x new tokens | model.generate tok/s | HFSampler tok/s | ratio |")
+    print("|---|---|---|---|")
+    for n_prompts, n, new in CONFIGS:
+        lengths = torch.randint(16, 33, (n_prompts,), generator=gen).tolist()
+        prompts = [torch.randint(0, 256, (k,), generator=gen).tolist() for k in lengths]
+        tokens = n_prompts * n * new
+        t_hf = best_of(partial(hf_generate, model, tokenizer, prompts, n, new), args.repeats)
+        t_ours = best_of(
+            partial(sampler.sample, prompts, n, max_new_tokens=new, temperature=1.0), args.repeats
+        )
+        print(
+            f"| {n_prompts} x {n} x {new} | {tokens / t_hf:,.0f} | {tokens / t_ours:,.0f} | {t_hf / t_ours:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

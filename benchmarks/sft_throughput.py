@@ -1,0 +1,121 @@
+"""SFT throughput: temper's trainer vs TRL's SFTTrainer on the same model, batch and length.
+
+Both train the same freshly initialized preset on the same pre-tokenized rows (no packing, every
+row exactly `seq` tokens, so padding plays no part), fp32 on CPU, AdamW, one optimizer step per
+batch. Tokens/s is measured over the steps after a warm-up; MFU = 6 x matmul parameters x
+tokens/s / the fp32 matmul peak measured in the same run.
+
+    python benchmarks/sft_throughput.py [--presets nano,tiny] [--steps 30] [--batch 16] [--seq 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from benchmarks.common import matmul_params, matmul_peak_gflops, median
+from temper.data.dataset import Sequence
+from temper.models import build_preset, build_tokenizer
+from temper.train import TrainConfig, train_supervised
+
+
+def rows(tokenizer, n: int, seq: int, seed: int = 0) -> list[list[int]]:
+    """Arithmetic text packed into rows of exactly `seq` tokens."""
+    rng = random.Random(seed)
+    stream: list[int] = []
+    while len(stream) < n * seq:
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        stream += tokenizer(f"{a}+{b}={a + b}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return [stream[i * seq : (i + 1) * seq] for i in range(n)]
+
+
+def temper_tokens_per_s(preset: str, data: list[list[int]], steps: int, batch: int, warmup: int) -> float:
+    tokenizer = build_tokenizer()
+    model = build_preset(preset, tokenizer, seed=0)
+    seqs = [Sequence(r, list(r), list(range(len(r)))) for r in data]
+    stamps: list[float] = []
+    config = TrainConfig(max_steps=steps, batch_size=batch, lr=1e-3, warmup_steps=1, log_every=10**9,
+                         grad_clip=1.0, progress=False)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        train_supervised(model, seqs, config, out, pad_id=tokenizer.pad_token_id,
+                         callbacks=[lambda step, row: stamps.append(time.perf_counter())])
+    per_step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
+    return batch * len(data[0]) / median(per_step)
+
+
+def trl_tokens_per_s(preset: str, data: list[list[int]], steps: int, batch: int, warmup: int) -> float:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = build_tokenizer()
+    model = build_preset(preset, tokenizer, seed=0)
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        args = SFTConfig(
+            output_dir=out, per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-3,
+            max_grad_norm=1.0, lr_scheduler_type="cosine", warmup_steps=1, logging_steps=10**9,
+            save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, packing=False,
+            max_length=len(data[0]), bf16=False, disable_tqdm=True, seed=0,
+        )
+        dataset = Dataset.from_dict({"input_ids": data})
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[Stamp()])
+        trainer.train()
+    per_step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
+    return batch * len(data[0]) / median(per_step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="nano,tiny")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating temper/TRL runs per preset")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    peak = matmul_peak_gflops()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak {peak:.1f} GFLOP/s\n")
+    results = []
+    for preset in args.presets.split(","):
+        data = rows(build_tokenizer(), args.steps * args.batch, args.seq)
+        ours, theirs = [], []
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits both
+            ours.append(temper_tokens_per_s(preset, data, args.steps, args.batch, args.warmup))
+            theirs.append(trl_tokens_per_s(preset, data, args.steps, args.batch, args.warmup))
+        n = matmul_params(build_preset(preset, build_tokenizer()))
+        ours_best, theirs_best = max(ours), max(theirs)
+        row = {"preset": preset, "params": n, "batch": args.batch, "seq": args.seq,
+               "temper_tok_s": ours_best, "trl_tok_s": theirs_best, "ratio": ours_best / theirs_best,
+               "temper_mfu": 6 * n * ours_best / (peak * 1e9), "trl_mfu": 6 * n * theirs_best / (peak * 1e9),
+               "temper_runs": ours, "trl_runs": theirs}
+        results.append(row)
+    print("| preset | matmul params | batch x seq | temper tok/s | TRL tok/s | ratio | temper MFU | TRL MFU |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['preset']} | {r['params'] / 1e6:.2f}M | {r['batch']} x {r['seq']} | {r['temper_tok_s']:,.0f} | "
+              f"{r['trl_tok_s']:,.0f} | {r['ratio']:.2f}x | {100 * r['temper_mfu']:.0f}% | {100 * r['trl_mfu']:.0f}% |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peak_gflops": peak, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

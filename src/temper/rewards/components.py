@@ -1,0 +1,61 @@
+"""Named reward components: each maps one graded completion to a float.
+
+The total reward is sum_c w_c * r_c over the components a recipe names; the trainer logs every
+r_c separately so a rising total can be traced to its cause (e.g. format reward rising while
+the outcome stays flat is a visible reward hack, not progress).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from temper.tasks.base import Score
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    score: Score  # the task verifier's grade
+    length: int  # completion tokens
+    max_new_tokens: int
+    truncated: bool  # stopped by the length limit, not by EOS or a stop string
+    overlong_buffer: int = 0  # DAPO soft overlong window (tokens before the limit)
+
+
+def outcome(x: RewardInput) -> float:
+    """The task verifier's reward (1 correct, 0 otherwise for the built-in tasks)."""
+    return x.score.reward
+
+
+def format_reward(x: RewardInput) -> float:
+    """1 when an answer could be parsed in the required format, else 0."""
+    return 1.0 if x.score.parsed else 0.0
+
+
+def overlong(x: RewardInput) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), as a penalty in [-1, 0]:
+
+        0                              if L <= L_max - L_buffer
+        ((L_max - L_buffer) - L) / L_buffer   if L_max - L_buffer < L <= L_max
+        -1                             if truncated (L > L_max: the answer never finished)
+
+    With no buffer only truncation is penalized."""
+    if x.truncated:
+        return -1.0
+    if x.overlong_buffer <= 0:
+        return 0.0
+    start = x.max_new_tokens - x.overlong_buffer
+    return min(0.0, (start - x.length) / x.overlong_buffer)
+
+
+COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
+    "outcome": outcome,
+    "format": format_reward,
+    "overlong": overlong,
+}
+
+
+def combine(x: RewardInput, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """(total, {component: unweighted value}) for the components named in `weights`."""
+    parts = {name: COMPONENTS[name](x) for name in weights}
+    return sum(weights[name] * value for name, value in parts.items()), parts

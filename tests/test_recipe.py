@@ -1,0 +1,89 @@
+import pytest
+
+from temper.cli import main
+from temper.recipe import RecipeError, load_recipe, parse_recipe
+
+GOOD = """\
+name: t
+model: {preset: nano}
+tasks:
+  arithmetic: {max_digits: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 100}
+    train: {max_steps: 2, batch_size: 4}
+  - kind: sft
+    data: {tasks: [arithmetic], problems_per_task: 10}
+    train: {max_steps: 2, batch_size: 4}
+  - kind: eval
+    n_problems: 4
+"""
+
+
+def test_valid_recipe_parses_with_defaults():
+    recipe = parse_recipe(GOOD)
+    assert [s.kind for s in recipe.stages] == ["pretrain", "sft", "eval"]
+    assert recipe.stages[1].train.max_steps == 2 and recipe.stages[2].splits == ["test", "ood"]
+
+
+def test_unknown_key_names_line_path_and_nearest_key():
+    bad = GOOD.replace("train: {max_steps: 2, batch_size: 4}\n  - kind: eval", "train: {max_steps: 2, batch_sise: 4}\n  - kind: eval")
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(bad, "r.yaml")
+    message = str(err.value)
+    assert "r.yaml:11: stages[1].train.batch_sise: unknown key 'batch_sise'; did you mean 'batch_size'?" in message
+
+
+def test_unknown_stage_key_and_bad_value():
+    bad = GOOD.replace("  - kind: eval\n    n_problems: 4", "  - kind: eval\n    n_problem: 4\n    k: zero")
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(bad, "r.yaml")
+    message = str(err.value)
+    assert "r.yaml:13: stages[2].n_problem: unknown key 'n_problem'; did you mean 'n_problems'?" in message
+    assert "r.yaml:14: stages[2].k: Input should be a valid integer" in message
+
+
+def test_unknown_stage_kind_and_task_references():
+    with pytest.raises(RecipeError, match="stages\\[2\\]"):
+        parse_recipe(GOOD.replace("kind: eval", "kind: evaluate"))
+    with pytest.raises(RecipeError, match="uses task 'general_points', which is not in the recipe's tasks"):
+        parse_recipe(GOOD.replace("corpus: {tasks: [arithmetic]", "corpus: {tasks: [general_points]"))
+    with pytest.raises(RecipeError, match="unknown option 'max_digit'"):
+        parse_recipe(GOOD.replace("{max_digits: 2}", "{max_digit: 2}"))
+
+
+def test_preset_needs_pretrain_first_and_references_must_exist():
+    no_pretrain = GOOD.replace("  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4}\n", "")
+    with pytest.raises(RecipeError, match="first stage must be 'pretrain'"):
+        parse_recipe(no_pretrain)
+    with pytest.raises(RecipeError, match="refers to 'sft2'"):
+        parse_recipe(GOOD.replace("    n_problems: 4", "    n_problems: 4\n    models: [sft2]"))
+
+
+def test_yaml_syntax_error_has_a_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\nmodel: {preset: nano\nstages: []\n")
+    with pytest.raises(RecipeError, match=r"r.yaml:\d+: invalid YAML"):
+        load_recipe(path)
+
+
+def test_dry_run_prints_the_plan(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text(GOOD)
+    assert main(["run", str(path), "--dry-run", "--output-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "1. pretrain: pretrain nano" in out and "3. eval" in out and "[to run]" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_reports_recipe_errors_without_a_traceback(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    path.write_text(GOOD.replace("name: t", "name: t\nnmae: u"))
+    assert main(["run", str(path)]) == 2
+    assert "unknown key 'nmae'; did you mean 'name'?" in capsys.readouterr().err
+
+
+def test_stage_flags_are_validated(tmp_path, capsys):
+    code = main(["sft", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--train.lr", "fast"])
+    assert code == 2
+    assert "--train.lr: Input should be a valid number" in capsys.readouterr().err

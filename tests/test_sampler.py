@@ -1,0 +1,185 @@
+"""The RL sampler against references: a teacher-forced forward of the same model (logprobs,
+greedy tokens), `temper.rollout.generate` (greedy output) and itself without prefill sharing."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from temper.models import build_preset
+from temper.rollout.generate import generate
+from temper.rollout.sampler import HFSampler, Sample, choose_tokens
+
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_preset("nano", tokenizer, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    texts = ["hi", "What is 12 + 345? Reply as `Answer: <x>`.", "2+2="]
+    out = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for t in texts
+    ]
+    assert len({len(p) for p in out}) == len(out)  # different lengths: left padding is exercised
+    return out
+
+
+def teacher_forced(model, prompt: list[int], tokens: list[int], temperature: float):
+    """(logprobs of `tokens` under log_softmax(logits / T), argmax at each position), one unpadded forward."""
+    with torch.no_grad():
+        logits_T_V = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    logp_T_V = torch.log_softmax(logits_T_V / (temperature or 1.0), dim=-1)
+    return logp_T_V.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1), logits_T_V.argmax(-1).tolist()
+
+
+def assert_matches_teacher(model, samples: list[list[Sample]], temperature: float, tol: float = 1e-4):
+    for row in samples:
+        for s in row:
+            assert len(s.logprobs) == len(s.token_ids) > 0
+            expected, _ = teacher_forced(model, s.prompt_ids, s.token_ids, temperature)
+            torch.testing.assert_close(torch.tensor(s.logprobs), expected, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("max_batch_rows", [256, 4])  # 4: a prompt's samples span chunks
+def test_logprobs_match_teacher_forcing(model, tokenizer, prompts, temperature, max_batch_rows):
+    sampler = HFSampler(model, tokenizer, max_batch_rows=max_batch_rows)
+    out = sampler.sample(prompts, 3, max_new_tokens=MAX_NEW, temperature=temperature, seed=1)
+    assert [len(r) for r in out] == [3, 3, 3]
+    assert [s.prompt_ids for s in out[1]] == [prompts[1]] * 3
+    assert_matches_teacher(model, out, temperature)
+
+
+def test_eager_attention(tokenizer, prompts):
+    """eager attention gets an additive 4D mask instead of sdpa's boolean one."""
+    model = build_preset("nano", tokenizer, seed=0)
+    model.set_attn_implementation("eager")
+    out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7)
+    assert_matches_teacher(model, out, 0.7)
+
+
+def test_greedy_is_teacher_argmax_and_generate(model, tokenizer, prompts):
+    out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.0)
+    reference = generate(model, tokenizer, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
+    for prompt, (a, b), (ref,) in zip(prompts, out, [r[:1] for r in reference], strict=True):
+        assert a == b
+        logp, argmax = teacher_forced(model, prompt, a.token_ids, 1.0)  # greedy logprobs are T=1
+        assert a.token_ids == argmax == ref.token_ids
+        assert a.text == ref.text and a.stop_reason == ref.stop_reason == "length"
+        torch.testing.assert_close(torch.tensor(a.logprobs), logp, atol=1e-4, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible(model, tokenizer, prompts):
+    sampler = HFSampler(model, tokenizer)
+    rng = torch.get_rng_state()
+    a = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3)
+    assert torch.equal(torch.get_rng_state(), rng)  # the global RNG is not touched
+    assert sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3) == a
+    b = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=4)
+    assert [s.token_ids for r in a for s in r] != [s.token_ids for r in b for s in r]
+
+
+def test_samples_of_one_prompt_differ(model, tokenizer, prompts):
+    (row,) = HFSampler(model, tokenizer).sample(prompts[:1], 8, max_new_tokens=MAX_NEW, temperature=1.0)
+    assert len({tuple(s.token_ids) for s in row}) > 1
+
+
+def test_shared_prefill_equals_no_sharing(model, tokenizer, prompts):
+    batch = [prompts[0], prompts[1], prompts[0]]  # a repeated prompt is prefilled once too
+    for temperature, n in [(0.0, 2), (1.0, 3)]:
+        kw = dict(max_new_tokens=MAX_NEW, temperature=temperature, seed=5)
+        shared = HFSampler(model, tokenizer).sample(batch, n, **kw)
+        separate = HFSampler(model, tokenizer, share_prefill=False).sample(batch, n, **kw)
+        for r1, r2 in zip(shared, separate, strict=True):
+            for s1, s2 in zip(r1, r2, strict=True):
+                assert s1.token_ids == s2.token_ids and s1.stop_reason == s2.stop_reason
+                torch.testing.assert_close(
+                    torch.tensor(s1.logprobs), torch.tensor(s2.logprobs), atol=1e-5, rtol=0
+                )
+
+
+def test_stop_string(model, tokenizer, prompts):
+    sampler = HFSampler(model, tokenizer)
+    (greedy,) = sampler.sample(prompts[1:2], 1, max_new_tokens=24, temperature=0.0)[0]
+    ids = greedy.token_ids
+    # a stop string the greedy output contains: two consecutive ASCII bytes, not at the start
+    k = next(i for i in range(2, len(ids) - 1) if ids[i] < 128 and ids[i + 1] < 128)
+    stop = tokenizer.decode(ids[k : k + 2])
+    (s, _) = sampler.sample(prompts[1:2], 2, max_new_tokens=24, temperature=0.0, stop=["@@never@@", stop])[0]
+    assert s.stop_reason == "stop"
+    assert s.text == greedy.text[: greedy.text.find(stop)]
+    assert s.token_ids == ids[: len(s.token_ids)]
+    assert stop in tokenizer.decode(s.token_ids) and stop not in tokenizer.decode(s.token_ids[:-1])
+    assert len(s.logprobs) == len(s.token_ids)
+
+
+def test_eos_stop(tokenizer, prompts):
+    model = build_preset("nano", tokenizer, seed=0)
+    (greedy,) = HFSampler(model, tokenizer).sample(prompts[:1], 1, max_new_tokens=4, temperature=0.0)[0]
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, greedy.token_ids[0]]
+    out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=4, temperature=0.0)
+    (s, _) = out[0]
+    assert s.stop_reason == "eos" and s.token_ids == greedy.token_ids[:1] and s.text == ""
+    assert len(s.logprobs) == 1
+
+
+def test_rows_stopping_mid_batch_are_dropped_correctly(tokenizer, prompts):
+    """Many stop ids: rows stop at different steps and are dropped from the batch (cache
+    compaction); every sample must still match teacher forcing and stop at its first stop id."""
+    model = build_preset("nano", tokenizer, seed=0)
+    stop_ids = list(range(40, 60))  # ~8% of the mass of this near-uniform random model
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stop_ids]
+    out = HFSampler(model, tokenizer).sample(prompts, 8, max_new_tokens=24, temperature=1.0, seed=0)
+    stops = {tokenizer.eos_token_id, *stop_ids}
+    reasons = [s.stop_reason for r in out for s in r]
+    assert "eos" in reasons and "length" in reasons
+    for s in (s for r in out for s in r):
+        assert not stops & set(s.token_ids[:-1])
+        assert (s.token_ids[-1] in stops) == (s.stop_reason == "eos")
+    assert_matches_teacher(model, out, 1.0)
+
+
+def test_length_stop(model, tokenizer, prompts):
+    out = HFSampler(model, tokenizer).sample(prompts, 1, max_new_tokens=5, temperature=0.0)
+    assert all(r[0].stop_reason == "length" and len(r[0].token_ids) == 5 for r in out)
+
+
+def test_top_k_top_p_truncate_sampling_not_logprobs(model, tokenizer, prompts):
+    sampler = HFSampler(model, tokenizer)
+    greedy = sampler.sample(prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0)
+    for kw in (dict(top_k=1), dict(top_p=1e-6)):  # a one-token set is greedy
+        out = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7, **kw)
+        assert [[s.token_ids for s in r] for r in out] == [[r[0].token_ids] * 2 for r in greedy]
+        assert_matches_teacher(model, out, 0.7)  # logprobs stay those before truncation
+    logits_B_V = torch.randn(64, 50)
+    token_B, _ = choose_tokens(
+        logits_B_V, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0)
+    )
+    assert (logits_B_V.topk(5).indices == token_B[:, None]).any(-1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(), reason="needs vLLM and CUDA"
+)
+def test_vllm_sampler_matches_teacher_forcing(tokenizer, prompts, tmp_path):
+    from temper.models import save_model
+    from temper.rollout.vllm_sampler import VLLMSampler
+
+    model = build_preset("tiny", tokenizer, seed=0)  # head_dim 32: every vLLM attention backend
+    save_model(model, tokenizer, tmp_path / "m")
+    sampler = VLLMSampler(tmp_path / "m", dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
+    out = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7, seed=0)
+    assert_matches_teacher(model, out, 0.7, tol=1e-3)
+    with torch.no_grad():  # an "update": the engine must follow after sync
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sampler.sync(model)
+    assert_matches_teacher(model, sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=1), 1.0, tol=1e-3)
