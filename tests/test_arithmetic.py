@@ -93,7 +93,7 @@ def test_huge_integer_is_wrong_not_a_crash():
 
 def test_formats():
     assert ADD.prompt == "37+45=?"
-    assert TASK.demonstration(ADD) == "Answer: 82"
+    assert TASK.demonstration(ADD) == "37+45=82\nAnswer: 82"
     assert TASK.corpus_text(ADD) == "37+45=82"
     assert TASK.corpus_text(SUB) == "12-45=-33"
 

@@ -13,10 +13,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from temper.rewards import COMPONENTS
 from temper.tasks import TASKS, make_task
+from temper.train.rl import RLConfig
 from temper.train.supervised import TrainConfig
 
-TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # unknown train keys are errors too
+# the trainers' dataclasses are validated like the rest of the recipe: unknown keys are errors
+TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class RecipeError(ValueError):
@@ -111,8 +115,45 @@ class EvalStage(Strict):
     seed: int = 1234
 
 
-Stage = Annotated[PretrainStage | SFTStage | EvalStage, Field(discriminator="kind")]
-MODEL_STAGES = ("pretrain", "sft")
+class GateSpec(Strict):
+    """The format-stability gate: RL starts only once the policy answers in the parseable format."""
+
+    min_parse_rate: float = Field(0.8, ge=0, le=1)
+    """Greedy parse rate required on held-out (test split) prompts of every task."""
+    n_problems: int = Field(64, gt=0)
+    on_fail: Literal["stop", "warn"] = "stop"
+
+
+class RLStage(Strict):
+    kind: Literal["rl"]
+    name: str = "rl"
+    tasks: list[str]
+    """Tasks whose train-split problems are the RL prompts (mixed evenly)."""
+    train: RLConfig = RLConfig()
+    lora: LoraSpec | None = None
+    """Train a LoRA adapter; the reference model is then the adapter-disabled base."""
+    source: str | None = None
+    """Stage whose model to start from; default: the latest stage that produced a model."""
+    gate: GateSpec | None = None
+    probe_groups: int = Field(8, ge=0)
+    """Groups sampled from the starting policy for the reachability probe (0: skip)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RLStage:
+        unknown = [name for name in self.train.rewards if name not in COMPONENTS]
+        if unknown:
+            raise ValueError(f"unknown reward components {unknown}; valid: {', '.join(COMPONENTS)}")
+        if self.train.advantage not in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"):
+            raise ValueError(
+                f"unknown advantage {self.train.advantage!r}; valid: grpo, dr_grpo, rloo, reinforce_pp, gae"
+            )
+        if not self.tasks:
+            raise ValueError("an rl stage needs at least one task")
+        return self
+
+
+Stage = Annotated[PretrainStage | SFTStage | RLStage | EvalStage, Field(discriminator="kind")]
+MODEL_STAGES = ("pretrain", "sft", "rl")
 
 
 class Recipe(Strict):
@@ -133,14 +174,26 @@ class Recipe(Strict):
             make_task(name, **options)
         seen: list[str] = []
         for stage in self.stages:
-            used = getattr(stage, "tasks", None) or getattr(getattr(stage, "corpus", None) or getattr(stage, "data", None), "tasks", [])
+            used = getattr(stage, "tasks", None) or getattr(
+                getattr(stage, "corpus", None) or getattr(stage, "data", None), "tasks", []
+            )
             for task in used:
                 if task not in self.tasks:
-                    raise ValueError(f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}")
-            refs = (stage.models if stage.kind == "eval" else [stage.source] if stage.kind == "sft" and stage.source else [])
+                    raise ValueError(
+                        f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}"
+                    )
+            refs = (
+                stage.models
+                if stage.kind == "eval"
+                else [stage.source]
+                if getattr(stage, "source", None)
+                else []
+            )
             for ref in refs:
                 if ref not in seen:
-                    raise ValueError(f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}")
+                    raise ValueError(
+                        f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}"
+                    )
             if stage.kind in MODEL_STAGES:
                 seen.append(stage.name)
         if self.model.preset and self.stages and self.stages[0].kind != "pretrain":
@@ -183,13 +236,17 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
             continue
         if owner == "stages":
             kind = data.get("kind") if isinstance(data, dict) else None
-            owner = {"pretrain": PretrainStage, "sft": SFTStage, "eval": EvalStage}.get(kind)
+            owner = {"pretrain": PretrainStage, "sft": SFTStage, "rl": RLStage, "eval": EvalStage}.get(kind)
             continue
         fields = getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {})
         field = fields.get(key) if isinstance(key, str) else None
         annotation = getattr(field, "annotation", None) or getattr(field, "type", None)
-        candidates = [a for a in (getattr(annotation, "__args__", None) or (annotation,)) if isinstance(a, type)]
-        owner = next((a for a in candidates if hasattr(a, "model_fields") or hasattr(a, "__dataclass_fields__")), None)
+        candidates = [
+            a for a in (getattr(annotation, "__args__", None) or (annotation,)) if isinstance(a, type)
+        ]
+        owner = next(
+            (a for a in candidates if hasattr(a, "model_fields") or hasattr(a, "__dataclass_fields__")), None
+        )
         if owner is None:
             return None
     return owner if isinstance(owner, type) else None
@@ -197,7 +254,7 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
 
 def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
     loc = tuple(err["loc"])
-    if len(loc) > 2 and loc[0] == "stages" and loc[2] in ("pretrain", "sft", "eval"):
+    if len(loc) > 2 and loc[0] == "stages" and loc[2] in ("pretrain", "sft", "rl", "eval"):
         loc = loc[:2] + loc[3:]  # pydantic puts the union tag in the location of a stage
     path = ".".join(f"[{x}]" if isinstance(x, int) else str(x) for x in loc).replace(".[", "[")
     line = _yaml_line(text, loc)
@@ -207,7 +264,11 @@ def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str
         owner = _model_at(loc, data)
         valid = list(getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {}))
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-        message = f"unknown key {loc[-1]!r}" + (f"; did you mean {near[0]!r}?" if near else "") + (f" Valid keys: {', '.join(valid)}" if valid else "")
+        message = (
+            f"unknown key {loc[-1]!r}"
+            + (f"; did you mean {near[0]!r}?" if near else "")
+            + (f" Valid keys: {', '.join(valid)}" if valid else "")
+        )
     return f"{where}: {path or '<recipe>'}: {message}"
 
 
@@ -234,4 +295,14 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(path.read_text(), str(path))
 
 
-__all__ = ["TASKS", "EvalStage", "PretrainStage", "Recipe", "RecipeError", "SFTStage", "load_recipe", "parse_recipe"]
+__all__ = [
+    "TASKS",
+    "EvalStage",
+    "PretrainStage",
+    "RLStage",
+    "Recipe",
+    "RecipeError",
+    "SFTStage",
+    "load_recipe",
+    "parse_recipe",
+]

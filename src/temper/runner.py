@@ -20,6 +20,7 @@ from temper.recipe import Recipe
 from temper.stages.context import StageContext, settings_hash
 from temper.stages.evaluation import eval_table, run_eval
 from temper.stages.pretrain import run_pretrain
+from temper.stages.rl import run_rl
 from temper.stages.sft import run_sft
 from temper.tasks import make_task
 
@@ -31,7 +32,7 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     settings = stage.model_dump(exclude={"train": {"progress"}} if hasattr(stage, "train") else None)
     if stage.kind == "pretrain":
         upstream = recipe.model.model_dump()
-    elif stage.kind == "sft":
+    elif stage.kind in ("sft", "rl"):
         if stage.source:
             upstream = ctx.model_hashes[stage.source]
         else:
@@ -56,6 +57,12 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
         elif stage.kind == "sft":
             what = f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps" + (
                 f", LoRA r={stage.lora.r}" if stage.lora else ""
+            )
+        elif stage.kind == "rl":
+            t = stage.train
+            what = (
+                f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples"
+                + (f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else "")
             )
         else:
             what = f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
@@ -98,7 +105,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                     marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}
                 )
             state.wait_for_everyone()
-        if stage.kind in ("pretrain", "sft"):
+        if stage.kind in ("pretrain", "sft", "rl"):
             ctx.models[stage.name] = out / "model"
             ctx.model_hashes[stage.name] = digest
         if stage.kind == "eval" and main:
@@ -121,14 +128,11 @@ def _run_stage(recipe: Recipe, index: int, ctx: StageContext, out: Path) -> None
     stage = recipe.stages[index]
     if stage.kind == "pretrain":
         run_pretrain(stage, recipe.model, ctx, out)
-    elif stage.kind == "sft":
-        source = (
-            ctx.models.get(stage.source)
-            if stage.source
-            else (list(ctx.models.values())[-1] if ctx.models else None)
-        )
-        if source is None:
-            source = recipe.model.path  # a user model (local dir or hub id) fine-tuned directly
-        run_sft(stage, ctx, source, out)
+    elif stage.kind in ("sft", "rl"):
+        if stage.source:
+            source = ctx.models[stage.source]
+        else:  # the latest model, or the user's model (local dir or hub id) trained directly
+            source = list(ctx.models.values())[-1] if ctx.models else recipe.model.path
+        (run_sft if stage.kind == "sft" else run_rl)(stage, ctx, source, out)
     else:
         run_eval(stage, ctx, out)

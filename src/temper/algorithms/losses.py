@@ -10,9 +10,8 @@ IGNORE = -100
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target_t | x_<t) for every position. logits (B, T, V), targets (B, T) -> (B, T)."""
-    return -F.cross_entropy(
-        logits.float().transpose(1, 2), targets.clamp_min(0), reduction="none"
-    )
+    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().clamp_min(0), reduction="none")
+    return -nll.view_as(targets)
 
 
 def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch.Tensor | None = None) -> torch.Tensor:

@@ -30,6 +30,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def _not_found(name: str, err: Exception) -> ModelNotFoundError:
+    if Path(name).expanduser().is_dir():
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return ModelNotFoundError(f"directory {name!r} holds no loadable model or tokenizer: {first}")
     return ModelNotFoundError(
         f"cannot load model {name!r}: it is not a local directory and the hub could not provide it "
         f"({type(err).__name__}). Pass a local path (e.g. the output of `temper pretrain`) "

@@ -26,8 +26,14 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
-                model, tokenizer, ctx.tasks[task], stage.splits, n_problems=stage.n_problems,
-                seed=stage.seed, k=stage.k, temperature=stage.temperature,
+                model,
+                tokenizer,
+                ctx.tasks[task],
+                stage.splits,
+                n_problems=stage.n_problems,
+                seed=stage.seed,
+                k=stage.k,
+                temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
             )
     write_eval(out / "eval.json", results)
@@ -35,5 +41,9 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
 
 
 def eval_table(results: dict[str, dict[str, Any]]) -> str:
-    flat = {f"{task} / {model}": by_split for task, by_model in results.items() for model, by_split in by_model.items()}
+    flat = {
+        f"{task} / {model}": by_split
+        for task, by_model in results.items()
+        for model, by_split in by_model.items()
+    }
     return format_table(flat)

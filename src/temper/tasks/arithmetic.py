@@ -2,7 +2,7 @@
 
 Formats, kept short because the built-in models read one byte per token:
     prompt         37+45=?
-    demonstration  Answer: 82
+    demonstration  37+45=82\nAnswer: 82
     corpus_text    37+45=82        (pre-training notation: no chat, no `Answer:`)
 
 Splits: train and test draw operands of `min_digits..max_digits` digits and are separated by a
@@ -110,7 +110,9 @@ class Arithmetic:
         return Score(float(correct), correct, True, details)
 
     def demonstration(self, problem: Problem) -> str:
-        return f"Answer: {problem.data['answer']}"
+        """The worked equation in the pre-training notation, then the answer line: the model
+        computes where its pre-trained skill lives and copies the result into the format."""
+        return f"{self.corpus_text(problem)}\nAnswer: {problem.data['answer']}"
 
     def corpus_text(self, problem: Problem) -> str:
         d = problem.data

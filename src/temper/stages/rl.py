@@ -1,0 +1,166 @@
+"""The RL stage: format gate -> reachability probe -> RL with verifiable rewards -> save."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from temper.atomic import atomic_write_json
+from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
+from temper.recipe import GateSpec, RLStage
+from temper.rewards.diagnostics import breakdown
+from temper.rollout.sampler import HFSampler
+from temper.stages.context import StageContext
+from temper.tasks.base import Task
+from temper.train.rl import RLConfig, collect_groups, prompt_ids, train_rl
+
+console = Console(stderr=True)
+
+
+class GateError(RuntimeError):
+    """The policy does not answer in the required format often enough for RL to learn."""
+
+
+def greedy_eval(
+    sampler: HFSampler, tokenizer, tasks: dict[str, Task], n: int, max_new_tokens: int, split: str = "test"
+) -> dict[str, float]:
+    """Greedy accuracy and parse rate per task on `n` held-out problems (seeded, same every call)."""
+    out: dict[str, float] = {}
+    for name, task in tasks.items():
+        problems = task.sample(split, n, seed=4242)
+        samples = sampler.sample(
+            [prompt_ids(tokenizer, p) for p in problems], 1, max_new_tokens=max_new_tokens, temperature=0.0
+        )
+        scores = [task.score(p, s[0].text) for p, s in zip(problems, samples)]
+        out[f"{name}/accuracy"] = sum(s.correct for s in scores) / n
+        out[f"{name}/parse_rate"] = sum(s.parsed for s in scores) / n
+    return out
+
+
+def format_gate(
+    gate: GateSpec, sampler: HFSampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
+) -> dict[str, Any]:
+    """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold."""
+    rates = {
+        k: v
+        for k, v in greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens).items()
+        if k.endswith("parse_rate")
+    }
+    failing = {k: v for k, v in rates.items() if v < gate.min_parse_rate}
+    result = {"threshold": gate.min_parse_rate, "parse_rates": rates, "passed": not failing}
+    if failing:
+        detail = ", ".join(f"{k.split('/')[0]} {100 * v:.0f}%" for k, v in failing.items())
+        message = (
+            f"format gate: parse rate below {100 * gate.min_parse_rate:.0f}% on held-out prompts ({detail}): "
+            "the policy does not yet answer in the required format, so SFT is not done. "
+            "Run (more) SFT first, or set gate.on_fail: warn to start RL anyway."
+        )
+        if gate.on_fail == "stop":
+            raise GateError(message)
+        console.print(f"[yellow]warning[/]: {message}")
+    return result
+
+
+def reachability_probe(
+    sampler: HFSampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
+) -> dict[str, float]:
+    """Sample `groups` groups from the starting policy, as RL will, and report the share whose
+    rewards are all equal (no learning signal), by cause."""
+    probe = RLConfig(
+        **{
+            **config.__dict__,
+            "prompts_per_step": groups,
+            "dynamic_sampling": False,
+            "seed": config.seed + 7919,
+        }
+    )
+    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0)
+    rollouts = [r for g in sampled for r in g.rollouts]
+    stats = breakdown([g.cause for g in sampled]) | {
+        "groups": len(sampled),
+        "group_size": config.group_size,
+        "accuracy": sum(r.score.correct for r in rollouts) / len(rollouts),
+        "parse_rate": sum(r.score.parsed for r in rollouts) / len(rollouts),
+    }
+    causes = {k.split("/")[1]: v for k, v in stats.items() if k.startswith("zero_variance/") and v > 0}
+    console.print(
+        f"reachability probe: {100 * stats['zero_variance']:.0f}% of {len(sampled)} groups have zero reward "
+        f"variance" + (f" ({', '.join(f'{k} {100 * v:.0f}%' for k, v in causes.items())})" if causes else "")
+    )
+    if stats["zero_variance"] >= 0.9:
+        console.print(
+            "[yellow]warning[/]: almost no group carries a learning signal; RL is unlikely to move. "
+            "See the causes: all_wrong/parse_failure -> SFT or easier problems; all_correct -> harder problems; "
+            "truncated -> raise max_new_tokens."
+        )
+    return stats
+
+
+class _AdapterDisabled(torch.nn.Module):
+    """The frozen reference of a LoRA policy: the same module with its adapter switched off."""
+
+    def __init__(self, peft_model):
+        super().__init__()
+        self.peft_model = peft_model
+
+    def forward(self, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(**kwargs)
+
+
+def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+    config = stage.train
+    torch.manual_seed(config.seed)
+    tokenizer, model = load_tokenizer(source), load_model(source)
+    model.eval()
+    tasks = {name: ctx.tasks[name] for name in stage.tasks}
+    sampler = HFSampler(model, tokenizer)
+    summary: dict[str, Any] = {}
+    if stage.gate:
+        summary["gate"] = format_gate(stage.gate, sampler, tokenizer, tasks, config.max_new_tokens)
+    if stage.probe_groups:
+        summary["probe"] = reachability_probe(
+            sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+        )
+    atomic_write_json(out / "probe.json", summary)
+
+    reference = None
+    if stage.lora:
+        model = apply_lora(
+            model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules
+        )
+        sampler.sync(model)
+        reference = _AdapterDisabled(model) if config.kl_coef > 0 else None
+    elif config.kl_coef > 0:
+        reference = load_model(source).eval().requires_grad_(False)
+
+    def evaluate(step: int) -> dict[str, float]:
+        return greedy_eval(sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens)
+
+    result = train_rl(
+        model,
+        tokenizer,
+        list(tasks.values()),
+        config,
+        out,
+        sampler=sampler,
+        reference=reference,
+        evaluate=evaluate,
+    )
+    model_dir = out / "model"
+    if stage.lora:
+        merge_and_save(model, tokenizer, model_dir)
+    else:
+        save_model(model, tokenizer, model_dir)
+    summary |= {
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "sampled_tokens": result.sampled_tokens,
+        "trained_tokens": result.trained_tokens,
+        "final": result.history[-1] if result.history else {},
+    }
+    atomic_write_json(out / "rl.json", summary)
+    return model_dir

@@ -1,0 +1,435 @@
+"""The RL trainer: sample a batch of prompts x group -> grade -> advantages -> policy epochs -> sync.
+
+One loop serves the GRPO family (group-relative outcome advantages: grpo, dr_grpo, rloo,
+reinforce_pp) and PPO (a value head and GAE over token rewards). Departures from the textbook
+loop, each a small function below:
+1. DAPO dynamic sampling (Yu et al. 2025 §3.2): groups whose rewards are all equal are dropped
+   and more prompts are drawn until the batch is full or `max_sampling_rounds` is reached.
+2. The importance ratio is taken against the sampler's logprobs (no second forward pass to
+   recompute "old" logprobs; tests check the sampler matches teacher forcing).
+3. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
+4. Every step logs the zero-variance share by cause, not just the reward.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from transformers import PreTrainedTokenizerBase
+
+from temper.algorithms.advantages import ADVANTAGES
+from temper.algorithms.losses import token_logprobs
+from temper.algorithms.policy import (
+    entropy_from_logits,
+    kl_k1,
+    kl_k3,
+    kl_penalized_rewards,
+    masked_mean,
+    policy_loss,
+)
+from temper.algorithms.value import gae, value_loss
+from temper.rewards.diagnostics import breakdown
+from temper.rollout.sampler import HFSampler, Sampler
+from temper.tasks.base import Problem, Task
+from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from temper.train.metrics import MetricsLog
+from temper.train.rollouts import Group, RolloutBatch, grade_group, rollout_record, to_batch
+from temper.train.schedule import lr_at
+
+
+@dataclass
+class RLConfig:
+    """Settings of one RL stage."""
+
+    steps: int = 50
+    """RL steps (one rollout batch and its updates each)."""
+    prompts_per_step: int = 16
+    group_size: int = 8
+    """Samples per prompt (G in GRPO)."""
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    advantage: str = "grpo"
+    """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative) | gae (PPO with a value head)."""
+    epochs: int = 1
+    """Optimizer passes over each rollout batch."""
+    minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 0
+    """Sequences per forward pass; 0 = the whole minibatch."""
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 0.2
+    """PPO clip range below 1 (epsilon_low)."""
+    clip_high: float = 0.2
+    """PPO clip range above 1 (epsilon_high; DAPO clip-higher uses 0.28)."""
+    aggregation: str = "token"
+    """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
+    kl_coef: float = 0.0
+    """beta of the KL to the frozen reference; 0 = no reference model."""
+    kl_mode: str = "loss"
+    """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
+    entropy_coef: float = 0.0
+    rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
+    """Reward components and their weights (outcome, format, overlong)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    vf_coef: float = 0.5
+    value_clip: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    eval_every: int = 0
+    """Steps between greedy evals on the test split (0: none)."""
+    eval_problems: int = 64
+    save_every: int = 0
+    log_rollouts: int = 2
+    """Groups per step written to rollouts.jsonl."""
+    seed: int = 0
+    progress: bool = True
+
+
+class ValueHead(torch.nn.Module):
+    """V(s_t) from the policy's last hidden state (a shared trunk, as in the original PPO-for-LMs
+    setups; cheaper than a second model at our sizes)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.proj.weight)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden_B_T_H: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden_B_T_H.float()).squeeze(-1)
+
+
+@dataclass
+class RLResult:
+    steps: int
+    history: list[dict[str, Any]]
+    seconds: float
+    sampled_tokens: int
+    trained_tokens: int
+
+
+def problems_for_step(
+    tasks: list[Task], n: int, seed: int, step: int, round_: int = 0
+) -> list[tuple[Task, Problem]]:
+    """n training problems, a pure function of (seed, step, round): resume replays them exactly."""
+    out = []
+    for i, task in enumerate(tasks):
+        k = n // len(tasks) + (i < n % len(tasks))
+        out += [(task, p) for p in task.sample("train", k, seed=(seed * 1_000_003 + step) * 17 + round_)]
+    return out
+
+
+def collect_groups(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: list[Task],
+    config: RLConfig,
+    step: int,
+) -> tuple[list[Group], dict[str, float]]:
+    """Sample and grade `prompts_per_step` groups; with dynamic sampling, replace constant-reward
+    groups by fresh ones until the batch is full (or the round cap is hit)."""
+    kept: list[Group] = []
+    causes: list[str | None] = []
+    rounds = 0
+    while len(kept) < config.prompts_per_step and rounds < (
+        config.max_sampling_rounds if config.dynamic_sampling else 1
+    ):
+        need = config.prompts_per_step - len(kept) if rounds else config.prompts_per_step
+        drawn = problems_for_step(tasks, need, config.seed, step, rounds)
+        prompts = [prompt_ids(tokenizer, p) for _, p in drawn]
+        samples = sampler.sample(
+            prompts,
+            config.group_size,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=config.seed * 1_000_003 + step * 97 + rounds,
+        )
+        for (task, problem), group_samples in zip(drawn, samples):
+            group = grade_group(
+                task, problem, group_samples, config.rewards, config.max_new_tokens, config.overlong_buffer
+            )
+            if rounds == 0:
+                causes.append(group.cause)  # the breakdown describes the policy, before filtering
+            if not config.dynamic_sampling or group.cause is None:
+                kept.append(group)
+        rounds += 1
+    stats = breakdown(causes) | {"sampling_rounds": rounds}
+    if config.dynamic_sampling:
+        stats["kept_groups"] = len(kept)
+    return kept[: config.prompts_per_step], stats
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:
+    out = tokenizer.apply_chat_template(
+        problem.messages(), add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(out["input_ids"])
+
+
+def forward(
+    model,
+    batch_ids: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    value_head: ValueHead | None = None,
+):
+    """(token logprobs at temperature, entropy, values or None), all (R, L)."""
+    out = model(input_ids=batch_ids, use_cache=False, output_hidden_states=value_head is not None)
+    logits = out.logits / (temperature if temperature > 0 else 1.0)
+    logp = token_logprobs(logits, targets)
+    entropy = entropy_from_logits(logits.detach())
+    values = value_head(out.hidden_states[-1]) if value_head is not None else None
+    return logp, entropy, values
+
+
+def compute_advantages(
+    batch: RolloutBatch, config: RLConfig, ref_kl: torch.Tensor | None, values: torch.Tensor | None
+):
+    """Per-token advantages (R, L) and, for PPO, returns (R, L)."""
+    rewards = batch.rewards_G_N
+    if config.advantage == "gae":
+        beta = config.kl_coef if config.kl_mode == "reward" and ref_kl is not None else 0.0
+        kl = ref_kl if ref_kl is not None else torch.zeros_like(batch.old_logprobs)
+        token_rewards = kl_penalized_rewards(rewards.reshape(-1), kl, batch.mask, beta)
+        return gae(token_rewards, values, batch.mask, config.gamma, config.lam)
+    if config.kl_mode == "reward" and ref_kl is not None and config.kl_coef > 0:
+        # sequence-level RLHF penalty: r - beta * sum_t k1_t, before the group baseline
+        rewards = rewards - config.kl_coef * (ref_kl * batch.mask).sum(-1).reshape(rewards.shape)
+    if config.advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {config.advantage!r}; valid: {', '.join(ADVANTAGES)}, gae")
+    per_sample = ADVANTAGES[config.advantage](rewards).reshape(-1, 1)  # (R, 1)
+    return per_sample.expand_as(batch.old_logprobs) * batch.mask, None
+
+
+def _share(mask_mb: torch.Tensor, mask_all: torch.Tensor, aggregation: str) -> float:
+    """Weight of a micro-batch's loss so that micro-batches add up to the minibatch's loss."""
+    if aggregation == "token":
+        return mask_mb.sum().item() / max(mask_all.sum().item(), 1)
+    return mask_mb.shape[0] / mask_all.shape[0]
+
+
+def train_rl(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: list[Task],
+    config: RLConfig,
+    out_dir: str | Path,
+    *,
+    sampler: Sampler | None = None,
+    reference: torch.nn.Module | None = None,
+    evaluate: Callable[[int], dict[str, float]] | None = None,
+    callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
+) -> RLResult:
+    """Train `model` in place. `reference` is the frozen model for the KL term (required when
+    kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if config.kl_coef > 0 and reference is None:
+        raise ValueError("kl_coef > 0 needs a reference model")
+    if config.aggregation not in ("token", "sample", "constant"):
+        raise ValueError(f"unknown aggregation {config.aggregation!r}; valid: token, sample, constant")
+    if config.kl_mode not in ("loss", "reward"):
+        raise ValueError(f"unknown kl_mode {config.kl_mode!r}; valid: loss, reward")
+    device = next(model.parameters()).device
+    sampler = sampler or HFSampler(model, tokenizer)
+    value_head = ValueHead(model.config.hidden_size).to(device) if config.advantage == "gae" else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if value_head is not None:
+        params += list(value_head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    trainable = torch.nn.ModuleDict(
+        {"policy": model} | ({"value": value_head} if value_head is not None else {})
+    )
+
+    log = MetricsLog(out_dir / "metrics.jsonl")
+    rollouts_path = out_dir / "rollouts.jsonl"
+    start = 0
+    if checkpoints := list_checkpoints(out_dir / "checkpoints"):
+        start = load_checkpoint(checkpoints[-1], trainable, optimizer)
+        log.truncate_after(start)
+    else:
+        for path in (log.path, rollouts_path):
+            path.unlink(missing_ok=True)
+
+    history: list[dict[str, Any]] = []
+    sampled_tokens = trained_tokens = 0
+    t_start = time.perf_counter()
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        disable=not config.progress,
+    )
+    with progress:
+        bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
+        for step in range(start, config.steps):
+            row: dict[str, Any] = {"step": step + 1}
+            # 1. sample and grade
+            t0 = time.perf_counter()
+            model.eval()
+            groups, zero_var = collect_groups(sampler, tokenizer, tasks, config, step)
+            t1 = time.perf_counter()
+            row |= zero_var
+            rollouts = [r for g in groups for r in g.rollouts]
+            new_tokens = sum(len(r.sample.token_ids) for r in rollouts)
+            sampled_tokens += new_tokens
+            row |= {
+                "reward": sum(r.reward for r in rollouts) / len(rollouts),
+                "accuracy": sum(r.score.correct for r in rollouts) / len(rollouts),
+                "parse_rate": sum(r.score.parsed for r in rollouts) / len(rollouts),
+                "truncation_rate": sum(r.sample.stop_reason == "length" for r in rollouts) / len(rollouts),
+                "response_length": new_tokens / len(rollouts),
+                "rollout_tokens_per_s": new_tokens / max(t1 - t0, 1e-9),
+                "time/sample": t1 - t0,
+            }
+            for name in config.rewards:
+                row[f"reward/{name}"] = sum(r.parts[name] for r in rollouts) / len(rollouts)
+            with rollouts_path.open("a") as f:
+                for g in groups[: config.log_rollouts]:
+                    f.writelines(json.dumps(rec) + "\n" for rec in rollout_record(step + 1, g))
+
+            # 2. tensors, reference and value estimates (no grad), advantages
+            batch = to_batch(groups, tokenizer.pad_token_id)
+            ids, targets, mask = batch.input_ids.to(device), batch.targets.to(device), batch.mask.to(device)
+            old_logp = batch.old_logprobs.to(device)
+            with torch.no_grad():
+                ref_logp = (
+                    forward(reference, ids, targets, config.temperature)[0]
+                    if reference is not None and config.kl_coef > 0
+                    else None
+                )
+                old_values = (
+                    forward(model, ids, targets, config.temperature, value_head)[2]
+                    if value_head is not None
+                    else None
+                )
+            ref_kl = kl_k1(old_logp, ref_logp) if ref_logp is not None else None
+            advantages, returns = compute_advantages(_on(batch, device), config, ref_kl, old_values)
+            t2 = time.perf_counter()
+
+            # 3. policy (and value) updates
+            model.train()
+            stats: dict[str, list[float]] = {}
+            R = ids.shape[0]
+            order = torch.randperm(R, generator=torch.Generator().manual_seed(config.seed + step))
+            for epoch in range(config.epochs):
+                for mb in order.chunk(config.minibatches):
+                    lr = lr_at(
+                        step,
+                        lr=config.lr,
+                        max_steps=config.steps,
+                        warmup_steps=config.warmup_steps,
+                        schedule=config.schedule,
+                    )
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    micro = config.micro_batch_size or len(mb)
+                    for chunk in mb.split(micro):
+                        m = mask[chunk]
+                        logp, entropy, values = forward(
+                            model, ids[chunk], targets[chunk], config.temperature, value_head
+                        )
+                        loss, pstats = policy_loss(
+                            logp,
+                            old_logp[chunk],
+                            advantages[chunk],
+                            m,
+                            clip_low=config.clip_low,
+                            clip_high=config.clip_high,
+                            aggregation=config.aggregation,
+                            max_tokens=config.max_new_tokens,
+                        )
+                        ent = masked_mean(entropy, m)
+                        total = loss - config.entropy_coef * ent
+                        if ref_logp is not None and config.kl_mode == "loss":
+                            kl = masked_mean(
+                                kl_k3(logp, ref_logp[chunk]), m, config.aggregation, config.max_new_tokens
+                            )
+                            total = total + config.kl_coef * kl
+                            _add(stats, "kl", kl)
+                        if value_head is not None:
+                            vloss, vstats = value_loss(
+                                values, old_values[chunk], returns[chunk], m, clip=config.value_clip
+                            )
+                            total = total + config.vf_coef * vloss
+                            _add(stats, "value_loss", vloss)
+                            _add(stats, "value_clip_frac", vstats["clip_frac"])
+                        (total * _share(m, mask[mb], config.aggregation)).backward()
+                        trained_tokens += int(ids[chunk].numel())
+                        _add(stats, "policy_loss", loss)
+                        _add(stats, "entropy", ent)
+                        for k, v in pstats.items():
+                            _add(stats, k, v)
+                    if config.grad_clip > 0:
+                        _add(stats, "grad_norm", torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            sampler.sync(model)
+            t3 = time.perf_counter()
+            row |= {k: sum(v) / len(v) for k, v in stats.items()}
+            if ref_kl is not None:
+                row["kl_ref"] = (ref_kl * batch.mask.to(device)).sum().item() / max(
+                    batch.mask.sum().item(), 1
+                )
+            row |= {
+                "lr": lr,
+                "time/prepare": t2 - t1,
+                "time/train": t3 - t2,
+                "train_tokens_per_s": R * ids.shape[1] * config.epochs / max(t3 - t2, 1e-9),
+            }
+            if (
+                evaluate is not None
+                and config.eval_every
+                and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps)
+            ):
+                model.eval()
+                row |= {f"eval/{k}": v for k, v in evaluate(step + 1).items()}
+            log.log(row)
+            history.append(row)
+            progress.update(bar, advance=1, info=f"reward {row['reward']:.3f} acc {row['accuracy']:.3f}")
+            for cb in callbacks:
+                cb(step + 1, row)
+            if config.save_every and (step + 1) % config.save_every == 0:
+                save_checkpoint(out_dir / "checkpoints", step + 1, trainable, optimizer)
+    model.eval()
+    return RLResult(config.steps, history, time.perf_counter() - t_start, sampled_tokens, trained_tokens)
+
+
+def _on(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
+    return RolloutBatch(
+        *(
+            t.to(device)
+            for t in (
+                batch.input_ids,
+                batch.targets,
+                batch.mask,
+                batch.old_logprobs,
+                batch.rewards_G_N,
+                batch.lengths,
+            )
+        )
+    )
+
+
+def _add(stats: dict[str, list[float]], key: str, value: torch.Tensor | float) -> None:
+    stats.setdefault(key, []).append(
+        float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+    )
