@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from temper.rewards import COMPONENTS
-from temper.tasks import TASKS, make_task
+from temper.tasks import TASKS, make_recipe_task
 from temper.train.rl import RLConfig
 from temper.train.supervised import TrainConfig
 
@@ -70,7 +70,8 @@ class PretrainStage(Strict):
 class SFTData(Strict):
     tasks: list[str] = []
     """Tasks whose train-split demonstrations become chat examples."""
-    problems_per_task: int = Field(2_000, ge=0)
+    problems_per_task: int | dict[str, int] = 2_000
+    """Train-split demonstrations per task: one number for all, or {task: number}."""
     files: list[str] = []
     """JSONL files in TRL formats (messages, or prompt/completion)."""
     skip_bad_rows: bool = False
@@ -171,7 +172,7 @@ class Recipe(Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
         for name, options in self.tasks.items():
-            make_task(name, **options)
+            make_recipe_task(name, options)
         seen: list[str] = []
         for stage in self.stages:
             used = getattr(stage, "tasks", None) or getattr(

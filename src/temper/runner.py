@@ -22,7 +22,7 @@ from temper.stages.evaluation import eval_table, run_eval
 from temper.stages.pretrain import run_pretrain
 from temper.stages.rl import run_rl
 from temper.stages.sft import run_sft
-from temper.tasks import make_task
+from temper.tasks import make_recipe_task
 
 console = Console(stderr=True)
 
@@ -54,6 +54,8 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
         state = "complete" if (out / "stage.json").exists() else "to run"
         if stage.kind == "pretrain":
             what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {stage.train.max_steps} steps"
+            if stage.cache:
+                what += f" (or reuse {stage.cache} if its settings match)"
         elif stage.kind == "sft":
             what = f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps" + (
                 f", LoRA r={stage.lora.r}" if stage.lora else ""
@@ -80,7 +82,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     run_dir.mkdir(parents=True, exist_ok=True)
     if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
-    tasks = {name: make_task(name, **opts) for name, opts in recipe.tasks.items()}
+    tasks = {name: make_recipe_task(name, opts) for name, opts in recipe.tasks.items()}
     ctx = StageContext(run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks)
     for i, stage in enumerate(recipe.stages):
         out = stage_dir(run_dir, i, stage.name)

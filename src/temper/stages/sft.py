@@ -19,12 +19,13 @@ from temper.train.supervised import train_supervised
 console = Console(stderr=True)
 
 
-def demonstrations(ctx: StageContext, tasks: list[str], split: str, n: int, seed: int) -> list[Example]:
+def demonstrations(ctx: StageContext, tasks: list[str], split: str, n: int | dict[str, int], seed: int) -> list[Example]:
     """One single-turn chat example per problem: the task's prompt and its demonstration."""
     out = []
     for name in tasks:
         task = ctx.tasks[name]
-        for i, problem in enumerate(task.sample(split, n, seed)):
+        count = n.get(name, 0) if isinstance(n, dict) else n
+        for i, problem in enumerate(task.sample(split, count, seed)):
             messages = problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]
             out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages))
     return out

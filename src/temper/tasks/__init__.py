@@ -14,6 +14,7 @@ TASKS: dict[str, type] = {"arithmetic": Arithmetic, "general_points": GeneralPoi
 
 __all__ = [
     "TASKS",
+    "make_recipe_task",
     "Arithmetic",
     "ArithmeticConfig",
     "GeneralPoints",
@@ -38,6 +39,14 @@ def make_task(name: str, **options: Any) -> Task:
                 f"valid options: {', '.join(fields)}"
             )
     return cls(cls.config_type(**options))
+
+
+def make_recipe_task(name: str, options: dict[str, Any]) -> Task:
+    """A recipe's task entry. The key is the task's name in the recipe; `task:` picks the
+    built-in it configures, so one recipe can hold variants (`add_sub: {task: arithmetic,
+    ops: [+, -]}`) next to the task itself."""
+    options = dict(options)
+    return make_task(options.pop("task", name), **options)
 
 
 def _hint(word: str, choices) -> str:

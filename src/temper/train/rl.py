@@ -263,6 +263,7 @@ def train_rl(
     if checkpoints := list_checkpoints(out_dir / "checkpoints"):
         start = load_checkpoint(checkpoints[-1], trainable, optimizer)
         log.truncate_after(start)
+        MetricsLog(rollouts_path).truncate_after(start)  # replayed steps are logged again
     else:
         for path in (log.path, rollouts_path):
             path.unlink(missing_ok=True)
@@ -329,8 +330,8 @@ def train_rl(
             model.train()
             stats: dict[str, list[float]] = {}
             R = ids.shape[0]
-            order = torch.randperm(R, generator=torch.Generator().manual_seed(config.seed + step))
             for epoch in range(config.epochs):
+                order = torch.randperm(R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch))
                 for mb in order.chunk(config.minibatches):
                     lr = lr_at(
                         step,
