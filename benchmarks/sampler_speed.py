@@ -22,7 +22,6 @@ import torch  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from temper.models import build_preset, build_tokenizer  # noqa: E402
-from temper.rollout.generate import left_pad  # noqa: E402
 from temper.rollout.sampler import HFSampler  # noqa: E402
 
 # (prompts, samples per prompt, new tokens)
@@ -40,9 +39,11 @@ class _NoEos:
 
 
 def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) -> None:
-    """`model.generate` as the eval helper calls it: left-padded batch, every prompt repeated n times."""
+    """`model.generate` on a left-padded batch, every prompt repeated n times."""
     rows = [p for p in prompts for _ in range(n)]
-    ids_B_P, mask_B_P = left_pad(rows, tokenizer.pad_token_id)
+    width = max(len(r) for r in rows)
+    ids_B_P = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask_B_P = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     config = GenerationConfig(
         do_sample=True,
         temperature=1.0,

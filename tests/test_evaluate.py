@@ -14,7 +14,7 @@ from temper.evaluate import (
     write_eval,
 )
 from temper.models import build_preset, build_tokenizer
-from temper.rollout import generate
+from temper.rollout import HFSampler
 from temper.stats import pass_at_k, wilson_interval
 from temper.tasks.base import Problem, Score, Task
 
@@ -108,16 +108,17 @@ def test_problem_dependent(model, tokenizer):
     assert r["examples"][1]["score"]["correct"] is False
 
 
-def test_completion_dependent_matches_generate(model, tokenizer):
-    """Metrics recomputed from the same generate calls (same seed) and pass_at_k by hand."""
+def test_completion_dependent_matches_sampler(model, tokenizer):
+    """Metrics recomputed from the same sampler calls (same seed) and pass_at_k by hand."""
     task = FakeTask("text")
     r = evaluate(model, tokenizer, task, "ood", **KW)
     check_metrics(r)
     problems = task.sample("ood", N, KW["seed"])
     prompts = [chat_prompt_ids(tokenizer, p.messages()) for p in problems]
-    gen = dict(max_new_tokens=MAX_NEW, batch_size=64, seed=KW["seed"])
-    greedy = [cs[0] for cs in generate(model, tokenizer, prompts, **gen)]
-    sampled = generate(model, tokenizer, prompts, num_samples=K, temperature=1.0, **gen)
+    sampler = HFSampler(model, tokenizer, max_batch_rows=64)
+    gen = dict(max_new_tokens=MAX_NEW, seed=KW["seed"])
+    greedy = [cs[0] for cs in sampler.sample(prompts, 1, temperature=0.0, **gen)]
+    sampled = sampler.sample(prompts, K, temperature=1.0, **gen)
     c = [sum(len(s.text) % 2 == 0 for s in cs) for cs in sampled]
     m = r["metrics"]
     assert m["greedy_accuracy"]["value"] == pytest.approx(sum(len(g.text) % 2 == 0 for g in greedy) / N)

@@ -1,14 +1,14 @@
 """The RL sampler against references: a teacher-forced forward of the same model (logprobs,
-greedy tokens), `temper.rollout.generate` (greedy output) and itself without prefill sharing."""
+greedy tokens), transformers' `model.generate` (greedy output) and itself without prefill sharing."""
 
 import importlib.util
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from temper.models import build_preset
-from temper.rollout.generate import generate
-from temper.rollout.sampler import HFSampler, Sample, choose_tokens
+from temper.rollout.sampler import HFSampler, Sample, choose_tokens, stop_ids
 
 MAX_NEW = 10
 
@@ -65,21 +65,56 @@ def test_eager_attention(tokenizer, prompts):
     assert_matches_teacher(model, out, 0.7)
 
 
+def hf_greedy(model, tokenizer, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """`model.generate` on the left-padded batch, greedy, with every option that changes the output set
+    (a model's generation_config cannot leak in): the new ids of each row, cut after its first stop id."""
+    pad, stops = tokenizer.pad_token_id, stop_ids(model, tokenizer)
+    width = max(len(p) for p in prompts)
+    ids_B_P = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask_B_P = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new,
+        eos_token_id=stops,
+        pad_token_id=pad,
+        num_beams=1,
+        repetition_penalty=1.0,
+    )
+    with torch.no_grad():
+        out_B_L = model.generate(input_ids=ids_B_P, attention_mask=mask_B_P, generation_config=config)
+    rows = []
+    for new in out_B_L[:, width:].tolist():
+        end = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
+        rows.append(new[:end])
+    return rows
+
+
 def test_greedy_is_teacher_argmax_and_generate(model, tokenizer, prompts):
     out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.0)
-    reference = generate(model, tokenizer, prompts, max_new_tokens=MAX_NEW, temperature=0.0)
-    for prompt, (a, b), (ref,) in zip(prompts, out, [r[:1] for r in reference], strict=True):
+    reference = hf_greedy(model, tokenizer, prompts, MAX_NEW)
+    one_row = HFSampler(model, tokenizer, max_batch_rows=1).sample(
+        prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0
+    )
+    for prompt, (a, b), ref, (single,) in zip(prompts, out, reference, one_row, strict=True):
         assert a == b
         logp, argmax = teacher_forced(model, prompt, a.token_ids, 1.0)  # greedy logprobs are T=1
-        assert a.token_ids == argmax == ref.token_ids
-        assert a.text == ref.text and a.stop_reason == ref.stop_reason == "length"
+        assert a.token_ids == argmax == ref == single.token_ids  # padded batch == one prompt alone
+        # this random model never emits eos in MAX_NEW steps: a length stop
+        assert a.stop_reason == "length" and len(a.token_ids) == MAX_NEW
+        assert a.text == tokenizer.decode(ref, skip_special_tokens=True)
         torch.testing.assert_close(torch.tensor(a.logprobs), logp, atol=1e-4, rtol=0)
 
 
 def test_seeded_sampling_is_reproducible(model, tokenizer, prompts):
     sampler = HFSampler(model, tokenizer)
     rng = torch.get_rng_state()
-    a = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3)
+    was_training = model.training
+    model.train()
+    try:
+        a = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3)
+        assert model.training  # the module's mode is restored
+    finally:
+        model.train(was_training)
     assert torch.equal(torch.get_rng_state(), rng)  # the global RNG is not touched
     assert sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3) == a
     b = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=4)
@@ -130,6 +165,17 @@ def test_eos_stop(tokenizer, prompts):
     assert len(s.logprobs) == 1
 
 
+def test_eos_text_stripped(tokenizer, prompts):
+    model = build_preset("nano", tokenizer, seed=0)
+    (greedy,) = HFSampler(model, tokenizer).sample(prompts[1:2], 1, max_new_tokens=2, temperature=0.0)[0]
+    first, second = greedy.token_ids
+    assert first != second  # holds for this seed; otherwise generation stops one token earlier
+    model.generation_config.eos_token_id = [second]
+    (s,) = HFSampler(model, tokenizer).sample(prompts[1:2], 1, max_new_tokens=MAX_NEW, temperature=0.0)[0]
+    assert s.token_ids == [first, second] and s.stop_reason == "eos"
+    assert s.text == tokenizer.decode([first], skip_special_tokens=True)
+
+
 def test_rows_stopping_mid_batch_are_dropped_correctly(tokenizer, prompts):
     """Many stop ids: rows stop at different steps and are dropped from the batch (cache
     compaction); every sample must still match teacher forcing and stop at its first stop id."""
@@ -163,6 +209,24 @@ def test_top_k_top_p_truncate_sampling_not_logprobs(model, tokenizer, prompts):
         logits_B_V, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0)
     )
     assert (logits_B_V.topk(5).indices == token_B[:, None]).any(-1).all()
+
+
+def test_rejects_bad_arguments(model, tokenizer, prompts):
+    sampler = HFSampler(model, tokenizer)
+    assert sampler.sample([], 2, max_new_tokens=MAX_NEW) == []
+    for args, kw in [
+        ([[]], {}),
+        (prompts, dict(temperature=-1.0)),
+        (prompts, dict(top_p=0.0)),
+        (prompts, dict(top_k=-1)),
+        (prompts, dict(max_new_tokens=0)),
+    ]:
+        with pytest.raises(ValueError):
+            sampler.sample(args, 1, **{"max_new_tokens": MAX_NEW, **kw})
+    with pytest.raises(ValueError):
+        sampler.sample(prompts, 0, max_new_tokens=MAX_NEW)
+    with pytest.raises(ValueError):
+        HFSampler(model, tokenizer, max_batch_rows=0)
 
 
 @pytest.mark.gpu

@@ -92,11 +92,11 @@ def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
 
 def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
     from temper.stages.context import StageContext
-    from temper.tasks import make_task
+    from temper.tasks import make_recipe_task
 
     names = list(dict.fromkeys(tasks + list(options)))
     task_options = {n: options.get(n, {}) for n in names}
-    made = {n: make_task(n, **task_options[n]) for n in names}
+    made = {n: make_recipe_task(n, task_options[n]) for n in names}
     return StageContext(run_dir=out, base_dir=Path.cwd(), tasks=made, task_options=task_options)
 
 

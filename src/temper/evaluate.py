@@ -1,7 +1,8 @@
 """Evaluate a model on a Task: greedy accuracy, pass@k, mean@k, parse rate, length, truncation,
 each with a 95% confidence interval; in-distribution (test) vs out-of-distribution (ood).
 
-Grading goes through `Task.score`, the same function RL rewards use.
+Completions come from `HFSampler` and grading goes through `Task.score`: the sampler and the
+scoring function RL uses.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from temper.atomic import atomic_write_json
-from temper.rollout.generate import Completion, generate
+from temper.rollout.sampler import HFSampler, Sample
 from temper.stats import mean_ci, pass_at_k, wilson_interval
 from temper.tasks.base import Problem, Score, Task
 
@@ -63,7 +64,7 @@ def _jsonable(x: Any) -> Any:
     return x if x is None or isinstance(x, (bool, int, float, str)) else str(x)
 
 
-def _example(problem: Problem, completion: Completion, score: Score) -> dict[str, Any]:
+def _example(problem: Problem, completion: Sample, score: Score) -> dict[str, Any]:
     return {
         "id": problem.id,
         "prompt": problem.prompt,
@@ -102,6 +103,7 @@ def evaluate(
       clipped to [0, 1], or Wilson when every per-problem value is 0 or 1),
     where c_i counts the correct samples of problem i. With n = k samples, pass@1 equals mean@k
     and pass@k is the share of problems with at least one correct sample.
+    `batch_size` is the sampler's `max_batch_rows` (sequences, prompt x sample, decoded together).
     """
     if k < 1 or n_problems < 1:
         raise ValueError("evaluate needs k >= 1 and n_problems >= 1")
@@ -109,9 +111,10 @@ def evaluate(
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
     prompts = [chat_prompt_ids(tokenizer, p.messages()) for p in problems]
-    gen = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    greedy = [c[0] for c in generate(model, tokenizer, prompts, temperature=0.0, **gen)]
-    sampled = generate(model, tokenizer, prompts, num_samples=k, temperature=temperature, **gen)
+    sampler = HFSampler(model, tokenizer, max_batch_rows=batch_size)
+    gen = dict(max_new_tokens=max_new_tokens, seed=seed)
+    greedy = [c[0] for c in sampler.sample(prompts, 1, temperature=0.0, **gen)]
+    sampled = sampler.sample(prompts, k, temperature=temperature, **gen)
 
     scores = [task.score(p, c.text) for p, c in zip(problems, greedy, strict=True)]
     correct_P = [

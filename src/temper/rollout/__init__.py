@@ -1,5 +1,5 @@
-"""Samplers: prompts x samples -> completions."""
+"""Samplers: prompts x samples -> completions (token ids, per-token logprobs, stop reasons)."""
 
-from temper.rollout.generate import Completion, StopReason, generate
+from temper.rollout.sampler import HFSampler, Sample, Sampler
 
-__all__ = ["Completion", "StopReason", "generate"]
+__all__ = ["HFSampler", "Sample", "Sampler"]

@@ -36,8 +36,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from temper.rollout.generate import stop_ids
-
 SampleStopReason = Literal["eos", "stop", "length"]
 
 
@@ -270,6 +268,24 @@ def _check_attention_layers(config, capacity: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos id together with the model's `generation_config.eos_token_id`.
+
+    Chat models often stop on more than one id (Qwen2.5: `<|im_end|>` and `<|endoftext|>`)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        config_eos = [config_eos]
+    for i in config_eos or []:
+        if int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an eos id")
+    return ids
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
