@@ -57,6 +57,84 @@ def _stage(run: Path, folder: str, kind: str, seconds: float, files: dict[str, o
         (d / name).write_text(content if isinstance(content, str) else json.dumps(content))
 
 
+def _rl_rows(n: int) -> list[dict]:
+    """metrics.jsonl rows as train_rl logs them (made-up numbers; evals on even steps, k1 KL only)."""
+    rows = []
+    for step in range(1, n + 1):
+        row = {
+            "step": step,
+            "reward": 0.1 * step,
+            "reward/outcome": 0.1 * step,
+            "reward/format": 0.05,
+            "accuracy": 0.1 * step,
+            "parse_rate": 0.5 + 0.1 * step,
+            "truncation_rate": 0.05,
+            "response_length": 30.0 - step,
+            "zero_variance": 0.5,
+            **{
+                f"zero_variance/{c}": 0.0
+                for c in ("all_correct", "truncated", "verifier_error", "equal_other")
+            },
+            "zero_variance/all_wrong": 0.375,
+            "zero_variance/parse_failure": 0.125,
+            "sampling_rounds": 1,
+            "policy_loss": 0.01,
+            "entropy": 1.5 - 0.1 * step,
+            "clip_frac": 0.02,
+            "approx_kl": 0.001,
+            "ratio_mean": 1.0,
+            "grad_norm": 0.5,
+            "kl_ref": 0.01 * step,
+            "lr": 1e-5,
+            "rollout_tokens_per_s": 2000.0,
+            "train_tokens_per_s": 8000.0,
+            "time/sample": 1.5,
+            "time/prepare": 0.5,
+            "time/train": 2.0,
+        }
+        if step % 2 == 0:
+            row |= {"eval/arithmetic/accuracy": 0.1 * step, "eval/arithmetic/parse_rate": 0.9}
+        rows.append(row)
+    return rows
+
+
+def _rollouts(steps: list[int]) -> str:
+    """rollouts.jsonl as rollout_record writes it: two samples of one problem per logged step."""
+    rows = [
+        {
+            "step": step,
+            "problem": f"train-{step}",
+            "prompt": f"What is {step} + {step}?",
+            "completion": f"<b>step {step} sample {i}</b> Answer: {2 * step}",
+            "reward": float(i),
+            "parts": {"outcome": float(i), "format": 0.0},
+            "correct": bool(i),
+            "parsed": True,
+            "reason": "right" if i else "wrong",
+            "stop": "eos",
+        }
+        for step in steps
+        for i in range(2)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+PROBE = {
+    "zero_variance": 0.625,
+    "zero_variance/all_correct": 0.0,
+    "zero_variance/all_wrong": 0.5,
+    "zero_variance/parse_failure": 0.125,
+    "zero_variance/truncated": 0.0,
+    "zero_variance/verifier_error": 0.0,
+    "zero_variance/equal_other": 0.0,
+    "groups": 8,
+    "group_size": 4,
+    "accuracy": 0.1,
+    "parse_rate": 0.4,
+}
+GATE = {"threshold": 0.5, "parse_rates": {"arithmetic/parse_rate": 0.9}, "passed": True}
+
+
 def _metrics(n: int, eval_every: int = 0) -> str:
     rows = []
     for step in range(1, n + 1):
@@ -106,10 +184,27 @@ def run(tmp_path: Path) -> Path:
                 "test": _result("test", _m(0.45, 0.353, 0.550), "<script>alert(1)</script> & 4"),
                 "ood": _result("ood", _m(0.03, 0.01, 0.085)),
             },
+            "rl": {  # model stages are just names: an RL stage sits beside pretrain and sft
+                "test": _result("test", _m(0.7, 0.6, 0.78)),
+                "ood": _result("ood", _m(0.04, 0.01, 0.1)),
+            },
         }
     }
-    _stage(run, "03-eval", "eval", 12.0, {"eval.json": results})
-    _stage(run, "04-rl", "rl", 7.0, {"rl.json": {}})
+    rl_rows = _rl_rows(4)
+    rl = {"steps": 4, "seconds": 42.0, "sampled_tokens": 12345, "trained_tokens": 23456, "final": rl_rows[-1]}
+    _stage(
+        run,
+        "03-rl",
+        "rl",
+        7.0,
+        {
+            "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rl_rows),
+            "rollouts.jsonl": _rollouts([1, 2, 3]),
+            "probe.json": {"gate": GATE, "probe": PROBE},
+            "rl.json": rl | {"gate": GATE, "probe": PROBE},
+        },
+    )
+    _stage(run, "04-eval", "eval", 12.0, {"eval.json": results})
     return run
 
 
@@ -117,7 +212,7 @@ def test_report_has_header_eval_numbers_and_escaped_samples(run: Path):
     page = write_report(run).read_text()
     assert page.startswith("<!DOCTYPE html>") and "<h1>demo-run</h1>" in page
     assert "total stage time 1m 54s" in page  # 65 + 30 + 12 + 7 seconds
-    for folder in ("01-pretrain", "02-sft", "03-eval", "04-rl"):
+    for folder in ("01-pretrain", "02-sft", "03-rl", "04-eval"):
         assert f"<td>{folder}</td>" in page
     assert "model: {preset: nano}" in page
     # eval table: value [lo, hi], rates in percent, length in tokens, k filled into the headers
@@ -130,7 +225,8 @@ def test_report_has_header_eval_numbers_and_escaped_samples(run: Path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; 4" in page
     assert "<script>" not in page
     assert "Grading reasons over all 100 problems: right: 45, wrong: 55" in page
-    assert "No report section for stage kind 'rl'" in page and "rl.json" in page
+    assert "rl &gt; sft on test: 70.0% vs 45.0%" in page and "rl &gt; pretrain on test" in page
+    assert "<td>rl</td><td>ood</td><td>100</td><td>4.0% [1.0, 10.0]</td>" in page
 
 
 def test_training_sections_show_data_counts_and_throughput(run: Path):
@@ -150,21 +246,23 @@ def test_training_sections_show_data_counts_and_throughput(run: Path):
 def test_plots_are_png_files_and_inlined(run: Path):
     page = write_report(run).read_text()
     pngs = sorted(p.name for p in (run / "plots").iterdir())
-    assert pngs == ["01-pretrain-loss.png", "02-sft-loss.png", "03-eval-arithmetic.png"]
+    assert pngs == ["01-pretrain-loss.png", "02-sft-loss.png", "03-rl-curves.png", "04-eval-arithmetic.png"]
     for name in pngs:
         assert (run / "plots" / name).read_bytes().startswith(PNG_MAGIC)
-    assert page.count('src="data:image/png;base64,iVBORw0KGgo') == 3  # base64 of the PNG magic
+    assert page.count('src="data:image/png;base64,iVBORw0KGgo') == 4  # base64 of the PNG magic
 
 
 def test_run_without_eval_stage_and_with_an_unfinished_stage(run: Path):
-    shutil.rmtree(run / "03-eval")
+    shutil.rmtree(run / "04-eval")
+    _stage(run, "05-distill", "distill", 1.0, {"notes.txt": "x"})
     (run / "02-sft" / "stage.json").unlink()  # interrupted mid-training: only metrics so far
     (run / "02-sft" / "sft.json").unlink()
     page = write_report(run).read_text()
     assert "greedy acc" not in page
     assert "<td>02-sft</td><td>training</td>" in page and "incomplete" in page
     assert (run / "plots" / "02-sft-loss.png").exists()  # the curve up to the interruption
-    assert [s.kind for s in find_stages(run)] == ["pretrain", "training", "rl"]
+    assert [s.kind for s in find_stages(run)] == ["pretrain", "training", "rl", "distill"]
+    assert "No report section for stage kind 'distill'" in page and "notes.txt" in page
 
 
 def test_malformed_metrics_line_is_named_in_the_page(run: Path):
@@ -179,7 +277,7 @@ def test_malformed_metrics_line_is_named_in_the_page(run: Path):
 
 
 def test_unreadable_eval_json_is_a_note_not_a_crash(run: Path):
-    (run / "03-eval" / "eval.json").write_text("{")
+    (run / "04-eval" / "eval.json").write_text("{")
     page = write_report(run).read_text()
     assert "could not read this stage&#x27;s outputs" in page and "eval.json: not valid JSON" in page
 
@@ -194,3 +292,60 @@ def test_highlights_need_non_overlapping_intervals_and_report_regressions():
         ("rl < sft on test: 30.0% vs 60.0%", False),
         ("rl2 > rl on test: 65.0% vs 30.0%", True),
     ]
+
+
+def test_rl_section_shows_gate_probe_curves_compute_and_escaped_rollouts(run: Path):
+    page = write_report(run).read_text()
+    assert "Format gate passed" in page and "<td>arithmetic</td><td>90%</td>" in page
+    assert "62% of 8 groups had zero reward variance: all_wrong 50%, parse_failure 12%." in page
+    assert "4 samples per group, accuracy 10%, parse rate 40%" in page
+    # the dominant cause is flagged with its hint; the minor one is listed, not flagged
+    assert "<tr class='warn'><td>all_wrong</td><td>50%</td><td>no sample right: too hard" in page
+    assert "<tr><td>parse_failure</td><td>12%</td>" in page
+    assert (run / "plots" / "03-rl-curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert 'alt="03-rl RL curves"' in page
+    assert (
+        "<td>sampled tokens</td><td>12,345</td>" in page and "<td>trained tokens</td><td>23,456</td>" in page
+    )
+    assert (
+        "<td>wall time</td><td>42.0s</td>" in page
+        and "<td>mean time/train per step</td><td>2s (50%)</td>" in page
+    )
+    assert "<td>mean rollout tokens/s</td><td>2,000</td>" in page
+    # first and last logged step only, completions escaped, reward parts and reasons shown
+    assert "step 1 (first logged): 2 rollouts, 1 correct, mean reward 0.5" in page
+    assert "step 3 (last logged)" in page and "step 2 sample" not in page
+    assert "&lt;b&gt;step 3 sample 1&lt;/b&gt; Answer: 6" in page and "<b>step" not in page
+    assert "reward 1 · parts: outcome 1, format 0 · parsed: True · reason: right · stop: eos" in page
+
+
+def test_rl_section_without_optional_files_and_unfinished(run: Path):
+    rl = run / "03-rl"
+    for name in ("rollouts.jsonl", "stage.json", "rl.json"):
+        (rl / name).unlink()  # killed mid-training: metrics so far, and the (empty) probe.json of step 0
+    (rl / "probe.json").write_text("{}")  # no gate and no probe configured
+    with (rl / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "rew')
+    page = write_report(run).read_text()
+    assert "<td>03-rl</td><td>rl</td><td>–</td><td>incomplete</td>" in page  # kind guessed, not "training"
+    assert "Reachability probe" not in page and "Format gate" not in page
+    assert "No rollouts logged." in page and "<td>steps</td><td>4</td>" in page
+    assert f"{rl / 'metrics.jsonl'}:5: not a metrics row, skipped" in page
+    assert (run / "plots" / "03-rl-curves.png").exists()
+
+
+def test_rl_section_with_a_resumed_rollout_log_and_only_a_probe(tmp_path: Path):
+    """Rollouts of replayed steps are logged again on resume: a step shows its latest rows."""
+    probe = PROBE | {"zero_variance": 0.0, "zero_variance/all_wrong": 0.0, "zero_variance/parse_failure": 0.0}
+    replayed = _rollouts([2, 3]).replace("sample", "replayed")  # resumed from the step-1 checkpoint
+    _stage(
+        tmp_path,
+        "01-rl",
+        "rl",
+        1.0,
+        {"probe.json": {"probe": probe}, "rollouts.jsonl": _rollouts([1, 2, 3]) + replayed},
+    )
+    page = write_report(tmp_path).read_text()
+    assert "0% of 8 groups had zero reward variance." in page and "No metrics logged." in page
+    assert "&lt;b&gt;step 3 replayed 1&lt;/b&gt;" in page and "step 3 sample" not in page
+    assert not (tmp_path / "plots" / "01-rl-curves.png").exists()
