@@ -79,6 +79,20 @@ class Sampler(Protocol):
         ...
 
 
+def check_sample_args(
+    prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+) -> None:
+    """The argument checks every `Sampler` backend shares."""
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError(f"n and max_new_tokens must be >= 1, got {n}, {max_new_tokens}")
+    if temperature < 0.0 or not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError(
+            f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 0, got {temperature}, {top_p}, {top_k}"
+        )
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+
+
 # ---------------------------------------------------------------------------------------------
 # The token choice: a pure function of the logits.
 
@@ -334,14 +348,7 @@ class HFSampler:
         stop: Sequence[str] = (),
         seed: int = 0,
     ) -> list[list[Sample]]:
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError(f"n and max_new_tokens must be >= 1, got {n}, {max_new_tokens}")
-        if temperature < 0.0 or not 0.0 < top_p <= 1.0 or top_k < 0:
-            raise ValueError(
-                f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 0, got {temperature}, {top_p}, {top_k}"
-            )
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
         stop = [s for s in stop if s]
         if not prompts:
             return []

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from temper.rollout.sampler import Sample, SampleStopReason
+from temper.rollout.sampler import Sample, SampleStopReason, check_sample_args
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -91,14 +91,7 @@ class VLLMSampler:
         stop: Sequence[str] = (),
         seed: int = 0,
     ) -> list[list[Sample]]:
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError(f"n and max_new_tokens must be >= 1, got {n}, {max_new_tokens}")
-        if temperature < 0.0 or not 0.0 < top_p <= 1.0 or top_k < 0:
-            raise ValueError(
-                f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 0, got {temperature}, {top_p}, {top_k}"
-            )
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
         if not prompts:
             return []
         if temperature > 0.0 and (top_p < 1.0 or top_k > 0):

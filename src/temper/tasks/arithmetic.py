@@ -19,13 +19,12 @@ completion does not end with `Answer: <integer>`; `Answer: +082` is the integer 
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from temper.tasks.base import SPLITS, Problem, Score
+from temper.tasks.base import Problem, Score, check_split, split_of
 from temper.tasks.expression import extract_answer
 
 OPS = ("+", "-", "*")
@@ -73,15 +72,14 @@ class Arithmetic:
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
         """`n` independent draws (repeats possible); same seed, same problems."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         rng = random.Random(f"{self.name}/{split}/{seed}")
         return [self._draw(rng, split) for _ in range(n)]
 
     def _draw(self, rng: random.Random, split: str) -> Problem:
         for _ in range(_MAX_TRIES):
             a, op, b = self._operands(rng, split)
-            if split == "ood" or _split_of(_key(a, op, b), self.config.test_fraction) == split:
+            if split == "ood" or split_of(_key(a, op, b), self.config.test_fraction) == split:
                 return _problem(split, a, op, b)
         raise ValueError(f"no {split} problem found for {self.config}; is the split empty?")
 
@@ -129,14 +127,6 @@ def _key(a: int, op: str, b: int) -> str:
     if op in "+*":
         a, b = sorted((a, b))
     return f"{a}{op}{b}"
-
-
-def _split_of(key: str, test_fraction: float) -> str:
-    """The split of a problem key: test for a stable `test_fraction` of keys, else train.
-
-    sha256 rather than `hash()`, which Python salts per process."""
-    point = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-    return "test" if point < test_fraction else "train"
 
 
 def _problem(split: str, a: int, op: str, b: int) -> Problem:

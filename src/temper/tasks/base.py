@@ -6,10 +6,23 @@ its `evaluate()` in the same way).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 SPLITS = ("train", "test", "ood")
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+
+
+def split_of(key: str, test_fraction: float) -> str:
+    """The in-distribution split of a problem key: "test" for a stable `test_fraction` of keys,
+    else "train". sha256 rather than `hash()`, which Python salts per process."""
+    point = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return "test" if point < test_fraction else "train"
 
 
 @dataclass(frozen=True)

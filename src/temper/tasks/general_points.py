@@ -26,7 +26,6 @@ multiset), "wrong_value" (uses the cards but does not make the target, or claims
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,7 +33,7 @@ from functools import cache
 from itertools import combinations
 from typing import ClassVar, NamedTuple
 
-from temper.tasks.base import SPLITS, Problem, Score
+from temper.tasks.base import Problem, Score, check_split, split_of
 from temper.tasks.expression import ExpressionError, evaluate, extract_answer
 
 REASONS = (
@@ -93,8 +92,7 @@ class GeneralPoints:
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
         """`n` independent solvable hands (repeats possible); same seed, same problems."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         c = self.config
         faces = c.face_values_ood if split == "ood" else c.face_values_id
         ranks = _ranks(c, split)
@@ -183,15 +181,7 @@ def _accepts(c: GeneralPointsConfig, split: str, hand: tuple[int, ...]) -> bool:
         )
     values = sorted(value(r, c.face_values_id) for r in hand)
     key = f"{c.target}:{','.join(map(str, values))}"
-    return _split_of(key, c.test_fraction) == split and solvable(values, c.target)
-
-
-def _split_of(key: str, test_fraction: float) -> str:
-    """The split of a problem key: test for a stable `test_fraction` of keys, else train.
-
-    sha256 rather than `hash()`, which Python salts per process."""
-    point = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-    return "test" if point < test_fraction else "train"
+    return split_of(key, c.test_fraction) == split and solvable(values, c.target)
 
 
 # --- solver -------------------------------------------------------------------------------
