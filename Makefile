@@ -33,9 +33,12 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks && $(BIN)/ruff format --check src tests benchmarks
 
+# run on a quiet machine: timings are the point, and a second busy process halves them
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]"
-	$(BIN)/python benchmarks/sft_throughput.py
+	PYTHONPATH=. $(BIN)/python benchmarks/sft_throughput.py
+	PYTHONPATH=. $(BIN)/python benchmarks/sampler_speed.py
+	PYTHONPATH=. $(BIN)/python benchmarks/grpo_step.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -29,7 +29,9 @@ def rows(tokenizer, n: int, seq: int, seed: int = 0) -> list[list[int]]:
     stream: list[int] = []
     while len(stream) < n * seq:
         a, b = rng.randint(0, 999), rng.randint(0, 999)
-        stream += tokenizer(f"{a}+{b}={a + b}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        stream += tokenizer(f"{a}+{b}={a + b}", add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id
+        ]
     return [stream[i * seq : (i + 1) * seq] for i in range(n)]
 
 
@@ -38,13 +40,26 @@ def temper_tokens_per_s(preset: str, data: list[list[int]], steps: int, batch: i
     model = build_preset(preset, tokenizer, seed=0)
     seqs = [Sequence(r, list(r), list(range(len(r)))) for r in data]
     stamps: list[float] = []
-    config = TrainConfig(max_steps=steps, batch_size=batch, lr=1e-3, warmup_steps=1, log_every=10**9,
-                         grad_clip=1.0, progress=False)
+    config = TrainConfig(
+        max_steps=steps,
+        batch_size=batch,
+        lr=1e-3,
+        warmup_steps=1,
+        log_every=10**9,
+        grad_clip=1.0,
+        progress=False,
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        train_supervised(model, seqs, config, out, pad_id=tokenizer.pad_token_id,
-                         callbacks=[lambda step, row: stamps.append(time.perf_counter())])
+        train_supervised(
+            model,
+            seqs,
+            config,
+            out,
+            pad_id=tokenizer.pad_token_id,
+            callbacks=[lambda step, row: stamps.append(time.perf_counter())],
+        )
     per_step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
     return batch * len(data[0]) / median(per_step)
 
@@ -66,14 +81,28 @@ def trl_tokens_per_s(preset: str, data: list[list[int]], steps: int, batch: int,
 
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(
-            output_dir=out, per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-3,
-            max_grad_norm=1.0, lr_scheduler_type="cosine", warmup_steps=1, logging_steps=10**9,
-            save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, packing=False,
-            max_length=len(data[0]), bf16=False, disable_tqdm=True, seed=0,
+            output_dir=out,
+            per_device_train_batch_size=batch,
+            max_steps=steps,
+            learning_rate=1e-3,
+            max_grad_norm=1.0,
+            lr_scheduler_type="cosine",
+            warmup_steps=1,
+            logging_steps=10**9,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            packing=False,
+            max_length=len(data[0]),
+            bf16=False,
+            disable_tqdm=True,
+            seed=0,
         )
         dataset = Dataset.from_dict({"input_ids": data})
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                             callbacks=[Stamp()])
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()]
+        )
         trainer.train()
     per_step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
     return batch * len(data[0]) / median(per_step)
@@ -92,7 +121,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     peak = matmul_peak_gflops()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak {peak:.1f} GFLOP/s\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak {peak:.1f} GFLOP/s\n"
+    )
     results = []
     for preset in args.presets.split(","):
         data = rows(build_tokenizer(), args.steps * args.batch, args.seq)
@@ -102,16 +133,29 @@ def main() -> None:
             theirs.append(trl_tokens_per_s(preset, data, args.steps, args.batch, args.warmup))
         n = matmul_params(build_preset(preset, build_tokenizer()))
         ours_best, theirs_best = max(ours), max(theirs)
-        row = {"preset": preset, "params": n, "batch": args.batch, "seq": args.seq,
-               "temper_tok_s": ours_best, "trl_tok_s": theirs_best, "ratio": ours_best / theirs_best,
-               "temper_mfu": 6 * n * ours_best / (peak * 1e9), "trl_mfu": 6 * n * theirs_best / (peak * 1e9),
-               "temper_runs": ours, "trl_runs": theirs}
+        row = {
+            "preset": preset,
+            "params": n,
+            "batch": args.batch,
+            "seq": args.seq,
+            "temper_tok_s": ours_best,
+            "trl_tok_s": theirs_best,
+            "ratio": ours_best / theirs_best,
+            "temper_mfu": 6 * n * ours_best / (peak * 1e9),
+            "trl_mfu": 6 * n * theirs_best / (peak * 1e9),
+            "temper_runs": ours,
+            "trl_runs": theirs,
+        }
         results.append(row)
-    print("| preset | matmul params | batch x seq | temper tok/s | TRL tok/s | ratio | temper MFU | TRL MFU |")
+    print(
+        "| preset | matmul params | batch x seq | temper tok/s | TRL tok/s | ratio | temper MFU | TRL MFU |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['preset']} | {r['params'] / 1e6:.2f}M | {r['batch']} x {r['seq']} | {r['temper_tok_s']:,.0f} | "
-              f"{r['trl_tok_s']:,.0f} | {r['ratio']:.2f}x | {100 * r['temper_mfu']:.0f}% | {100 * r['trl_mfu']:.0f}% |")
+        print(
+            f"| {r['preset']} | {r['params'] / 1e6:.2f}M | {r['batch']} x {r['seq']} | {r['temper_tok_s']:,.0f} | "
+            f"{r['trl_tok_s']:,.0f} | {r['ratio']:.2f}x | {100 * r['temper_mfu']:.0f}% | {100 * r['trl_mfu']:.0f}% |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak_gflops": peak, "results": results}, f, indent=2)

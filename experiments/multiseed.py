@@ -48,18 +48,31 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
     evals = [(i, s) for i, s in enumerate(recipe.stages) if s.kind == "eval"]
     lines = [f"# {recipe.name}: {len(runs)} seeds ({', '.join(map(str, runs))})", ""]
     for index, stage in evals:
-        results = {seed: json.loads((stage_dir(run, index, stage.name) / "eval.json").read_text()) for seed, run in runs.items()}
+        results = {
+            seed: json.loads((stage_dir(run, index, stage.name) / "eval.json").read_text())
+            for seed, run in runs.items()
+        }
         first = next(iter(results.values()))
-        lines += ["| task | model | split | greedy accuracy % | mean@k % | parse rate % |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| task | model | split | greedy accuracy % | mean@k % | parse rate % |",
+            "|---|---|---|---|---|---|",
+        ]
         for task, by_model in first.items():
             for model, by_split in by_model.items():
                 for split, res in by_split.items():
-                    k = res["k"]
-                    pick = lambda key: [results[s][task][model][split]["metrics"][key]["value"] for s in results]  # noqa: E731
-                    lines.append(f"| {task} | {model} | {split} | {_spread(pick('greedy_accuracy'))} | "
-                                 f"{_spread(pick(f'mean@{k}'))} | {_spread(pick('parse_rate'))} |")
+                    per_seed = [r[task][model][split]["metrics"] for r in results.values()]
+                    cells = [
+                        _spread([m[key]["value"] for m in per_seed])
+                        for key in ("greedy_accuracy", f"mean@{res['k']}", "parse_rate")
+                    ]
+                    lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["Compute per model stage (mean over seeds):", "", "| stage | kind | wall s | tokens |", "|---|---|---|---|"]
+    lines += [
+        "Compute per model stage (mean over seeds):",
+        "",
+        "| stage | kind | wall s | tokens |",
+        "|---|---|---|---|",
+    ]
     for index, stage in enumerate(recipe.stages):
         if stage.kind not in ("sft", "rl"):
             continue
@@ -68,9 +81,13 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
             out = stage_dir(run, index, stage.name)
             seconds.append(json.loads((out / "stage.json").read_text())["seconds"])
             summary = json.loads((out / f"{stage.kind}.json").read_text())
-            tokens.append(summary.get("tokens") or summary.get("sampled_tokens", 0) + summary.get("trained_tokens", 0))
+            tokens.append(
+                summary.get("tokens") or summary.get("sampled_tokens", 0) + summary.get("trained_tokens", 0)
+            )
         what = "trained" if stage.kind == "sft" else "sampled + trained"
-        lines.append(f"| {stage.name} | {stage.kind} | {statistics.mean(seconds):.0f} | {statistics.mean(tokens):,.0f} ({what}) |")
+        lines.append(
+            f"| {stage.name} | {stage.kind} | {statistics.mean(seconds):.0f} | {statistics.mean(tokens):,.0f} ({what}) |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -13,10 +13,15 @@ from temper.train import TrainConfig, train_supervised
 def main(out: str) -> None:
     tokenizer = build_tokenizer()
     rng = random.Random(0)
-    rows = [parse_row({"text": f"{a}*{b}={a * b}"}, "x", i) for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 9)) for _ in range(64))]
+    rows = [
+        parse_row({"text": f"{a}*{b}={a * b}"}, "x", i)
+        for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 9)) for _ in range(64))
+    ]
     data, _ = build_sequences(tokenizer, rows, max_len=32)
     config = TrainConfig(max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, progress=False)
-    result = train_supervised(build_preset("nano", tokenizer, seed=0), data, config, out, pad_id=tokenizer.pad_token_id)
+    result = train_supervised(
+        build_preset("nano", tokenizer, seed=0), data, config, out, pad_id=tokenizer.pad_token_id
+    )
     if result.history:
         with open(f"{out}/losses.json", "w") as f:
             json.dump([row["loss"] for row in result.history], f)

@@ -13,7 +13,9 @@ def _supervised(tokenizer, tok):
 
 
 def test_single_turn_mask_token_by_token(tokenizer):
-    ex = parse_row({"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}, "x", 1)
+    ex = parse_row(
+        {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}, "x", 1
+    )
     tok = tokenize_example(tokenizer, ex, 64)
     tokens = tokenizer.convert_ids_to_tokens(tok.input_ids)
     assert tokens == ["<|user|>", "1", "+", "1", "<|end|>", "<|assistant|>", "2", "<|end|>"]
@@ -38,7 +40,14 @@ def test_multi_turn_supervises_every_assistant_turn_and_nothing_else(tokenizer):
 def test_prompt_completion_formats(tokenizer):
     plain = tokenize_example(tokenizer, parse_row({"prompt": "2+2=", "completion": "4"}, "x", 1), 64)
     assert _supervised(tokenizer, plain) == ["4", "<|end|>"]
-    chat = parse_row({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "ok"}]}, "x", 1)
+    chat = parse_row(
+        {
+            "prompt": [{"role": "user", "content": "q"}],
+            "completion": [{"role": "assistant", "content": "ok"}],
+        },
+        "x",
+        1,
+    )
     assert _supervised(tokenizer, tokenize_example(tokenizer, chat, 64)) == ["o", "k", "<|end|>"]
 
 
@@ -50,8 +59,14 @@ def test_text_rows_supervise_everything(tokenizer):
 @pytest.mark.parametrize(
     ("row", "field"),
     [
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}]}, "messages[1].role"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]}, "messages[1].content"),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}]},
+            "messages[1].role",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3}]},
+            "messages[1].content",
+        ),
         ({"messages": [{"role": "user", "content": "q"}]}, "messages"),
         ({"prompt": "q"}, "completion"),
         ({"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}, "completion"),
@@ -86,8 +101,14 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_truncation_is_counted_and_empty_examples_dropped(tokenizer):
-    long = parse_row({"messages": [{"role": "user", "content": "x" * 20}, {"role": "assistant", "content": "y" * 20}]}, "x", 1)
-    short = parse_row({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "x", 2)
+    long = parse_row(
+        {"messages": [{"role": "user", "content": "x" * 20}, {"role": "assistant", "content": "y" * 20}]},
+        "x",
+        1,
+    )
+    short = parse_row(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "x", 2
+    )
     seqs, stats = build_sequences(tokenizer, [long, short], max_len=30)
     assert (stats.truncated, stats.dropped, stats.sequences) == (1, 0, 2)
     assert len(seqs[0].input_ids) == 30
@@ -106,7 +127,9 @@ def test_packing_keeps_examples_apart(tokenizer, nano):
     nano.eval()
     with torch.no_grad():
         batch = collate(packed, tokenizer.pad_token_id)
-        logits = nano(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        logits = nano(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+        ).logits
         alone = nano(input_ids=torch.tensor([single[1].input_ids]), use_cache=False).logits
     torch.testing.assert_close(logits[0, 8:15], alone[0], atol=1e-5, rtol=1e-5)
 

@@ -1,4 +1,3 @@
-
 import pytest
 
 from temper.tasks import GeneralPoints, GeneralPointsConfig, Task

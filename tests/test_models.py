@@ -38,7 +38,9 @@ def test_save_is_atomic_no_partial_dir_on_failure(nano, tokenizer, tmp_path, mon
 
 
 def test_presets_have_the_documented_sizes(tokenizer):
-    sizes = {name: sum(p.numel() for p in build_preset(name, tokenizer).parameters()) for name in ("nano", "tiny")}
+    sizes = {
+        name: sum(p.numel() for p in build_preset(name, tokenizer).parameters()) for name in ("nano", "tiny")
+    }
     assert 100_000 < sizes["nano"] < 300_000
     assert 1_000_000 < sizes["tiny"] < 2_000_000
 
@@ -52,7 +54,9 @@ def test_lora_merge_gives_the_adapter_models_logits(nano, tokenizer, tmp_path):
     ids = tokenizer("7*8=56")["input_ids"]
     base = _logits(nano, ids)
     peft_model = apply_lora(nano, r=4, alpha=8)
-    targets = {n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters() if "lora_A" in n}
+    targets = {
+        n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters() if "lora_A" in n
+    }
     assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= targets
     with torch.no_grad():  # LoRA B starts at zero; make the adapter change the output
         for name, p in peft_model.named_parameters():

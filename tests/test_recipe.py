@@ -27,11 +27,17 @@ def test_valid_recipe_parses_with_defaults():
 
 
 def test_unknown_key_names_line_path_and_nearest_key():
-    bad = GOOD.replace("train: {max_steps: 2, batch_size: 4}\n  - kind: eval", "train: {max_steps: 2, batch_sise: 4}\n  - kind: eval")
+    bad = GOOD.replace(
+        "train: {max_steps: 2, batch_size: 4}\n  - kind: eval",
+        "train: {max_steps: 2, batch_sise: 4}\n  - kind: eval",
+    )
     with pytest.raises(RecipeError) as err:
         parse_recipe(bad, "r.yaml")
     message = str(err.value)
-    assert "r.yaml:11: stages[1].train.batch_sise: unknown key 'batch_sise'; did you mean 'batch_size'?" in message
+    assert (
+        "r.yaml:11: stages[1].train.batch_sise: unknown key 'batch_sise'; did you mean 'batch_size'?"
+        in message
+    )
 
 
 def test_unknown_stage_key_and_bad_value():
@@ -53,7 +59,10 @@ def test_unknown_stage_kind_and_task_references():
 
 
 def test_preset_needs_pretrain_first_and_references_must_exist():
-    no_pretrain = GOOD.replace("  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4}\n", "")
+    no_pretrain = GOOD.replace(
+        "  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4}\n",
+        "",
+    )
     with pytest.raises(RecipeError, match="first stage must be 'pretrain'"):
         parse_recipe(no_pretrain)
     with pytest.raises(RecipeError, match="refers to 'sft2'"):

@@ -23,7 +23,9 @@ def test_chat_template_renders_turns_and_generation_prompt(tokenizer):
 
 def test_generation_markers_agree_with_assistant_tokens(tokenizer):
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     tokens = tokenizer.convert_ids_to_tokens(out["input_ids"])
     assert [t for t, m in zip(tokens, out["assistant_masks"]) if m] == ["a", "b", "<|end|>"]
 
@@ -32,6 +34,8 @@ def test_save_and_reload_through_auto_tokenizer(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     again = AutoTokenizer.from_pretrained(tmp_path)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    assert again.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(messages, tokenize=False)
+    assert again.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(
+        messages, tokenize=False
+    )
     assert again("x=1")["input_ids"] == tokenizer("x=1")["input_ids"]
     assert (again.pad_token_id, again.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)

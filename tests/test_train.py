@@ -14,7 +14,10 @@ class Interrupt(Exception):
 
 def _data(tokenizer, n=64):
     rng = random.Random(0)
-    rows = [parse_row({"text": f"{a}+{b}={a + b}"}, "x", i) for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 99)) for _ in range(n))]
+    rows = [
+        parse_row({"text": f"{a}+{b}={a + b}"}, "x", i)
+        for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 99)) for _ in range(n))
+    ]
     return build_sequences(tokenizer, rows, max_len=32)[0]
 
 
@@ -29,7 +32,9 @@ def _losses(history):
 
 def test_loss_goes_down(tokenizer, tmp_path):
     model = build_preset("nano", tokenizer, seed=0)
-    result = train_supervised(model, _data(tokenizer), _config(max_steps=20), tmp_path, pad_id=tokenizer.pad_token_id)
+    result = train_supervised(
+        model, _data(tokenizer), _config(max_steps=20), tmp_path, pad_id=tokenizer.pad_token_id
+    )
     losses = _losses(result.history)
     assert losses[-1] < 0.7 * losses[0]
 
@@ -42,24 +47,47 @@ def test_batches_are_a_function_of_seed_and_step():
 
 def test_gradient_accumulation_does_not_change_the_losses(tokenizer, tmp_path):
     data = _data(tokenizer)
-    whole = train_supervised(build_preset("nano", tokenizer), data, _config(), tmp_path / "a", pad_id=tokenizer.pad_token_id)
-    split = train_supervised(build_preset("nano", tokenizer), data, _config(micro_batch_size=2), tmp_path / "b", pad_id=tokenizer.pad_token_id)
+    whole = train_supervised(
+        build_preset("nano", tokenizer), data, _config(), tmp_path / "a", pad_id=tokenizer.pad_token_id
+    )
+    split = train_supervised(
+        build_preset("nano", tokenizer),
+        data,
+        _config(micro_batch_size=2),
+        tmp_path / "b",
+        pad_id=tokenizer.pad_token_id,
+    )
     assert _losses(split.history) == pytest.approx(_losses(whole.history), rel=1e-4)
 
 
 def test_resume_after_interrupt_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
     data = _data(tokenizer)
     config = _config(save_every=2)
-    full = train_supervised(build_preset("nano", tokenizer), data, config, tmp_path / "full", pad_id=tokenizer.pad_token_id)
+    full = train_supervised(
+        build_preset("nano", tokenizer), data, config, tmp_path / "full", pad_id=tokenizer.pad_token_id
+    )
 
     def crash_at_step_5(step, row):
         if step == 5:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train_supervised(build_preset("nano", tokenizer), data, config, tmp_path / "cut", pad_id=tokenizer.pad_token_id, callbacks=[crash_at_step_5])
+        train_supervised(
+            build_preset("nano", tokenizer),
+            data,
+            config,
+            tmp_path / "cut",
+            pad_id=tokenizer.pad_token_id,
+            callbacks=[crash_at_step_5],
+        )
     # a fresh model: everything must come from the checkpoint at step 4
-    resumed = train_supervised(build_preset("nano", tokenizer, seed=99), data, config, tmp_path / "cut", pad_id=tokenizer.pad_token_id)
+    resumed = train_supervised(
+        build_preset("nano", tokenizer, seed=99),
+        data,
+        config,
+        tmp_path / "cut",
+        pad_id=tokenizer.pad_token_id,
+    )
     assert [r["step"] for r in resumed.history] == [5, 6]
     assert _losses(resumed.history) == pytest.approx(_losses(full.history)[4:], rel=1e-5)
     logged = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()

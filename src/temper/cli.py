@@ -36,10 +36,14 @@ def _nested(annotation: Any) -> type | None:
 
 
 def _is_list(annotation: Any) -> bool:
-    return any(typing.get_origin(a) in (list, tuple) for a in (typing.get_args(annotation) or ()) + (annotation,))
+    return any(
+        typing.get_origin(a) in (list, tuple) for a in (typing.get_args(annotation) or ()) + (annotation,)
+    )
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+def add_config_flags(
+    parser: argparse.ArgumentParser, cls: type, prefix: str = "", skip: tuple[str, ...] = ()
+) -> None:
     """One `--a.b` flag per leaf field of `cls`; lists take comma-separated values."""
     for name, (annotation, help_text) in _fields(cls).items():
         if name in skip:
@@ -48,8 +52,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, prefix: str = "
         if nested is not None and typing.get_origin(annotation) is not list:
             add_config_flags(parser, nested, f"{prefix}{name}.")
             continue
-        parser.add_argument(f"--{prefix}{name}", dest=f"cfg:{prefix}{name}", default=argparse.SUPPRESS,
-                            metavar="LIST" if _is_list(annotation) else "VALUE", help=help_text.replace("%", "%%"))
+        parser.add_argument(
+            f"--{prefix}{name}",
+            dest=f"cfg:{prefix}{name}",
+            default=argparse.SUPPRESS,
+            metavar="LIST" if _is_list(annotation) else "VALUE",
+            help=help_text.replace("%", "%%"),
+        )
 
 
 def config_from_args(args: argparse.Namespace, cls: type, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +126,14 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     from temper.stages.pretrain import run_pretrain
 
     stage = _validate(PretrainStage, config_from_args(args, PretrainStage, {"kind": "pretrain"}))
-    spec = _validate(ModelSpec, {k: v for k, v in {"preset": args.preset, "path": args.path, "seed": args.seed}.items() if v is not None})
+    spec = _validate(
+        ModelSpec,
+        {
+            k: v
+            for k, v in {"preset": args.preset, "path": args.path, "seed": args.seed}.items()
+            if v is not None
+        },
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(run_pretrain(stage, spec, _context(out, stage.corpus.tasks, _task_options(args.task_option)), out))
@@ -177,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)")
-    p.add_argument("--model", required=True, action="append", help="model directory or hub id (repeat to compare)")
+    p.add_argument(
+        "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
     add_config_flags(p, EvalStage, skip=("kind", "name", "models"))

@@ -14,7 +14,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -nll.view_as(targets)
 
 
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch.Tensor | None = None) -> torch.Tensor:
+def sft_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token cross-entropy over supervised tokens.
 
         L = -(1 / N) * sum_{b,t : y_{b,t+1} != -100} log p(y_{b,t+1} | x_{b,<=t})
@@ -26,6 +28,8 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch
     """
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts label t+1
     # flattened (B*T, V) logits: no shifted copy of the largest tensor in the step
-    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
     n = (targets != IGNORE).sum() if num_tokens is None else num_tokens
     return total / torch.as_tensor(n, dtype=total.dtype).clamp_min(1)

@@ -25,7 +25,9 @@ class Tokenized:
     truncated: bool
 
 
-def render_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> list[int]:
     """Token ids of a conversation through the tokenizer's chat template."""
     out = tokenizer.apply_chat_template(
         messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
@@ -33,7 +35,9 @@ def render_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]
     return list(out["input_ids"])
 
 
-def tokenize_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def tokenize_messages(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]
+) -> tuple[list[int], list[int]]:
     """(input_ids, labels) with every assistant turn supervised and nothing else."""
     full = render_ids(tokenizer, messages, add_generation_prompt=False)
     labels = [IGNORE] * len(full)

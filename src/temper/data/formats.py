@@ -58,7 +58,9 @@ def _check_messages(value: Any, where: str, source: str, line: int, need_assista
             raise DataError(source, line, f"{where}[{i}].role", f"got {role!r}, expected one of {ROLES}")
         content = msg.get("content")
         if not isinstance(content, str):
-            raise DataError(source, line, f"{where}[{i}].content", f"must be a string, got {type(content).__name__}")
+            raise DataError(
+                source, line, f"{where}[{i}].content", f"must be a string, got {type(content).__name__}"
+            )
     if need_assistant and not any(m["role"] == "assistant" for m in value):
         raise DataError(source, line, where, "has no assistant turn to train on")
 
@@ -76,7 +78,12 @@ def parse_row(row: Any, source: str, line: int) -> Example:
                 raise DataError(source, line, key, "missing (prompt-completion rows need both)")
         prompt, completion = row["prompt"], row["completion"]
         if isinstance(prompt, str) != isinstance(completion, str):
-            raise DataError(source, line, "completion", "prompt and completion must both be strings or both be message lists")
+            raise DataError(
+                source,
+                line,
+                "completion",
+                "prompt and completion must both be strings or both be message lists",
+            )
         if isinstance(prompt, str):
             if not completion:
                 raise DataError(source, line, "completion", "is empty")
@@ -88,7 +95,9 @@ def parse_row(row: Any, source: str, line: int) -> Example:
         if not isinstance(row["text"], str):
             raise DataError(source, line, "text", f"must be a string, got {type(row['text']).__name__}")
         return Example(source, line, text=row["text"])
-    raise DataError(source, line, "<row>", f"has none of 'messages', 'prompt'/'completion', 'text' (keys: {sorted(row)})")
+    raise DataError(
+        source, line, "<row>", f"has none of 'messages', 'prompt'/'completion', 'text' (keys: {sorted(row)})"
+    )
 
 
 def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -102,7 +111,10 @@ def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
-                yield line_no, DataError(str(path), line_no, "<json>", f"invalid JSON: {err.msg} at column {err.colno}")
+                yield (
+                    line_no,
+                    DataError(str(path), line_no, "<json>", f"invalid JSON: {err.msg} at column {err.colno}"),
+                )
 
 
 def validate_rows(

@@ -12,11 +12,17 @@ from temper.models.loading import save_model
 
 
 def apply_lora(
-    model: PreTrainedModel, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+    model: PreTrainedModel,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
 ) -> PeftModel:
     config = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

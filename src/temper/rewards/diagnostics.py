@@ -16,7 +16,9 @@ from temper.tasks.base import Score
 CAUSES = ("all_correct", "all_wrong", "parse_failure", "truncated", "verifier_error", "equal_other")
 
 
-def zero_variance_cause(scores: Sequence[Score], rewards: Sequence[float], truncated: Sequence[bool]) -> str | None:
+def zero_variance_cause(
+    scores: Sequence[Score], rewards: Sequence[float], truncated: Sequence[bool]
+) -> str | None:
     """None if the group's rewards differ; otherwise the reason they are all equal."""
     if max(rewards) - min(rewards) > 1e-9:
         return None

@@ -19,7 +19,9 @@ from temper.train.supervised import train_supervised
 console = Console(stderr=True)
 
 
-def demonstrations(ctx: StageContext, tasks: list[str], split: str, n: int | dict[str, int], seed: int) -> list[Example]:
+def demonstrations(
+    ctx: StageContext, tasks: list[str], split: str, n: int | dict[str, int], seed: int
+) -> list[Example]:
     """One single-turn chat example per problem: the task's prompt and its demonstration."""
     out = []
     for name in tasks:

@@ -331,7 +331,9 @@ def train_rl(
             stats: dict[str, list[float]] = {}
             R = ids.shape[0]
             for epoch in range(config.epochs):
-                order = torch.randperm(R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch))
+                order = torch.randperm(
+                    R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
+                )
                 for mb in order.chunk(config.minibatches):
                     lr = lr_at(
                         step,

@@ -5,8 +5,16 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, *, lr: float, max_steps: int, warmup_steps: int, schedule: str,
-          min_lr_ratio: float = 0.1, decay_fraction: float = 0.2) -> float:
+def lr_at(
+    step: int,
+    *,
+    lr: float,
+    max_steps: int,
+    warmup_steps: int,
+    schedule: str,
+    min_lr_ratio: float = 0.1,
+    decay_fraction: float = 0.2,
+) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
     warmup: lr * (step + 1) / warmup_steps for step < warmup_steps, then

@@ -82,7 +82,9 @@ def _count_supervised(batch: list[Sequence]) -> int:
     return sum(sum(label != IGNORE for label in s.labels[1:]) for s in batch)
 
 
-def evaluate_loss(model: torch.nn.Module, sequences: list[Sequence], pad_id: int, batch_size: int, device) -> float:
+def evaluate_loss(
+    model: torch.nn.Module, sequences: list[Sequence], pad_id: int, batch_size: int, device
+) -> float:
     """Token-weighted mean loss over `sequences`."""
     model.eval()
     total, count = 0.0, 0
@@ -130,7 +132,8 @@ def train_supervised(
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, betas=config.betas,
+        lr=config.lr,
+        betas=config.betas,
     )
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -146,15 +149,24 @@ def train_supervised(
         log.path.unlink()
 
     def lr_for(step: int) -> float:
-        return lr_at(step, lr=config.lr, max_steps=config.max_steps, warmup_steps=config.warmup_steps,
-                     schedule=config.schedule, min_lr_ratio=config.min_lr_ratio)
+        return lr_at(
+            step,
+            lr=config.lr,
+            max_steps=config.max_steps,
+            warmup_steps=config.warmup_steps,
+            schedule=config.schedule,
+            min_lr_ratio=config.min_lr_ratio,
+        )
 
     history: list[dict[str, Any]] = []
     tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
     loss_value, eval_loss = float("nan"), None
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
         disable=not (config.progress and accelerator.is_main_process),
     )
     with progress:
