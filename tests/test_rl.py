@@ -131,3 +131,43 @@ def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
     assert [r["step"] for r in resumed.history] == [3, 4]
     for a, b in zip(full.history[2:], resumed.history):
         assert a["reward"] == b["reward"] and a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-5)
+
+
+def test_rollout_batch_masks_only_completion_tokens(tokenizer):
+    from temper.rollout.sampler import Sample
+    from temper.train.rollouts import Group, Rollout, to_batch
+
+    def rollout(prompt, completion, logprobs):
+        sample = Sample(prompt, completion, logprobs, "", "eos")
+        return Rollout(Problem("t", "train", "x", "q"), sample, Score(1.0, True, True), 1.0, {})
+
+    group = Group(
+        [rollout([5, 6, 7], [8, 9], [-0.5, -0.25]), rollout([5], [1, 2, 3], [-1.0, -2.0, -3.0])],
+        None,
+        [1.0, 0.0],
+    )
+    batch = to_batch([group], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 1, 2, 3, 0]]
+    # position t predicts token t+1: completion tokens are predicted from positions len(prompt)-1 on
+    assert batch.targets.tolist() == [[6, 7, 8, 9, 0], [1, 2, 3, 0, 0]]
+    assert batch.mask.tolist() == [[False, False, True, True, False], [True, True, True, False, False]]
+    assert batch.old_logprobs.tolist() == [[0, 0, -0.5, -0.25, 0], [-1.0, -2.0, -3.0, 0, 0]]
+    assert batch.rewards_G_N.tolist() == [[1.0, 0.0]]
+
+
+def test_format_gate_stops_a_policy_that_cannot_answer(tokenizer):
+    from temper.recipe import GateSpec
+    from temper.stages.rl import GateError, format_gate
+    from temper.tasks import make_task
+
+    model = build_preset("nano", tokenizer, seed=1)  # untrained: never writes "Answer: ..."
+    sampler = HFSampler(model, tokenizer)
+    tasks = {"arithmetic": make_task("arithmetic")}
+    with pytest.raises(GateError, match="parse rate below 50%.*arithmetic 0%.*SFT is not done"):
+        format_gate(GateSpec(min_parse_rate=0.5, n_problems=8), sampler, tokenizer, tasks, max_new_tokens=8)
+    warned = format_gate(
+        GateSpec(min_parse_rate=0.5, n_problems=8, on_fail="warn"), sampler, tokenizer, tasks, 8
+    )
+    assert warned["passed"] is False and warned["parse_rates"] == {"arithmetic/parse_rate": 0.0}
+    passing = format_gate(GateSpec(min_parse_rate=0.0, n_problems=8), sampler, tokenizer, tasks, 8)
+    assert passing["passed"] is True
