@@ -1,6 +1,7 @@
 """The RL loop at the level users see it: the reward rises on a learnable task; dynamic sampling,
 the probe's causes, the format gate and resume behave as documented."""
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -171,3 +172,34 @@ def test_format_gate_stops_a_policy_that_cannot_answer(tokenizer):
     assert warned["passed"] is False and warned["parse_rates"] == {"arithmetic/parse_rate": 0.0}
     passing = format_gate(GateSpec(min_parse_rate=0.0, n_problems=8), sampler, tokenizer, tasks, 8)
     assert passing["passed"] is True
+
+
+def test_lora_rl_stage_uses_the_adapter_disabled_base_as_reference(tokenizer, tmp_path):
+    from temper.models import load_model, save_model
+    from temper.recipe import RLStage
+    from temper.stages.context import StageContext
+    from temper.stages.rl import run_rl
+
+    base = build_preset("nano", tokenizer, seed=1)
+    save_model(base, tokenizer, tmp_path / "base")
+    stage = RLStage(
+        kind="rl",
+        tasks=["first_byte"],
+        lora={"r": 4, "alpha": 8},
+        probe_groups=4,
+        train=_config(steps=3, kl_coef=0.1, lr=1e-2),
+    )
+    ctx = StageContext(
+        run_dir=tmp_path, base_dir=tmp_path, tasks={"first_byte": FirstByteTask()}, task_options={}
+    )
+    out = tmp_path / "rl"
+    out.mkdir()
+    merged = run_rl(stage, ctx, tmp_path / "base", out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # adapter B starts at zero: policy == reference
+    assert rows[-1]["kl"] > 0 and rows[-1]["kl_ref"] != 0  # k3 (the loss term) is >= 0; k1 may be either sign
+    trained = load_model(merged)  # adapter merged into plain weights
+    assert not any("lora" in n for n, _ in trained.named_parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), base.parameters()))
+    probe = json.loads((out / "probe.json").read_text())["probe"]
+    assert probe["groups"] == 4 and 0 <= probe["zero_variance"] <= 1
