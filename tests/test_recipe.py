@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from temper.cli import main
@@ -96,3 +98,26 @@ def test_stage_flags_are_validated(tmp_path, capsys):
     code = main(["sft", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--train.lr", "fast"])
     assert code == 2
     assert "--train.lr: Input should be a valid number" in capsys.readouterr().err
+
+
+def test_rl_command_stops_at_the_format_gate(tmp_path, capsys):
+    base = Path(__file__).parents[1] / "checkpoints" / "tiny-base" / "model"  # never saw `Answer:`
+    args = [
+        "rl",
+        "--model",
+        str(base),
+        "--out",
+        str(tmp_path / "rl"),
+        "--tasks",
+        "arithmetic",
+        "--gate.min_parse_rate",
+        "0.5",
+        "--gate.n_problems",
+        "8",
+        "--train.rewards",
+        "{outcome: 1, format: 0.1}",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "format gate: parse rate below 50%" in err and "SFT is not done" in err
+    assert not (tmp_path / "rl" / "model").exists()

@@ -14,9 +14,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
-from temper.recipe import EvalStage, ModelSpec, PretrainStage, RecipeError, SFTStage, load_recipe
+from temper.recipe import EvalStage, ModelSpec, PretrainStage, RecipeError, RLStage, SFTStage, load_recipe
 
 
 def _fields(cls: type) -> dict[str, tuple[Any, str]]:
@@ -73,7 +74,11 @@ def config_from_args(args: argparse.Namespace, cls: type, fixed: dict[str, Any])
             owner = _nested(_fields(owner)[part][0])
             node = node.setdefault(part, {})
         annotation = _fields(owner)[path[-1]][0]
-        node[path[-1]] = [v for v in value.split(",") if v] if _is_list(annotation) else value
+        if _is_list(annotation):
+            value = [v for v in value.split(",") if v]
+        elif typing.get_origin(annotation) is dict:
+            value = yaml.safe_load(value)  # e.g. --train.rewards '{outcome: 1, format: 0.1}'
+        node[path[-1]] = value
     return data
 
 
@@ -87,8 +92,6 @@ def _validate(cls: type, data: dict[str, Any]) -> Any:
 
 def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
     """`--task-option arithmetic.max_digits=3` -> {"arithmetic": {"max_digits": 3}} (YAML-typed values)."""
-    import yaml
-
     out: dict[str, dict[str, Any]] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -148,6 +151,15 @@ def cmd_sft(args: argparse.Namespace) -> None:
     print(run_sft(stage, _context(out, stage.data.tasks, _task_options(args.task_option)), args.model, out))
 
 
+def cmd_rl(args: argparse.Namespace) -> None:
+    from temper.stages.rl import run_rl
+
+    stage = _validate(RLStage, config_from_args(args, RLStage, {"kind": "rl"}))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(run_rl(stage, _context(out, stage.tasks, _task_options(args.task_option)), args.model, out))
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from temper.stages.evaluation import eval_table, run_eval
 
@@ -192,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p, SFTStage, skip=("kind", "name", "source"))
     p.set_defaults(func=cmd_sft)
 
+    p = sub.add_parser("rl", help="RL with verifiable rewards (GRPO family, PPO) on task prompts")
+    p.add_argument("--model", required=True, help="model directory or hub id to train")
+    p.add_argument("--out", required=True)
+    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
+    add_config_flags(p, RLStage, skip=("kind", "name", "source"))
+    p.set_defaults(func=cmd_rl)
+
     p = sub.add_parser("eval", help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)")
     p.add_argument(
         "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
@@ -211,10 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from temper.data import DataError
     from temper.models import ModelNotFoundError
+    from temper.stages.rl import GateError
 
     try:
         args.func(args)
-    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError) as err:
+    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, GateError) as err:
         print(f"temper: error: {err}", file=sys.stderr)
         return 2
     return 0
