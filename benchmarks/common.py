@@ -32,3 +32,24 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+class NoEos:
+    """A tokenizer whose eos id the model cannot produce, so every sample runs to full length."""
+
+    def __init__(self, tokenizer, never: int):
+        self._tokenizer, self.eos_token_id = tokenizer, never
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def best_time(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls after one warm-up call, in seconds."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)

@@ -42,7 +42,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renam
 # E402: these imports must follow the offline switch above
 import torch  # noqa: E402
 
-from benchmarks.common import median  # noqa: E402
+from benchmarks.common import NoEos, best_time, median  # noqa: E402
 from temper.models import PRESETS, build_preset, build_tokenizer, load_model, load_tokenizer  # noqa: E402
 from temper.rollout.sampler import HFSampler  # noqa: E402
 from temper.tasks import make_task  # noqa: E402
@@ -59,26 +59,6 @@ def load(name: str):
         tokenizer = build_tokenizer()
         return build_preset(name, tokenizer, seed=SEED), tokenizer
     return load_model(name, device=torch.device("cpu"), dtype=torch.float32), load_tokenizer(name)
-
-
-class _NoEos:
-    """The tokenizer with an eos id the model cannot produce, so every sample runs to length."""
-
-    def __init__(self, tokenizer, never: int):
-        self._tokenizer, self.eos_token_id = tokenizer, never
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
-
-
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) -> None:
@@ -122,7 +102,7 @@ def run_temper(preset: str, args) -> dict[str, Any]:
     sampler = None
     if args.fixed_length:
         model.generation_config.eos_token_id = None
-        sampler = HFSampler(model, _NoEos(tokenizer, never=model.config.vocab_size))
+        sampler = HFSampler(model, NoEos(tokenizer, never=model.config.vocab_size))
     config = RLConfig(
         steps=args.steps,
         prompts_per_step=args.prompts,
@@ -263,7 +243,7 @@ def sampler_vs_generate(preset: str, args) -> dict[str, float]:
     model.eval()
     prompts = [prompt_ids(tokenizer, p) for p in step_problems(task, 1, args.prompts)[0]]
     model.generation_config.eos_token_id = None
-    sampler = HFSampler(model, _NoEos(tokenizer, never=model.config.vocab_size))
+    sampler = HFSampler(model, NoEos(tokenizer, never=model.config.vocab_size))
     tokens = args.prompts * args.group * args.tokens
     t_hf = best_time(
         partial(hf_generate, model, tokenizer, prompts, args.group, args.tokens), args.sampler_repeats

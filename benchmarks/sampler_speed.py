@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 from functools import partial
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,21 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
+from benchmarks.common import NoEos, best_time  # noqa: E402
 from temper.models import build_preset, build_tokenizer  # noqa: E402
 from temper.rollout.sampler import HFSampler  # noqa: E402
 
 # (prompts, samples per prompt, new tokens)
 CONFIGS = [(64, 4, 32), (256, 1, 32)]
-
-
-class _NoEos:
-    """The tokenizer with an eos id the model cannot produce, so every sample runs to length."""
-
-    def __init__(self, tokenizer, never: int):
-        self._tokenizer, self.eos_token_id = tokenizer, never
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
 
 
 def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) -> None:
@@ -59,16 +48,6 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) ->
     assert out.shape[1] == ids_B_P.shape[1] + new
 
 
-def best_of(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,7 +59,7 @@ def main() -> None:
     tokenizer = build_tokenizer()
     model = build_preset(args.preset, tokenizer, seed=0).eval()
     model.generation_config.eos_token_id = None
-    sampler = HFSampler(model, _NoEos(tokenizer, never=model.config.vocab_size))
+    sampler = HFSampler(model, NoEos(tokenizer, never=model.config.vocab_size))
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(0)
     print(f"preset {args.preset} ({params / 1e6:.2f}M params), torch threads {torch.get_num_threads()}\n")
@@ -90,8 +69,8 @@ def main() -> None:
         lengths = torch.randint(16, 33, (n_prompts,), generator=gen).tolist()
         prompts = [torch.randint(0, 256, (k,), generator=gen).tolist() for k in lengths]
         tokens = n_prompts * n * new
-        t_hf = best_of(partial(hf_generate, model, tokenizer, prompts, n, new), args.repeats)
-        t_ours = best_of(
+        t_hf = best_time(partial(hf_generate, model, tokenizer, prompts, n, new), args.repeats)
+        t_ours = best_time(
             partial(sampler.sample, prompts, n, max_new_tokens=new, temperature=1.0), args.repeats
         )
         print(

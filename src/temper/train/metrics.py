@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
 from temper.atomic import atomic_write_text
 
 
@@ -31,3 +33,15 @@ class MetricsLog:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def progress_bar(enabled: bool) -> Progress:
+    """The trainers' progress bar: stage name, bar, steps, a free `info` field, time left."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import PreTrainedTokenizerBase
 
 from temper.algorithms.advantages import ADVANTAGES
@@ -39,7 +38,7 @@ from temper.rewards.diagnostics import breakdown
 from temper.rollout.sampler import HFSampler, Sampler
 from temper.tasks.base import Problem, Task
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from temper.train.metrics import MetricsLog
+from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.rollouts import Group, RolloutBatch, grade_group, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
@@ -271,14 +270,7 @@ def train_rl(
     history: list[dict[str, Any]] = []
     sampled_tokens = trained_tokens = 0
     t_start = time.perf_counter()
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-        disable=not config.progress,
-    )
+    progress = progress_bar(config.progress)
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):

@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from temper.train.metrics import MetricsLog
+from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.schedule import lr_at
 
 
@@ -161,14 +160,7 @@ def train_supervised(
     history: list[dict[str, Any]] = []
     tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
     loss_value, eval_loss = float("nan"), None
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-        disable=not (config.progress and accelerator.is_main_process),
-    )
+    progress = progress_bar(config.progress and accelerator.is_main_process)
     with progress:
         bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
         for step in range(start, config.max_steps):
