@@ -121,3 +121,15 @@ def test_rl_command_stops_at_the_format_gate(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "format gate: parse rate below 50%" in err and "SFT is not done" in err
     assert not (tmp_path / "rl" / "model").exists()
+
+
+def test_eval_labels_models_by_their_stage_folder(tmp_path):
+    from temper.cli import model_label
+
+    for name in ("02-sft", "03-rl"):
+        (tmp_path / name / "model").mkdir(parents=True)
+    taken: dict = {}
+    for path in (tmp_path / "02-sft" / "model", tmp_path / "03-rl" / "model", tmp_path / "03-rl" / "model"):
+        taken[model_label(str(path), taken)] = path
+    assert list(taken) == ["02-sft", "03-rl", "03-rl#2"]
+    assert model_label("Qwen/Qwen3-0.6B", taken) == "Qwen/Qwen3-0.6B"

@@ -168,8 +168,18 @@ def cmd_eval(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ctx = _context(out, stage.tasks, _task_options(args.task_option))
     for path in args.model:
-        ctx.models[Path(path).name if Path(path).exists() else path] = path
+        ctx.models[model_label(path, ctx.models)] = path
     print(eval_table(run_eval(stage, ctx, out)))
+
+
+def model_label(path: str, taken: dict[str, Any]) -> str:
+    """A short, unique table label: `runs/x/02-sft/model` -> `02-sft`, a hub id stays as it is."""
+    p = Path(path)
+    label = (p.parent.name if p.name == "model" else p.name) if p.exists() else path
+    unique, i = label, 2
+    while unique in taken:
+        unique, i = f"{label}#{i}", i + 1
+    return unique
 
 
 def cmd_report(args: argparse.Namespace) -> None:
