@@ -274,121 +274,43 @@ def train_rl(
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
-            row: dict[str, Any] = {"step": step + 1}
             # 1. sample and grade
             t0 = time.perf_counter()
             model.eval()
             groups, zero_var = collect_groups(sampler, tokenizer, tasks, config, step)
             t1 = time.perf_counter()
-            row |= zero_var
-            rollouts = [r for g in groups for r in g.rollouts]
-            new_tokens = sum(len(r.sample.token_ids) for r in rollouts)
-            sampled_tokens += new_tokens
-            row |= {
-                "reward": sum(r.reward for r in rollouts) / len(rollouts),
-                "accuracy": sum(r.score.correct for r in rollouts) / len(rollouts),
-                "parse_rate": sum(r.score.parsed for r in rollouts) / len(rollouts),
-                "truncation_rate": sum(r.sample.stop_reason == "length" for r in rollouts) / len(rollouts),
-                "response_length": new_tokens / len(rollouts),
-                "rollout_tokens_per_s": new_tokens / max(t1 - t0, 1e-9),
-                "time/sample": t1 - t0,
-            }
-            for name in config.rewards:
-                row[f"reward/{name}"] = sum(r.parts[name] for r in rollouts) / len(rollouts)
+            row = {"step": step + 1} | zero_var | rollout_metrics(groups, config, t1 - t0)
+            sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
             with rollouts_path.open("a") as f:
                 for g in groups[: config.log_rollouts]:
                     f.writelines(json.dumps(rec) + "\n" for rec in rollout_record(step + 1, g))
-
-            # 2. tensors, reference and value estimates (no grad), advantages
-            batch = to_batch(groups, tokenizer.pad_token_id)
-            ids, targets, mask = batch.input_ids.to(device), batch.targets.to(device), batch.mask.to(device)
-            old_logp = batch.old_logprobs.to(device)
-            with torch.no_grad():
-                ref_logp = (
-                    forward(reference, ids, targets, config.temperature)[0]
-                    if reference is not None and config.kl_coef > 0
-                    else None
-                )
-                old_values = (
-                    forward(model, ids, targets, config.temperature, value_head)[2]
-                    if value_head is not None
-                    else None
-                )
-            ref_kl = kl_k1(old_logp, ref_logp) if ref_logp is not None else None
-            advantages, returns = compute_advantages(_on(batch, device), config, ref_kl, old_values)
+            # 2. tensors, reference logprobs and values (no grad), advantages
+            prepared = prepare(
+                to_batch(groups, tokenizer.pad_token_id), model, reference, value_head, config, device
+            )
             t2 = time.perf_counter()
-
             # 3. policy (and value) updates
-            model.train()
-            stats: dict[str, list[float]] = {}
-            R = ids.shape[0]
-            for epoch in range(config.epochs):
-                order = torch.randperm(
-                    R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
-                )
-                for mb in order.chunk(config.minibatches):
-                    lr = lr_at(
-                        step,
-                        lr=config.lr,
-                        max_steps=config.steps,
-                        warmup_steps=config.warmup_steps,
-                        schedule=config.schedule,
-                    )
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
-                    micro = config.micro_batch_size or len(mb)
-                    for chunk in mb.split(micro):
-                        m = mask[chunk]
-                        logp, entropy, values = forward(
-                            model, ids[chunk], targets[chunk], config.temperature, value_head
-                        )
-                        loss, pstats = policy_loss(
-                            logp,
-                            old_logp[chunk],
-                            advantages[chunk],
-                            m,
-                            clip_low=config.clip_low,
-                            clip_high=config.clip_high,
-                            aggregation=config.aggregation,
-                            max_tokens=config.max_new_tokens,
-                        )
-                        ent = masked_mean(entropy, m)
-                        total = loss - config.entropy_coef * ent
-                        if ref_logp is not None and config.kl_mode == "loss":
-                            kl = masked_mean(
-                                kl_k3(logp, ref_logp[chunk]), m, config.aggregation, config.max_new_tokens
-                            )
-                            total = total + config.kl_coef * kl
-                            _add(stats, "kl", kl)
-                        if value_head is not None:
-                            vloss, vstats = value_loss(
-                                values, old_values[chunk], returns[chunk], m, clip=config.value_clip
-                            )
-                            total = total + config.vf_coef * vloss
-                            _add(stats, "value_loss", vloss)
-                            _add(stats, "value_clip_frac", vstats["clip_frac"])
-                        (total * _share(m, mask[mb], config.aggregation)).backward()
-                        trained_tokens += int(ids[chunk].numel())
-                        _add(stats, "policy_loss", loss)
-                        _add(stats, "entropy", ent)
-                        for k, v in pstats.items():
-                            _add(stats, k, v)
-                    if config.grad_clip > 0:
-                        _add(stats, "grad_norm", torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+            lr = lr_at(
+                step,
+                lr=config.lr,
+                max_steps=config.steps,
+                warmup_steps=config.warmup_steps,
+                schedule=config.schedule,
+            )
+            stats, tokens = update(model, value_head, optimizer, params, prepared, config, step, lr)
+            trained_tokens += tokens
             sampler.sync(model)
             t3 = time.perf_counter()
             row |= {k: sum(v) / len(v) for k, v in stats.items()}
-            if ref_kl is not None:
-                row["kl_ref"] = (ref_kl * batch.mask.to(device)).sum().item() / max(
-                    batch.mask.sum().item(), 1
+            if prepared.ref_kl is not None:
+                row["kl_ref"] = float(
+                    (prepared.ref_kl * prepared.mask).sum() / prepared.mask.sum().clamp_min(1)
                 )
             row |= {
                 "lr": lr,
                 "time/prepare": t2 - t1,
                 "time/train": t3 - t2,
-                "train_tokens_per_s": R * ids.shape[1] * config.epochs / max(t3 - t2, 1e-9),
+                "train_tokens_per_s": tokens / max(t3 - t2, 1e-9),
             }
             if (
                 evaluate is not None
@@ -406,6 +328,116 @@ def train_rl(
                 save_checkpoint(out_dir / "checkpoints", step + 1, trainable, optimizer)
     model.eval()
     return RLResult(config.steps, history, time.perf_counter() - t_start, sampled_tokens, trained_tokens)
+
+
+def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:
+    """Means over the step's samples: reward (total and per component), accuracy, format, length."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    n = len(rollouts)
+    new_tokens = sum(len(r.sample.token_ids) for r in rollouts)
+    row = {
+        "reward": sum(r.reward for r in rollouts) / n,
+        "accuracy": sum(r.score.correct for r in rollouts) / n,
+        "parse_rate": sum(r.score.parsed for r in rollouts) / n,
+        "truncation_rate": sum(r.sample.stop_reason == "length" for r in rollouts) / n,
+        "response_length": new_tokens / n,
+        "rollout_tokens_per_s": new_tokens / max(seconds, 1e-9),
+        "time/sample": seconds,
+    }
+    return row | {f"reward/{name}": sum(r.parts[name] for r in rollouts) / n for name in config.rewards}
+
+
+@dataclass
+class Prepared:
+    """One rollout batch on the device, with everything the update needs. All (R, L)."""
+
+    ids: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None
+    ref_kl: torch.Tensor | None  # k1 of the sampled tokens against the reference
+    old_values: torch.Tensor | None
+    returns: torch.Tensor | None
+
+
+@torch.no_grad()
+def prepare(batch: RolloutBatch, model, reference, value_head, config: RLConfig, device) -> Prepared:
+    batch = _on(batch, device)
+    ref_logp = None
+    if reference is not None and config.kl_coef > 0:
+        ref_logp = forward(reference, batch.input_ids, batch.targets, config.temperature)[0]
+    old_values = None
+    if value_head is not None:
+        old_values = forward(model, batch.input_ids, batch.targets, config.temperature, value_head)[2]
+    ref_kl = kl_k1(batch.old_logprobs, ref_logp) if ref_logp is not None else None
+    advantages, returns = compute_advantages(batch, config, ref_kl, old_values)
+    return Prepared(
+        batch.input_ids,
+        batch.targets,
+        batch.mask,
+        batch.old_logprobs,
+        advantages,
+        ref_logp,
+        ref_kl,
+        old_values,
+        returns,
+    )
+
+
+def update(model, value_head, optimizer, params, p: Prepared, config: RLConfig, step: int, lr: float):
+    """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens)."""
+    model.train()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    stats: dict[str, list[float]] = {}
+    tokens = 0
+    R = p.ids.shape[0]
+    for epoch in range(config.epochs):
+        order = torch.randperm(
+            R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
+        )
+        for mb in order.chunk(config.minibatches):
+            for chunk in mb.split(config.micro_batch_size or len(mb)):
+                m = p.mask[chunk]
+                logp, entropy, values = forward(
+                    model, p.ids[chunk], p.targets[chunk], config.temperature, value_head
+                )
+                loss, pstats = policy_loss(
+                    logp,
+                    p.old_logp[chunk],
+                    p.advantages[chunk],
+                    m,
+                    clip_low=config.clip_low,
+                    clip_high=config.clip_high,
+                    aggregation=config.aggregation,
+                    max_tokens=config.max_new_tokens,
+                )
+                ent = masked_mean(entropy, m)
+                total = loss - config.entropy_coef * ent
+                if p.ref_logp is not None and config.kl_mode == "loss":
+                    kl = masked_mean(
+                        kl_k3(logp, p.ref_logp[chunk]), m, config.aggregation, config.max_new_tokens
+                    )
+                    total = total + config.kl_coef * kl
+                    _add(stats, "kl", kl)
+                if value_head is not None:
+                    vloss, vstats = value_loss(
+                        values, p.old_values[chunk], p.returns[chunk], m, clip=config.value_clip
+                    )
+                    total = total + config.vf_coef * vloss
+                    _add(stats, "value_loss", vloss)
+                    _add(stats, "value_clip_frac", vstats["clip_frac"])
+                (total * _share(m, p.mask[mb], config.aggregation)).backward()
+                tokens += int(p.ids[chunk].numel())
+                for k, v in {"policy_loss": loss, "entropy": ent, **pstats}.items():
+                    _add(stats, k, v)
+            if config.grad_clip > 0:
+                _add(stats, "grad_norm", torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return stats, tokens
 
 
 def _on(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
