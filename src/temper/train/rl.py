@@ -14,6 +14,7 @@ loop, each a small function below:
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,15 +142,18 @@ def collect_groups(
     step: int,
 ) -> tuple[list[Group], dict[str, float]]:
     """Sample and grade `prompts_per_step` groups; with dynamic sampling, replace constant-reward
-    groups by fresh ones until the batch is full (or the round cap is hit)."""
+    groups by fresh ones until the batch is full (or the round cap is hit). Like DAPO, a refill
+    round over-samples by the share of groups the previous round kept (at most 4x)."""
     kept: list[Group] = []
     causes: list[str | None] = []
-    rounds = 0
+    rounds, keep_rate = 0, 1.0
     while len(kept) < config.prompts_per_step and rounds < (
         config.max_sampling_rounds if config.dynamic_sampling else 1
     ):
-        need = config.prompts_per_step - len(kept) if rounds else config.prompts_per_step
-        drawn = problems_for_step(tasks, need, config.seed, step, rounds)
+        need = config.prompts_per_step - len(kept)
+        before = len(kept)
+        draw = need if rounds == 0 else min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
+        drawn = problems_for_step(tasks, draw, config.seed, step, rounds)
         prompts = [prompt_ids(tokenizer, p) for _, p in drawn]
         samples = sampler.sample(
             prompts,
@@ -167,11 +171,13 @@ def collect_groups(
                 causes.append(group.cause)  # the breakdown describes the policy, before filtering
             if not config.dynamic_sampling or group.cause is None:
                 kept.append(group)
+        keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
+    kept = kept[: config.prompts_per_step]
     stats = breakdown(causes) | {"sampling_rounds": rounds}
     if config.dynamic_sampling:
         stats["kept_groups"] = len(kept)
-    return kept[: config.prompts_per_step], stats
+    return kept, stats
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:
