@@ -43,6 +43,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renam
 import torch  # noqa: E402
 
 from benchmarks.common import NoEos, best_time, median  # noqa: E402
+from benchmarks.sampler_speed import hf_generate  # noqa: E402
 from temper.models import PRESETS, build_preset, build_tokenizer, load_model, load_tokenizer  # noqa: E402
 from temper.rollout.sampler import HFSampler  # noqa: E402
 from temper.tasks import make_task  # noqa: E402
@@ -59,31 +60,6 @@ def load(name: str):
         tokenizer = build_tokenizer()
         return build_preset(name, tokenizer, seed=SEED), tokenizer
     return load_model(name, device=torch.device("cpu"), dtype=torch.float32), load_tokenizer(name)
-
-
-def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, new: int) -> None:
-    """`model.generate` as TRL calls it (left-padded batch, every prompt repeated n times), run to length."""
-    from transformers import GenerationConfig
-
-    rows = [p for p in prompts for _ in range(n)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
-    config = GenerationConfig(
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=new,
-        min_new_tokens=new,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    assert out.shape[1] == width + new
 
 
 def step_problems(task, steps: int, prompts: int) -> list[list[Problem]]:
