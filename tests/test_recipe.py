@@ -133,3 +133,27 @@ def test_eval_labels_models_by_their_stage_folder(tmp_path):
         taken[model_label(str(path), taken)] = path
     assert list(taken) == ["02-sft", "03-rl", "03-rl#2"]
     assert model_label("Qwen/Qwen3-0.6B", taken) == "Qwen/Qwen3-0.6B"
+
+
+def test_vllm_sampler_without_vllm_is_a_clear_error(tmp_path, capsys):
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    base = Path(__file__).parents[1] / "checkpoints" / "tiny-base" / "model"
+    args = [
+        "rl",
+        "--model",
+        str(base),
+        "--out",
+        str(tmp_path / "rl"),
+        "--tasks",
+        "arithmetic",
+        "--sampler",
+        "vllm",
+    ]
+    assert main(args) == 2
+    assert "VLLMSampler needs vLLM" in capsys.readouterr().err

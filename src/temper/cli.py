@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args.func(args)
-    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, GateError) as err:
+    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, GateError, ImportError) as err:
         print(f"temper: error: {err}", file=sys.stderr)
         return 2
     return 0

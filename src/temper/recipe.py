@@ -136,6 +136,9 @@ class RLStage(Strict):
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
     gate: GateSpec | None = None
+    sampler: Literal["hf", "vllm"] = "hf"
+    """Rollout backend: hf (in-process transformers, CPU or GPU) or vllm (GPU; weights synced after
+    every update)."""
     probe_groups: int = Field(8, ge=0)
     """Groups sampled from the starting policy for the reachability probe (0: skip)."""
 

@@ -12,7 +12,7 @@ from temper.atomic import atomic_write_json
 from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
 from temper.recipe import GateSpec, RLStage
 from temper.rewards.diagnostics import breakdown
-from temper.rollout.sampler import HFSampler
+from temper.rollout.sampler import HFSampler, Sampler
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, prompt_ids, train_rl
@@ -25,7 +25,7 @@ class GateError(RuntimeError):
 
 
 def greedy_eval(
-    sampler: HFSampler, tokenizer, tasks: dict[str, Task], n: int, max_new_tokens: int, split: str = "test"
+    sampler: Sampler, tokenizer, tasks: dict[str, Task], n: int, max_new_tokens: int, split: str = "test"
 ) -> dict[str, float]:
     """Greedy accuracy and parse rate per task on `n` held-out problems (seeded, same every call)."""
     out: dict[str, float] = {}
@@ -41,7 +41,7 @@ def greedy_eval(
 
 
 def format_gate(
-    gate: GateSpec, sampler: HFSampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
+    gate: GateSpec, sampler: Sampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
 ) -> dict[str, Any]:
     """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold."""
     rates = {
@@ -65,7 +65,7 @@ def format_gate(
 
 
 def reachability_probe(
-    sampler: HFSampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
+    sampler: Sampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
 ) -> dict[str, float]:
     """Sample `groups` groups from the starting policy, as RL will, and report the share whose
     rewards are all equal (no learning signal), by cause."""
@@ -117,7 +117,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     tokenizer, model = load_tokenizer(source), load_model(source)
     model.eval()
     tasks = {name: ctx.tasks[name] for name in stage.tasks}
-    sampler = HFSampler(model, tokenizer)
+    if stage.sampler == "vllm":
+        from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
+
+        sampler = VLLMSampler(source)
+    else:
+        sampler = HFSampler(model, tokenizer)
     summary: dict[str, Any] = {}
     if stage.gate:
         summary["gate"] = format_gate(stage.gate, sampler, tokenizer, tasks, config.max_new_tokens)
@@ -132,7 +137,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         model = apply_lora(
             model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules
         )
-        sampler.sync(model)
+        if isinstance(sampler, HFSampler):
+            sampler.sync(model)  # sample from the adapter model; vLLM receives weights after each update
         reference = _AdapterDisabled(model) if config.kl_coef > 0 else None
     elif config.kl_coef > 0:
         reference = load_model(source).eval().requires_grad_(False)
