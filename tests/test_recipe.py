@@ -1,3 +1,4 @@
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -135,14 +136,8 @@ def test_eval_labels_models_by_their_stage_folder(tmp_path):
     assert model_label("Qwen/Qwen3-0.6B", taken) == "Qwen/Qwen3-0.6B"
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_sampler_without_vllm_is_a_clear_error(tmp_path, capsys):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vLLM is installed here")
-    except ImportError:
-        pass
     base = Path(__file__).parents[1] / "checkpoints" / "tiny-base" / "model"
     args = [
         "rl",
