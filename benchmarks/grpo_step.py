@@ -44,11 +44,12 @@ import torch  # noqa: E402
 
 from benchmarks.common import NoEos, best_time, median  # noqa: E402
 from benchmarks.sampler_speed import hf_generate  # noqa: E402
+from temper.data.chat import prompt_ids  # noqa: E402
 from temper.models import PRESETS, build_preset, build_tokenizer, load_model, load_tokenizer  # noqa: E402
 from temper.rollout.sampler import HFSampler  # noqa: E402
 from temper.tasks import make_task  # noqa: E402
 from temper.tasks.base import Problem  # noqa: E402
-from temper.train.rl import RLConfig, problems_for_step, prompt_ids, train_rl  # noqa: E402
+from temper.train.rl import RLConfig, problems_for_step, train_rl  # noqa: E402
 
 LR = 1e-5
 SEED = 0
@@ -217,7 +218,7 @@ def sampler_vs_generate(preset: str, args) -> dict[str, float]:
     task = make_task("arithmetic")
     model, tokenizer = load(preset)
     model.eval()
-    prompts = [prompt_ids(tokenizer, p) for p in step_problems(task, 1, args.prompts)[0]]
+    prompts = [prompt_ids(tokenizer, p.messages()) for p in step_problems(task, 1, args.prompts)[0]]
     model.generation_config.eos_token_id = None
     sampler = HFSampler(model, NoEos(tokenizer, never=model.config.vocab_size))
     tokens = args.prompts * args.group * args.tokens
@@ -240,7 +241,7 @@ def check_prompts_match(preset: str, args) -> None:
         trl_ids = tokenizer.apply_chat_template(
             conversation=[p.messages()], add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"][0]
-        assert list(trl_ids) == prompt_ids(tokenizer, p), (p, trl_ids)
+        assert list(trl_ids) == prompt_ids(tokenizer, p.messages()), (p, trl_ids)
 
 
 def main() -> None:

@@ -5,9 +5,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
+from temper.data.chat import prompt_ids
 from temper.evaluate import (
     Z95,
-    chat_prompt_ids,
     evaluate,
     evaluate_splits,
     format_table,
@@ -69,8 +69,8 @@ def check_metrics(result):
         assert m["lo"] <= m["value"] <= m["hi"], name
 
 
-def test_chat_prompt_ids(tokenizer):
-    ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": "hi"}])
+def test_prompt_ids(tokenizer):
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": "hi"}])
     assert ids == [260, ord("h"), ord("i"), tokenizer.eos_token_id, 261]
 
 
@@ -114,7 +114,7 @@ def test_completion_dependent_matches_sampler(model, tokenizer):
     r = evaluate(model, tokenizer, task, "ood", **KW)
     check_metrics(r)
     problems = task.sample("ood", N, KW["seed"])
-    prompts = [chat_prompt_ids(tokenizer, p.messages()) for p in problems]
+    prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
     sampler = HFSampler(model, tokenizer, max_batch_rows=64)
     gen = dict(max_new_tokens=MAX_NEW, seed=KW["seed"])
     greedy = [cs[0] for cs in sampler.sample(prompts, 1, temperature=0.0, **gen)]

@@ -15,22 +15,12 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from temper.atomic import atomic_write_json
+from temper.data.chat import prompt_ids
 from temper.rollout.sampler import HFSampler, Sample
 from temper.stats import mean_ci, pass_at_k, wilson_interval
 from temper.tasks.base import Problem, Score, Task
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """The token ids of the chat prompt, ending with the assistant header.
-
-    transformers 5 returns a BatchEncoding from `apply_chat_template(tokenize=True)` (4.x
-    returned a list); both are accepted."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(out, Mapping):
-        out = out["input_ids"]
-    return [int(t) for t in out]
 
 
 def _metric(value: float, lo: float, hi: float) -> dict[str, float]:
@@ -110,7 +100,7 @@ def evaluate(
     problems = task.sample(split, n_problems, seed)
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
-    prompts = [chat_prompt_ids(tokenizer, p.messages()) for p in problems]
+    prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
     sampler = HFSampler(model, tokenizer, max_batch_rows=batch_size)
     gen = dict(max_new_tokens=max_new_tokens, seed=seed)
     greedy = [c[0] for c in sampler.sample(prompts, 1, temperature=0.0, **gen)]

@@ -35,6 +35,12 @@ def render_ids(
     return list(out["input_ids"])
 
 
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
+    """The chat prompt a policy continues: the conversation, then the assistant header.
+    Evaluation, RL and the benchmarks all render prompts here, so they never differ."""
+    return render_ids(tokenizer, messages, add_generation_prompt=True)
+
+
 def tokenize_messages(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]
 ) -> tuple[list[int], list[int]]:

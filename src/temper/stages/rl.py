@@ -9,13 +9,14 @@ import torch
 from rich.console import Console
 
 from temper.atomic import atomic_write_json
+from temper.data.chat import prompt_ids
 from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
 from temper.recipe import GateSpec, RLStage
 from temper.rewards.diagnostics import breakdown
 from temper.rollout.sampler import HFSampler, Sampler
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
-from temper.train.rl import RLConfig, collect_groups, prompt_ids, train_rl
+from temper.train.rl import RLConfig, collect_groups, train_rl
 
 console = Console(stderr=True)
 
@@ -32,7 +33,10 @@ def greedy_eval(
     for name, task in tasks.items():
         problems = task.sample(split, n, seed=4242)
         samples = sampler.sample(
-            [prompt_ids(tokenizer, p) for p in problems], 1, max_new_tokens=max_new_tokens, temperature=0.0
+            [prompt_ids(tokenizer, p.messages()) for p in problems],
+            1,
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
         )
         scores = [task.score(p, s[0].text) for p, s in zip(problems, samples)]
         out[f"{name}/accuracy"] = sum(s.correct for s in scores) / n

@@ -35,6 +35,7 @@ from temper.algorithms.policy import (
     policy_loss,
 )
 from temper.algorithms.value import gae, value_loss
+from temper.data.chat import prompt_ids
 from temper.rewards.diagnostics import breakdown
 from temper.rollout.sampler import HFSampler, Sampler
 from temper.tasks.base import Problem, Task
@@ -154,7 +155,7 @@ def collect_groups(
         before = len(kept)
         draw = need if rounds == 0 else min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
         drawn = problems_for_step(tasks, draw, config.seed, step, rounds)
-        prompts = [prompt_ids(tokenizer, p) for _, p in drawn]
+        prompts = [prompt_ids(tokenizer, p.messages()) for _, p in drawn]
         samples = sampler.sample(
             prompts,
             config.group_size,
@@ -178,13 +179,6 @@ def collect_groups(
     if config.dynamic_sampling:
         stats["kept_groups"] = len(kept)
     return kept, stats
-
-
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        problem.messages(), add_generation_prompt=True, tokenize=True, return_dict=True
-    )
-    return list(out["input_ids"])
 
 
 def forward(
