@@ -1,0 +1,61 @@
+"""Settings of one RL stage: what a recipe's `rl` stage `train:` block holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RLConfig:
+    """Settings of one RL stage."""
+
+    steps: int = 50
+    """RL steps (one rollout batch and its updates each)."""
+    prompts_per_step: int = 16
+    group_size: int = 8
+    """Samples per prompt (G in GRPO)."""
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    advantage: str = "grpo"
+    """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative) | gae (PPO with a value head)."""
+    epochs: int = 1
+    """Optimizer passes over each rollout batch."""
+    minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 0
+    """Sequences per forward pass; 0 = the whole minibatch."""
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 0.2
+    """PPO clip range below 1 (epsilon_low)."""
+    clip_high: float = 0.2
+    """PPO clip range above 1 (epsilon_high; DAPO clip-higher uses 0.28)."""
+    aggregation: str = "token"
+    """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
+    kl_coef: float = 0.0
+    """beta of the KL to the frozen reference; 0 = no reference model."""
+    kl_mode: str = "loss"
+    """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
+    entropy_coef: float = 0.0
+    rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
+    """Reward components and their weights (outcome, format, overlong)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    vf_coef: float = 0.5
+    value_clip: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    eval_every: int = 0
+    """Steps between greedy evals on the test split (0: none)."""
+    eval_problems: int = 64
+    save_every: int = 0
+    log_rollouts: int = 2
+    """Groups per step written to rollouts.jsonl."""
+    seed: int = 0
+    progress: bool = True
