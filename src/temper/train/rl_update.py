@@ -50,6 +50,7 @@ __all__ = [
     "run",
     "set_dropout",
     "update",
+    "backward_minibatch",
 ]
 
 
@@ -64,7 +65,7 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.bias)
 
     def forward(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden_N_H.float()).squeeze(-1)
+        return self.proj(_at_least_fp32(hidden_N_H)).squeeze(-1)
 
 
 class PolicyWithValue(torch.nn.Module):
@@ -92,10 +93,16 @@ class PolicyWithValue(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         hidden_N_H = last_hidden(self.policy, input_ids_P_W, position_ids_P_W, index_N)
         logits_N_V = self.policy.get_output_embeddings()(hidden_N_H) / self.temperature
-        logp_N_V = torch.log_softmax(logits_N_V.float(), dim=-1)
+        logp_N_V = torch.log_softmax(_at_least_fp32(logits_N_V), dim=-1)
         logp_N = logp_N_V.gather(-1, targets_N[:, None]).squeeze(-1)
         values_N = self.value(hidden_N_H) if self.value is not None else None
         return logp_N, entropy_from_logprobs(logp_N_V), values_N
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Logprobs, entropies and values in fp32 (bf16 logits lose the small differences the ratio
+    needs), or in fp64 for a fp64 model (the exactness tests)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def last_hidden(
@@ -298,11 +305,8 @@ def update(
     """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens).
 
     `module` is a `PolicyWithValue`, or the same wrapped by `accelerator.prepare` (DDP). With an
-    accelerator of W > 1 processes, `p` holds this process's rows: every term's size is summed over
-    processes, and each micro-batch's backward is of loss x W (DDP averages gradients over the W
-    processes), without gradient sync until the last micro-batch of a minibatch.
+    accelerator of W > 1 processes, `p` holds this process's rows (see `backward_minibatch`).
     """
-    W = accelerator.num_processes if accelerator is not None else 1
     terms = loss_terms(config, p)
     params = [q for q in module.parameters() if q.requires_grad]
     set_dropout(config, module)
@@ -316,37 +320,9 @@ def update(
             R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
         )
         for mb in order.chunk(config.minibatches):
-            sizes = {
-                agg: _sum_over_processes(
-                    aggregation_size(p.mask[mb], agg, config.max_new_tokens), accelerator
-                )
-                for agg in {t.aggregation for t in terms}
-            }
-            values = torch.zeros(len(terms))  # each term's minibatch value, for the log
-            micro = mb.split(config.micro_batch_size or len(mb))
-            for i, rows in enumerate(micro):
-                sync = accelerator is None or i == len(micro) - 1
-                with contextlib.nullcontext() if sync else accelerator.no_sync(module):
-                    chunk = p.rows(rows)
-                    out, n = run(module, chunk)
-                    loss = torch.zeros((), device=chunk.mask.device)
-                    for k, term in enumerate(terms):
-                        per_token, term_stats = term.per_token(out, chunk, config)
-                        part = masked_sum(per_token, chunk.mask, term.aggregation) / sizes[term.aggregation]
-                        loss = loss + term.coef * part
-                        values[k] += part.detach().cpu()
-                        for key, v in term_stats.items():
-                            _add(stats, key, v)
-                    _add(stats, "entropy", masked_mean(out.entropy.detach(), chunk.mask))
-                    if accelerator is not None:
-                        accelerator.backward(loss * W)
-                    else:
-                        loss.backward()
-                    tokens += n
-            values = _sum_over_processes(values.to(sizes[terms[0].aggregation].device), accelerator)
-            for term, v in zip(terms, values.tolist()):
-                _add(stats, f"loss/{term.name}", v)
-            _add(stats, "loss", sum(t.coef * v for t, v in zip(terms, values.tolist())))
+            # sorted: the packing (hence every rounding) depends only on which rows are in the minibatch,
+            # so a first epoch over one minibatch reproduces `prepare`'s numbers exactly (ratio == 1)
+            tokens += backward_minibatch(module, p.rows(mb.sort().values), terms, config, stats, accelerator)
             if config.grad_clip > 0:
                 clip = (
                     accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
@@ -355,6 +331,56 @@ def update(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return stats, tokens
+
+
+def backward_minibatch(
+    module: torch.nn.Module,
+    p: Prepared,
+    terms: list[LossTerm],
+    config: RLConfig,
+    stats: dict[str, list[float]],
+    accelerator=None,  # accelerate.Accelerator | None
+) -> int:
+    """Accumulate the gradient of one minibatch's loss, micro-batch by micro-batch; -> tokens read.
+
+    Each term adds masked_sum(micro-batch) / size(whole minibatch), so the micro-batch gradients
+    sum to the minibatch's. With W > 1 processes, `p` holds this process's rows: the sizes are
+    summed over processes and each backward is of loss x W (DDP averages gradients over the W
+    processes), without gradient sync until the last micro-batch.
+    """
+    W = accelerator.num_processes if accelerator is not None else 1
+    device = p.mask.device
+    sizes = {
+        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator)
+        for agg in {t.aggregation for t in terms}
+    }
+    values = torch.zeros(len(terms), device=device)  # each term's minibatch value, for the log
+    tokens = 0
+    micro = torch.arange(len(p.prompts), device="cpu").split(config.micro_batch_size or len(p.prompts))
+    for i, rows in enumerate(micro):
+        last = i == len(micro) - 1
+        with contextlib.nullcontext() if accelerator is None or last else accelerator.no_sync(module):
+            chunk = p.rows(rows)
+            out, n = run(module, chunk)
+            loss = torch.zeros((), device=device)
+            for k, term in enumerate(terms):
+                per_token, term_stats = term.per_token(out, chunk, config)
+                part = masked_sum(per_token, chunk.mask, term.aggregation) / sizes[term.aggregation]
+                loss = loss + term.coef * part
+                values[k] += part.detach()
+                for key, v in term_stats.items():
+                    _add(stats, key, v)
+            _add(stats, "entropy", masked_mean(out.entropy.detach(), chunk.mask))
+            if accelerator is not None:
+                accelerator.backward(loss * W)
+            else:
+                loss.backward()
+            tokens += n
+    values = _sum_over_processes(values, accelerator)
+    for term, v in zip(terms, values.tolist()):
+        _add(stats, f"loss/{term.name}", v)
+    _add(stats, "loss", sum(t.coef * v for t, v in zip(terms, values.tolist())))
+    return tokens
 
 
 def _sum_over_processes(t: torch.Tensor, accelerator) -> torch.Tensor:
