@@ -18,10 +18,10 @@ from temper.train.rl_update import (
     PolicyWithValue,
     Prepared,
     backward_minibatch,
+    forward_rows,
     loss_terms,
     policy_with_value,
     prepare,
-    run,
     update,
 )
 from temper.train.rollouts import RolloutBatch, pack
@@ -53,9 +53,9 @@ def _off_policy(module, batch: RolloutBatch, seed=1, noise=0.5) -> RolloutBatch:
     """The batch with "sampler" logprobs = teacher-forced logprobs + noise, so ratios spread around 1
     and both PPO clips and the dual clip are active."""
     with torch.no_grad():
-        logp = run(module, Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6))[
-            0
-        ].logp
+        logp = forward_rows(
+            module, Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6)
+        )[0].logp
     g = torch.Generator().manual_seed(seed)
     old = (logp + noise * torch.randn(logp.shape, generator=g, dtype=logp.dtype)) * batch.mask_R_T
     return replace(batch, old_logprobs_R_T=old)
@@ -375,3 +375,17 @@ def test_data_parallel_contract_gives_the_one_process_gradient(tokenizer, aggreg
     ddp_mean = sum(grads) / W  # DDP all-reduces the mean of the processes' gradients
     torch.testing.assert_close(ddp_mean, single, rtol=1e-10, atol=1e-12)
     assert accelerators[0].backward_calls == 3 and accelerators[0].no_sync_calls == 2  # 5 rows, micro 2
+
+
+def test_a_one_process_accelerator_gives_the_plain_gradient(tokenizer):
+    from accelerate import Accelerator
+
+    config = _config(micro_batch_size=4)
+    module, p = _setup(tokenizer, config)
+    terms = loss_terms(config, p)
+    plain, plain_stats = _gradient(module, p, terms, config)
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.num_processes == 1
+    accelerated, stats = _gradient(module, p, terms, config, accelerator)
+    torch.testing.assert_close(accelerated, plain, rtol=0, atol=0)
+    assert stats["loss"] == plain_stats["loss"]

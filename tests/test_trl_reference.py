@@ -19,7 +19,7 @@ trl = pytest.importorskip("trl")
 
 from temper.models import build_preset  # noqa: E402
 from temper.train.rl_config import RLConfig  # noqa: E402
-from temper.train.rl_update import Prepared, backward_minibatch, loss_terms, policy_with_value, run  # noqa: E402
+from temper.train.rl_update import Prepared, backward_minibatch, forward_rows, loss_terms, policy_with_value  # noqa: E402
 from test_rl_update import _off_policy, _rollouts  # noqa: E402  (tests/ is on sys.path)
 
 MAX_NEW_TOKENS = 8
@@ -97,7 +97,7 @@ def test_loss_and_gradient_match_trl_grpo(tokenizer, trainer, loss_type, aggrega
     batch = _off_policy(module, _rollouts(vocab=len(tokenizer)), noise=0.3)
     reference = build_preset("nano", tokenizer, seed=2).requires_grad_(False)
     with torch.no_grad():
-        ref_logp = run(
+        ref_logp = forward_rows(
             policy_with_value(reference, config),
             Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6),
         )[0].logp

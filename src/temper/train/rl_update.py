@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,20 +38,23 @@ from temper.algorithms.value import value_loss
 from temper.train.rl_config import RLConfig
 from temper.train.rollouts import Packed, RolloutBatch, pack
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 __all__ = [
     "LossTerm",
     "PolicyWithValue",
     "Prepared",
     "TokenOutputs",
     "ValueHead",
+    "backward_minibatch",
+    "forward_rows",
     "last_hidden",
     "loss_terms",
     "policy_with_value",
     "prepare",
-    "run",
     "set_dropout",
     "update",
-    "backward_minibatch",
 ]
 
 
@@ -181,7 +185,7 @@ class TokenOutputs:
     values: torch.Tensor | None
 
 
-def run(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, int]:
+def forward_rows(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, int]:
     """Forward `p`'s rows packed; -> (per-token outputs (B, T), tokens the model read)."""
     packed = p.packed()
     logp_N, entropy_N, values_N = module(
@@ -212,9 +216,9 @@ def prepare(
     ref_parts, value_parts = [], []
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
-            ref_parts.append(run(ref_module, p.rows(rows))[0].logp)
+            ref_parts.append(forward_rows(ref_module, p.rows(rows))[0].logp)
         if needs_values:
-            value_parts.append(run(module, p.rows(rows))[0].values)
+            value_parts.append(forward_rows(module, p.rows(rows))[0].values)
     if ref_parts:
         p.ref_logp = torch.cat(ref_parts)
         p.ref_kl = kl_k1(p.old_logp, p.ref_logp) * p.mask
@@ -279,10 +283,14 @@ def _value(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tens
 
 
 def loss_terms(config: RLConfig, p: Prepared) -> list[LossTerm]:
-    """The terms of this config's loss. Entropy and KL are reduced like the policy loss (verl's
-    agg_loss with the actor's loss_agg_mode; TRL adds its KL per token before aggregating); the
-    value loss is always a token mean (verl's critic default, and the share of each token in
-    fitting V should not depend on the length of its sequence)."""
+    """The terms of this config's loss, in the order they are logged.
+
+    Entropy and KL are reduced like the policy loss, as verl does (agg_loss with the actor's
+    loss_agg_mode); TRL 1.16 also adds its KL per token before aggregating, but always takes a token
+    mean for the entropy bonus (the same under aggregation "token"). The value loss is always a token
+    mean (verl's critic default: a token's weight in fitting V should not depend on its sequence's
+    length). The KL term is k3 without TRL's default importance-ratio correction (GRPO eq. 4, verl).
+    """
     terms = [LossTerm("policy", 1.0, config.aggregation, _policy)]
     if config.entropy_coef:
         terms.append(LossTerm("entropy", -config.entropy_coef, config.aggregation, _entropy))
@@ -300,7 +308,7 @@ def update(
     config: RLConfig,
     step: int,
     lr: float,
-    accelerator=None,  # accelerate.Accelerator | None
+    accelerator: Accelerator | None = None,
 ) -> tuple[dict[str, list[float]], int]:
     """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens).
 
@@ -339,7 +347,7 @@ def backward_minibatch(
     terms: list[LossTerm],
     config: RLConfig,
     stats: dict[str, list[float]],
-    accelerator=None,  # accelerate.Accelerator | None
+    accelerator: Accelerator | None = None,
 ) -> int:
     """Accumulate the gradient of one minibatch's loss, micro-batch by micro-batch; -> tokens read.
 
@@ -361,7 +369,7 @@ def backward_minibatch(
         last = i == len(micro) - 1
         with contextlib.nullcontext() if accelerator is None or last else accelerator.no_sync(module):
             chunk = p.rows(rows)
-            out, n = run(module, chunk)
+            out, n = forward_rows(module, chunk)
             loss = torch.zeros((), device=device)
             for k, term in enumerate(terms):
                 per_token, term_stats = term.per_token(out, chunk, config)
@@ -383,7 +391,7 @@ def backward_minibatch(
     return tokens
 
 
-def _sum_over_processes(t: torch.Tensor, accelerator) -> torch.Tensor:
+def _sum_over_processes(t: torch.Tensor, accelerator: Accelerator | None) -> torch.Tensor:
     if accelerator is None or accelerator.num_processes == 1:
         return t
     return accelerator.reduce(t, "sum")
