@@ -389,3 +389,34 @@ def test_a_one_process_accelerator_gives_the_plain_gradient(tokenizer):
     accelerated, stats = _gradient(module, p, terms, config, accelerator)
     torch.testing.assert_close(accelerated, plain, rtol=0, atol=0)
     assert stats["loss"] == plain_stats["loss"]
+
+
+def test_train_rl_first_step_is_on_policy_for_gpt2_with_dropout(tokenizer, tmp_path):
+    # end to end: the ratio's denominator is the sampler's logprobs (KV-cached decoding), so equal
+    # to rounding, not bitwise; with dropout in the update it was 0.047 before this option existed
+    from temper.train.rl import train_rl
+    from test_rl import FirstByteTask, _config
+
+    rows = {}
+    for dropout in (False, True):
+        result = train_rl(
+            _gpt2(tokenizer),
+            tokenizer,
+            [FirstByteTask()],
+            _config(steps=1, dropout=dropout),
+            tmp_path / str(dropout),
+        )
+        rows[dropout] = result.history[0]
+    assert rows[False]["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and rows[False]["approx_kl"] < 1e-10
+    assert rows[True]["approx_kl"] > 1e-5
+
+
+def test_several_epochs_and_minibatches_log_one_loss_per_optimizer_step(tokenizer):
+    config = _config(epochs=2, minibatches=2, micro_batch_size=3)
+    module, p = _setup(tokenizer, config, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    before = [q.detach().clone() for q in module.parameters()]
+    stats, tokens = update(module, optimizer, p, config, step=0, lr=1e-3)
+    assert len(stats["loss"]) == len(stats["grad_norm"]) == 4
+    assert all(len(stats[f"loss/{name}"]) == 4 for name in TERMS)
+    assert tokens > 0 and any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
