@@ -80,7 +80,9 @@ def _is_list(annotation: Any) -> bool:
 
 
 def _union_with_str(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in typing.get_args(
+        annotation
+    )
 
 
 def _is_dict(annotation: Any) -> bool:
