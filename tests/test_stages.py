@@ -132,3 +132,15 @@ def test_a_registered_kind_gets_recipe_errors_and_a_cli_command(echo, model, tmp
 def test_an_unregistered_kind_is_an_unknown_kind(model):
     with pytest.raises(RecipeError, match=r"stages\[0\].kind: unknown stage kind 'echo'"):
         parse_recipe(_recipe(model))
+
+
+def test_every_kind_keeps_the_contract():
+    """The built-in kinds in pipeline order, each spec tagged by its name and carrying the field its
+    `reads` promises (the runner and the recipe check read `source` / `models`)."""
+    kinds = registry.kinds()
+    assert list(kinds) == ["pretrain", "sft", "rl", "eval"]
+    for name, kind in kinds.items():
+        fields = kind.spec.model_fields
+        assert fields["kind"].annotation == Literal[name] and "name" in fields
+        assert {"model": "source", "models": "models"}.get(kind.reads, "kind") in fields
+        assert kind.section is not None and kind.outputs
