@@ -114,6 +114,8 @@ class EvalStage(Strict):
     temperature: float = Field(1.0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     seed: int = 1234
+    sampler: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (in-process transformers, CPU or GPU) or vllm (GPU)."""
 
 
 class GateSpec(Strict):
