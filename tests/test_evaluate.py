@@ -321,6 +321,9 @@ class HashTask(FakeTask):
     def __init__(self) -> None:
         super().__init__("text")
 
+    def sample(self, split: str, n: int, seed: int) -> list[Problem]:  # prompts differ by seed
+        return [Problem("hash", split, f"{split}-{seed}-{i}", f"{seed} asks {i}") for i in range(n)]
+
     def score(self, problem: Problem, completion: str) -> Score:
         h = zlib.crc32(completion.encode()) % 6
         if h in (0, 3):
