@@ -1,4 +1,5 @@
 import html
+import importlib.util
 import json
 import os
 import re
@@ -389,3 +390,14 @@ def test_rl_gate_and_periodic_evals_are_evaluates_numbers(tokenizer, tmp_path):
     for r in (before, after):
         assert 0 < r["metrics"]["greedy_accuracy"]["value"] < r["metrics"]["parse_rate"]["value"] < 1
         assert r["reasons"].get("verifier_error", 0) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_eval_with_the_vllm_sampler_without_vllm_is_a_clear_error(tokenizer, model, tmp_path, capsys):
+    from temper.cli import main
+    from temper.models import save_model
+
+    save_model(model, tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "eval"), "--tasks", "arithmetic"]
+    assert main([*args, "--sampler", "vllm"]) == 2
+    assert "VLLMSampler needs vLLM" in capsys.readouterr().err
