@@ -193,7 +193,7 @@ RATES = {  # table columns: metric key ("@k" filled from each result) -> header;
 
 
 def _cell(m: Mapping[str, float] | None, percent: bool) -> str:
-    """ "value [lo, hi]": rates in percent, lengths in tokens; "–" for a metric the result lacks."""
+    """A "value [lo, hi]" cell: rates in percent, lengths in tokens; "–" for a metric the result lacks."""
     if m is None:
         return "–"
     s = 100.0 if percent else 1.0
@@ -217,7 +217,8 @@ def table_rows(
     rates = [key for key in RATES if ks or "@k" not in key]
     errors = any(r.get("verifier_errors") for r in rs)
     header = ["model", "split", "n", *(RATES[key].replace("@k", k_name) for key in rates), "mean length"]
-    header += ["verifier errors"] * errors
+    if errors:
+        header.append("verifier errors")
     rows = []
     for label, by_split in results.items():
         for split, r in by_split.items():
@@ -225,7 +226,8 @@ def table_rows(
             row = [label, split, str(r["n_problems"])]
             row += [_cell(m.get(key.replace("@k", f"@{r['k']}")), True) for key in rates]
             row.append(_cell(m.get("mean_length"), False))
-            row += [f"{r.get('verifier_errors', 0)} of {r.get('graded', '?')}"] * errors
+            if errors:
+                row.append(f"{r.get('verifier_errors', 0)} of {r.get('graded', '?')}")
             rows.append(row)
     return header, rows
 
