@@ -2,31 +2,59 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
 from rich.console import Console
 
 from temper.evaluate import evaluate_splits, format_table, write_eval
 from temper.models import load_model, load_tokenizer
-from temper.recipe import EvalStage
+from temper.rollout import HFSampler
+from temper.stages.base import StageKind, Strict, lazy
 from temper.stages.context import StageContext
 
 console = Console(stderr=True)
 
 
+class EvalStage(Strict):
+    kind: Literal["eval"]
+    name: str = "eval"
+    models: list[str] = []
+    """Stages whose models to evaluate side by side; default: every model stage so far."""
+    tasks: list[str] = []
+    """Default: every task of the recipe."""
+    splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
+    n_problems: int = Field(200, gt=0)
+    k: int = Field(4, gt=0)
+    """Samples per problem for pass@k and mean@k."""
+    temperature: float = Field(1.0, ge=0)
+    max_new_tokens: int = Field(64, gt=0)
+    seed: int = 1234
+    sampler: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (in-process transformers) or vllm (GPU)."""
+
+
 def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
-    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`."""
+    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`. Each model
+    is loaded once, into the stage's sampler backend, and serves every task and split."""
     models = stage.models or list(ctx.models)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
         path = ctx.models[model_name]
-        tokenizer, model = load_tokenizer(path), load_model(path)
+        tokenizer = load_tokenizer(path)
+        if stage.sampler == "vllm":
+            from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
+
+            sampler = VLLMSampler(path)
+        else:
+            sampler = HFSampler(load_model(path), tokenizer, max_batch_rows=64)
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
-                model,
+                sampler,
                 tokenizer,
                 ctx.tasks[task],
                 stage.splits,
@@ -36,6 +64,7 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
                 temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
             )
+        del sampler  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 
@@ -47,3 +76,23 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
         for model, by_split in by_model.items()
     }
     return format_table(flat)
+
+
+def describe(stage: EvalStage, recipe: Any) -> str:
+    return f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+
+
+KIND = StageKind(
+    name="eval",
+    spec=EvalStage,
+    run=lambda stage, job: run_eval(stage, job.ctx, job.out),
+    describe=describe,
+    reads="models",
+    produces_model=False,
+    help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)",
+    section=lazy("temper.report.evaluation", "eval_section"),
+    outputs=("eval.json",),
+    main_only=True,
+    summary=lambda out: eval_table(json.loads((out / "eval.json").read_text())),
+    order=90,
+)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from accelerate import Accelerator
@@ -37,7 +37,7 @@ class TrainConfig:
     """Sequences per forward pass; 0 = the whole per-process batch."""
     lr: float = 1e-3
     """Peak learning rate."""
-    schedule: str = "cosine"
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
