@@ -206,7 +206,12 @@ def prepare(
     config: RLConfig,
 ) -> Prepared:
     """Tensors on the module's device, reference logprobs and old values (micro-batched, no grad),
-    advantages from the configured estimator."""
+    advantages from the configured estimator.
+
+    Under data parallelism each process prepares its own rows. The group estimators (grpo, dr_grpo,
+    rloo) are exact as long as a group is not split across processes; reinforce_pp's batch
+    normalization and GAE's whitening then use this process's rows only (statistics of a subset).
+    """
     device = next(module.parameters()).device
     batch = batch.to(device)
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
@@ -354,7 +359,8 @@ def backward_minibatch(
     Each term adds masked_sum(micro-batch) / size(whole minibatch), so the micro-batch gradients
     sum to the minibatch's. With W > 1 processes, `p` holds this process's rows: the sizes are
     summed over processes and each backward is of loss x W (DDP averages gradients over the W
-    processes), without gradient sync until the last micro-batch.
+    processes), without gradient sync until the last micro-batch. Every process must then run the
+    same number of micro-batches (DDP syncs on the last one): give each process the same row count.
     """
     W = accelerator.num_processes if accelerator is not None else 1
     device = p.mask.device
