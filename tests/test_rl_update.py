@@ -443,3 +443,12 @@ def test_several_epochs_and_minibatches_log_one_loss_per_optimizer_step(tokenize
     assert len(stats["loss"]) == len(stats["grad_norm"]) == 4
     assert all(len(stats[f"loss/{name}"]) == 4 for name in TERMS)
     assert tokens > 0 and any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_a_minibatch_without_completion_tokens_adds_nothing_not_nan(tokenizer):
+    config = _config(advantage="grpo", kl_coef=0.0)
+    module, p = _setup(tokenizer, config)
+    empty = p.rows(torch.tensor([1]))  # a single one-token completion...
+    empty.mask = torch.zeros_like(empty.mask)  # ...masked out entirely
+    grads, stats = _gradient(module, empty, loss_terms(config, empty), config)
+    assert (grads == 0).all() and stats["loss"] == [0.0]
