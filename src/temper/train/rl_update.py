@@ -364,8 +364,10 @@ def backward_minibatch(
     """
     W = accelerator.num_processes if accelerator is not None else 1
     device = p.mask.device
-    sizes = {
-        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator)
+    sizes = {  # clamped as in masked_mean: a minibatch without completion tokens adds 0, not NaN
+        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator).clamp_min(
+            1
+        )
         for agg in {t.aggregation for t in terms}
     }
     values = torch.zeros(len(terms), device=device)  # each term's minibatch value, for the log
