@@ -204,13 +204,14 @@ def prepare(
     module: torch.nn.Module,
     reference: torch.nn.Module | None,
     config: RLConfig,
+    accelerator: Accelerator | None = None,
 ) -> Prepared:
     """Tensors on the module's device, reference logprobs and old values (micro-batched, no grad),
     advantages from the configured estimator.
 
-    Under data parallelism each process prepares its own rows. The group estimators (grpo, dr_grpo,
-    rloo) are exact as long as a group is not split across processes; reinforce_pp's batch
-    normalization and GAE's whitening then use this process's rows only (statistics of a subset).
+    Under data parallelism each process prepares its own rows, whole groups: the group estimators
+    need nothing else, and the batch-wide statistics (GAE whitening, reinforce_pp's normalization)
+    are summed over processes through `accelerator`, so every process gets the one-process advantages.
     """
     device = next(module.parameters()).device
     batch = batch.to(device)
@@ -239,6 +240,7 @@ def prepare(
         lam=config.lam,
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
+        total=lambda t: _sum_over_processes(t, accelerator),
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p
