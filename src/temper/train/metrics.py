@@ -22,7 +22,7 @@ Tracker = Literal[
     "tensorboard", "trackio", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab"
 ]
 """Accelerate's tracker names (`accelerate.tracking.LOGGER_TYPE_TO_CLASS`); install the one you
-name (`pip install temper[track]` gives tensorboard and trackio)."""
+name (`pip install 'temper[track]'` for tensorboard, `'temper[trackio]'` for trackio)."""
 
 
 class MetricsLog:
@@ -89,7 +89,7 @@ def _open_trackers(names: Sequence[str | Any], out_dir: Path, config: dict[str, 
             cls = LOGGER_TYPE_TO_CLASS[name]
             builtin = getattr(cls, "__module__", "").startswith("accelerate.")
             if builtin and name not in available:
-                raise ValueError(f"tracker {name!r} is not installed: pip install 'temper[track]' or {name}")
+                raise ValueError(f"tracker {name!r} is not installed: pip install {name}")
             if cls.requires_logging_directory:
                 tracker = cls(name, out_dir)  # files under <stage folder>/<tracker name>
             elif name in ("trackio", "wandb"):
