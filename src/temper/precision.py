@@ -263,21 +263,24 @@ def matmul_sweep(sizes: tuple[int, ...] = MATMUL_SIZES, repeats: int = 3) -> lis
 
 
 def model_step_times(model: torch.nn.Module, mode: Mode, fp32_gflops: float, repeats: int = 3) -> dict:
-    """Seconds of one step of `model` in fp32 and under bf16 autocast: for `train` a forward and
-    backward over a batch whose fp32 time is about MODEL_BUDGET_S; for `sample` a forward of a
+    """Seconds of one step of `model` in fp32 and under bf16 autocast, over a batch whose fp32
+    time is about MODEL_BUDGET_S: for `train` a forward and backward; for `sample` a forward of a
     short prompt batch then 8 one-token forwards in one autocast context (a decode loop's weight
     casts are cached across its steps). Gradients go to `torch.autograd.grad`, not `.grad`, and
     the model runs in eval mode (no dropout, so no RNG draws): training state is left untouched."""
     device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    n_params = sum(p.numel() for p in model.parameters())
+    vocab, dim = model.get_input_embeddings().weight.shape
+    matmul_params = max(sum(p.numel() for p in model.parameters()) - vocab * dim, 1)  # not the lookup
     gen = torch.Generator().manual_seed(0)
+    # tokens whose matmuls take about MODEL_BUDGET_S at the fp32 peak (6N FLOPs each to train, 2N
+    # to sample); a model of ~1B parameters gets a single short row
+    flops_per_token = (6 if mode == "train" else 2) * matmul_params
+    tokens = MODEL_BUDGET_S * fp32_gflops * 1e9 / flops_per_token
     if mode == "train":
-        seq = 128
-        tokens = MODEL_BUDGET_S * fp32_gflops * 1e9 / (6 * n_params)
+        seq = max(16, min(128, int(tokens)))
         rows = max(1, min(16, math.ceil(tokens / seq)))
-    else:
-        seq, rows = 16, 64
+    else:  # a 16-token prefill, then 8 one-token steps
+        seq, rows = 16, max(1, min(64, int(tokens / 24)))
     ids = torch.randint(vocab, (rows, seq), generator=gen).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     choice = PrecisionChoice("bf16", device_type=device.type)
@@ -298,12 +301,14 @@ def model_step_times(model: torch.nn.Module, mode: Mode, fp32_gflops: float, rep
     was_training = model.training
     model.eval()
     try:
-        if mode == "train" and rows > 1:
+        if rows > 1:
             # FLOPs undercount small models (attention, norms, overhead): trim to the budget
             start = time.perf_counter()
             step(nullcontext)
             if (took := time.perf_counter() - start) > 2 * MODEL_BUDGET_S:
-                rows = max(1, int(rows * MODEL_BUDGET_S / took))
+                # at most 4x fewer rows: a busy machine must not shrink the batch to where bf16
+                # cannot pay (small matmuls), which would bias the verdict to fp32
+                rows = max(math.ceil(rows / 4), int(rows * MODEL_BUDGET_S / took))
                 ids = ids[:rows]
         t32, t16 = _best_pair(lambda: step(nullcontext), lambda: step(choice.autocast), repeats)
     finally:
