@@ -186,3 +186,18 @@ def test_model_step_times_measure_both(nano):
     times = prec.model_step_times(nano, "train", fp32_gflops=50.0, repeats=1)
     assert times["fp32_s"] > 0 and times["bf16_s"] > 0 and times["batch"][1] == 128
     assert all(p.grad is None for p in nano.parameters())
+
+
+def test_under_torch_distributed_rank0_decides_for_all(tmp_path):
+    import socket
+
+    from dist_precision import rank_resolves  # a light module: the spawned processes import it
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(
+        rank_resolves, args=(2, port, str(tmp_path / "cache"), str(tmp_path)), nprocs=2
+    )
+    choices = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert choices[0] == choices[1] and choices[0]["dtype"] == "bf16" and choices[0]["reason"] == "measured"
