@@ -201,3 +201,10 @@ def test_under_torch_distributed_rank0_decides_for_all(tmp_path):
     )
     choices = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert choices[0] == choices[1] and choices[0]["dtype"] == "bf16" and choices[0]["reason"] == "measured"
+
+
+def test_an_unwritable_cache_does_not_stop_training(nano, monkeypatch, tmp_path):
+    monkeypatch.setattr(prec, "measure", lambda *a: {"matmul": [], "model": {"speedup": 2.0}})
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert resolve_precision("auto", nano, cache_dir=blocker / "sub").dtype == "bf16"
