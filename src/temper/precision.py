@@ -6,7 +6,8 @@ on an AVX2 Zen3 ~100x slower, and even with AMX the `tiny` preset trained at 0.9
 (its matmuls are too small to pay for the casts) while `small` gained 1.19x. So the verdict
 depends on the machine and on the model's shape, and is measured once per (machine, torch,
 device, model shape, mode) and cached in `$TEMPER_CACHE_DIR/precision.json`
-(default `~/.cache/temper`). On CUDA `auto` is bf16 without measuring.
+(default `~/.cache/temper`; delete it to measure again, e.g. after a run on a busy machine).
+On CUDA `auto` is bf16 without measuring.
 
 bf16 here always means autocast (as Accelerate's `mixed_precision="bf16"`): weights, gradients
 and optimizer state stay fp32; matmuls run in bf16; the model's logits and hidden states are
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -145,8 +147,9 @@ def _decide(
     key = cache_key(model, mode, device)
     path = cache_path(cache_dir)
     cache = _read_cache(path)
-    if (hit := cache.get(json.dumps(key, sort_keys=True))) is not None:
-        return PrecisionChoice(hit["dtype"], "auto", "cached", device.type, hit["figures"])
+    hit = cache.get(json.dumps(key, sort_keys=True))
+    if isinstance(hit, dict) and hit.get("dtype") in ("fp32", "bf16"):
+        return PrecisionChoice(hit["dtype"], "auto", "cached", device.type, hit.get("figures", {}))
     figures = measure(model, mode)
     dtype = "bf16" if figures.get("model") and figures["model"]["speedup"] >= MARGIN else "fp32"
     entry = {
@@ -166,8 +169,6 @@ def _decide(
 
 
 def cache_path(cache_dir: str | Path | None = None) -> Path:
-    import os
-
     root = cache_dir or os.environ.get("TEMPER_CACHE_DIR")
     if root is None:
         root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "temper"
