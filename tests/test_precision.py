@@ -158,6 +158,38 @@ def test_auto_measures_once_per_machine_and_model(tokenizer, monkeypatch, tmp_pa
     assert calls == ["train", "sample", "train", "train"]
 
 
+def test_a_verdict_measured_on_a_busy_machine_is_not_cached(nano, monkeypatch, tmp_path):
+    calls = []
+    load = {"load1": 6.0, "cpus": 2}
+
+    def fake_measure(model, mode):
+        calls.append(mode)
+        return {"matmul": [], "model": {"speedup": 1.5}, "load": load}
+
+    monkeypatch.setattr(prec, "measure", fake_measure)
+    first = resolve_precision("auto", nano, cache_dir=tmp_path)
+    assert first.dtype == "bf16" and "busy" in first.reason
+    assert resolve_precision("auto", nano, cache_dir=tmp_path).reason != "cached" and len(calls) == 2
+    load["load1"] = 2.0  # the run's own two threads on two cores: quiet enough
+    resolve_precision("auto", nano, cache_dir=tmp_path)
+    assert resolve_precision("auto", nano, cache_dir=tmp_path).reason == "cached" and len(calls) == 3
+
+
+def test_no_model_step_when_bf16_matmul_is_faster_at_no_size(nano, monkeypatch):
+    slow = [
+        {"size": 512, "fp32_gflops": 17.0, "bf16_gflops": 9.7},
+        {"size": 1024, "fp32_gflops": 49.0, "bf16_gflops": 15.0},
+    ]
+    monkeypatch.setattr(prec, "matmul_sweep", lambda sizes: slow)
+    monkeypatch.setattr(prec, "model_step_times", lambda *a: pytest.fail("model measured"))
+    figures = prec.measure(nano, "train")
+    assert figures["model"] is None and "best 0.57x" in figures["skipped_model"]
+    fast = [{"size": 512, "fp32_gflops": 280.0, "bf16_gflops": 300.0}]
+    monkeypatch.setattr(prec, "matmul_sweep", lambda sizes: fast)
+    monkeypatch.setattr(prec, "model_step_times", lambda *a: {"speedup": 1.2})
+    assert prec.measure(nano, "train")["model"] == {"speedup": 1.2}
+
+
 def test_auto_verdict_follows_the_margin(nano, monkeypatch, tmp_path):
     for i, (speedup, dtype) in enumerate([(1.05, "fp32"), (prec.MARGIN, "bf16"), (None, "fp32")]):
         model = {"speedup": speedup} if speedup else None
@@ -175,7 +207,7 @@ def test_real_measurement_is_short_and_leaves_the_model_alone(nano, tmp_path):
     assert figures["matmul"] and all(r["fp32_gflops"] > 0 and r["bf16_gflops"] > 0 for r in figures["matmul"])
     if figures["model"] is not None:
         assert (choice.dtype == "bf16") == (figures["model"]["speedup"] >= prec.MARGIN)
-    else:  # bf16 matmul was hopeless at every size (this CPU without AMX / AVX512-BF16)
+    else:  # bf16 matmul faster at no size (this CPU: no AMX, no AVX512-BF16)
         assert choice.dtype == "fp32"
     assert took < 10  # ~0.1-2 s quietly; generous for a machine shared by other jobs
     assert torch.equal(torch.get_rng_state(), state) and nano.training

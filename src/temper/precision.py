@@ -42,9 +42,11 @@ that, measurement noise on a busy machine could flip the verdict, the optimizer 
 both, not timed) dilutes the gain, and bf16 costs accuracy."""
 MATMUL_SIZES = (512, 1024, 2048)
 HOPELESS = 2.0
-"""A size at which bf16 matmul is this many times slower than fp32 ends the matmul sweep, and if
-every measured size was that slow the model is not measured: its step cannot gain from bf16
-(a model's matmuls are no faster than a square GEMM, and autocast adds casts)."""
+"""A size at which bf16 matmul is this many times slower than fp32 ends the matmul sweep: a
+larger size would only take longer to say the same."""
+BUSY_LOAD = 1.5
+"""A verdict measured at a 1-minute load average above this many times the cores (the run's own
+threads count for about one per core) is used but not cached: the next run measures again."""
 MODEL_BUDGET_S = 0.03
 """Target fp32 time of one measured model step; its batch is sized from the fp32 matmul peak."""
 _FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
@@ -158,6 +160,8 @@ def _decide(
         "figures": figures,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if busy(figures):
+        return PrecisionChoice(dtype, "auto", "measured on a busy machine, not cached", device.type, figures)
     try:  # re-read just before writing: another run may have added its own entry meanwhile
         atomic_write_json(path, _read_cache(path) | {json.dumps(key, sort_keys=True): entry})
     except OSError:  # a read-only home: keep the verdict for this run, measure again next time
@@ -225,18 +229,37 @@ def cache_key(model: torch.nn.Module, mode: Mode, device: torch.device) -> dict[
 
 
 def measure(model: torch.nn.Module, mode: Mode, sizes: tuple[int, ...] = MATMUL_SIZES) -> dict[str, Any]:
-    """fp32 vs bf16 matmul GFLOP/s at a few sizes, then one step of `model` in both (unless bf16
-    matmul was hopeless). Best of a few alternating runs, so a busy machine slows both alike."""
+    """fp32 vs bf16 matmul GFLOP/s at a few sizes, then one step of `model` in both, unless bf16
+    matmul was faster at no size (a model's matmuls are no faster than a square GEMM and autocast
+    adds casts, so its step cannot gain; a step timing that says otherwise is noise, as seen at
+    load 5 on 2 cores: matmul 0.3-0.56x yet "1.65x" for the model). Best of a few alternating
+    runs, so a busy machine slows both alike; the load average is recorded beside the figures."""
     start = time.perf_counter()
+    load = _load()
     matmul = matmul_sweep(sizes)
-    figures: dict[str, Any] = {"mode": mode, "matmul": matmul, "model": None}
-    if all(r["fp32_gflops"] > HOPELESS * r["bf16_gflops"] for r in matmul):
-        figures["skipped_model"] = f"bf16 matmul over {HOPELESS:g}x slower than fp32 at every size"
+    figures: dict[str, Any] = {"mode": mode, "matmul": matmul, "model": None, "load": load}
+    best = max(r["bf16_gflops"] / r["fp32_gflops"] for r in matmul)
+    if best < 1.0:
+        figures["skipped_model"] = f"bf16 matmul no faster than fp32 at any size (best {best:.2f}x)"
     else:
         peak = max(r["fp32_gflops"] for r in matmul)
         figures["model"] = model_step_times(model, mode, peak)
     figures["seconds"] = round(time.perf_counter() - start, 3)
     return figures
+
+
+def _load() -> dict[str, float] | None:
+    """1-minute load average and CPU count, or None where the OS has no load average."""
+    try:
+        return {"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count() or 1}
+    except (AttributeError, OSError):
+        return None
+
+
+def busy(figures: dict[str, Any]) -> bool:
+    """Measured while other work held the CPUs (load over BUSY_LOAD x cores): not worth caching."""
+    load = figures.get("load")
+    return bool(load) and load["load1"] > BUSY_LOAD * load["cpus"]
 
 
 def _best_pair(fp32: Callable[[], Any], bf16: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -253,7 +276,7 @@ def _best_pair(fp32: Callable[[], Any], bf16: Callable[[], Any], repeats: int) -
 
 def matmul_sweep(sizes: tuple[int, ...] = MATMUL_SIZES, repeats: int = 3) -> list[dict[str, float]]:
     """GFLOP/s of an n x n matmul in fp32 and bf16 for each n, smallest first; stops after a size
-    at which bf16 is over HOPELESS x slower (a larger one would only take longer to say so)."""
+    at which bf16 is over HOPELESS x slower."""
     out = []
     gen = torch.Generator().manual_seed(0)
     for n in sizes:
