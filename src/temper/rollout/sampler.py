@@ -36,6 +36,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from temper.precision import FP32, PrecisionChoice
+
 SampleStopReason = Literal["eos", "stop", "length"]
 
 
@@ -313,6 +315,7 @@ class HFSampler:
         that a chunk's rows stay under it.
     share_prefill: prefill each distinct prompt once and copy its cache to its samples. False
         prefills every row on its own (the reference path the tests compare against).
+    precision: bf16 decodes under autocast (`temper.precision.resolve_precision(..., "sample")`).
     Sampling is reproducible for fixed (seed, prompts, n, max_batch_rows): a local
     torch.Generator is used and the global RNG is not touched.
     """
@@ -324,6 +327,7 @@ class HFSampler:
         *,
         max_batch_rows: int = 256,
         share_prefill: bool = True,
+        precision: PrecisionChoice = FP32,
     ):
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
@@ -331,6 +335,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.share_prefill = share_prefill
+        self.precision = precision
 
     def sync(self, model: torch.nn.Module) -> None:
         """Nothing to copy: the sampler reads the trainer's module. Passing another module swaps it in."""
@@ -368,7 +373,8 @@ class HFSampler:
         was_training = model.training
         model.eval()
         try:
-            with torch.inference_mode():
+            # one autocast context for the whole loop: weight casts are cached across decode steps
+            with torch.inference_mode(), self.precision.autocast():
                 for start in range(0, len(jobs), self.max_batch_rows):
                     chunk = jobs[start : start + self.max_batch_rows]
                     outs = self._generate_chunk(

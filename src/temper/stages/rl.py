@@ -12,6 +12,7 @@ from rich.console import Console
 from temper.atomic import atomic_write_json
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout.sampler import HFSampler, Sampler
@@ -181,7 +182,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
         sampler = VLLMSampler(source)
     else:
-        sampler = HFSampler(model, tokenizer)
+        sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
     summary: dict[str, Any] = {}
     if stage.gate:
         summary["gate"] = format_gate(stage.gate, sampler, tokenizer, tasks, config.max_new_tokens)
@@ -219,6 +220,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "seconds": result.seconds,
         "sampled_tokens": result.sampled_tokens,
         "trained_tokens": result.trained_tokens,
+        "precision": {"train": result.precision}
+        | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
     }
     atomic_write_json(out / "rl.json", summary)

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from temper.data.chat import prompt_ids
+from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
 from temper.rollout.sampler import HFSampler, Sampler
 from temper.tasks.base import Problem, Task
@@ -45,6 +46,7 @@ class RLResult:
     seconds: float
     sampled_tokens: int
     trained_tokens: int
+    precision: dict[str, Any] = field(default_factory=dict)  # PrecisionChoice.as_dict() of the update
 
 
 def problems_for_step(
@@ -122,12 +124,15 @@ def train_rl(
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.kl_coef > 0 and reference is None:
         raise ValueError("kl_coef > 0 needs a reference model")
-    sampler = sampler or HFSampler(model, tokenizer)
+    sampler = sampler or HFSampler(
+        model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
+    )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
 
-    log = MetricsLog(out_dir / "metrics.jsonl")
+    precision = resolve_precision(config.precision, model)
+    log = MetricsLog(out_dir / "metrics.jsonl", trackers=config.trackers, config=asdict(config))
     rollouts_path = out_dir / "rollouts.jsonl"
     start = 0
     if checkpoints := list_checkpoints(out_dir / "checkpoints"):
@@ -156,7 +161,8 @@ def train_rl(
                 for g in groups[: config.log_rollouts]:
                     f.writelines(json.dumps(rec) + "\n" for rec in rollout_record(step + 1, g))
             # 2. tensors, reference logprobs and values (no grad), advantages
-            prepared = prepare(to_batch(groups), trainable, reference, config)
+            with precision.applied(model, reference):
+                prepared = prepare(to_batch(groups), trainable, reference, config)
             t2 = time.perf_counter()
             # 3. policy (and value) updates
             lr = lr_at(
@@ -166,7 +172,8 @@ def train_rl(
                 warmup_steps=config.warmup_steps,
                 schedule=config.schedule,
             )
-            stats, tokens = update(trainable, optimizer, prepared, config, step, lr)
+            with precision.applied(model):
+                stats, tokens = update(trainable, optimizer, prepared, config, step, lr)
             trained_tokens += tokens
             sampler.sync(model)
             t3 = time.perf_counter()
@@ -196,7 +203,9 @@ def train_rl(
             if config.save_every and (step + 1) % config.save_every == 0:
                 save_checkpoint(out_dir / "checkpoints", step + 1, trainable, optimizer)
     model.eval()
-    return RLResult(config.steps, history, time.perf_counter() - t_start, sampled_tokens, trained_tokens)
+    log.close()
+    seconds = time.perf_counter() - t_start
+    return RLResult(config.steps, history, seconds, sampled_tokens, trained_tokens, precision.as_dict())
 
 
 def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:
