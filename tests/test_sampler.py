@@ -8,7 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from temper.models import build_preset
-from temper.rollout.sampler import HFSampler, Sample, choose_tokens, stop_ids
+from temper.rollout.sampler import HFSampler, Sample, choose_tokens, prompt_seeds, stop_ids
 
 MAX_NEW = 10
 
@@ -119,6 +119,40 @@ def test_seeded_sampling_is_reproducible(model, tokenizer, prompts):
     assert sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3) == a
     b = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=4)
     assert [s.token_ids for r in a for s in r] != [s.token_ids for r in b for s in r]
+
+
+def test_per_prompt_seeds_make_samples_independent_of_the_batch(tokenizer, prompts):
+    """Sample j of prompt i depends on (seeds[i], j, prompt, model) only: the same alone, in another
+    order, chunked by another max_batch_rows, beside rows that stop at other steps (many stop ids,
+    so rows are dropped mid-batch) or beside other prompts."""
+    model = build_preset("nano", tokenizer, seed=0)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(40, 60)]
+    seeds, kw = [11, 22, 33], dict(max_new_tokens=24, temperature=1.0)
+
+    def check(a: list[Sample], b: list[Sample]) -> None:
+        assert [(s.token_ids, s.stop_reason) for s in a] == [(s.token_ids, s.stop_reason) for s in b]
+        for s, t in zip(a, b, strict=True):
+            torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5, rtol=0)
+
+    batch = HFSampler(model, tokenizer).sample(prompts, 4, seed=seeds, **kw)
+    reasons = {s.stop_reason for r in batch for s in r}
+    assert reasons == {"eos", "length"}  # rows finish at different steps
+    for i, p in enumerate(prompts):
+        check(HFSampler(model, tokenizer).sample([p], 4, seed=[seeds[i]], **kw)[0], batch[i])
+    reordered = HFSampler(model, tokenizer, max_batch_rows=3).sample(prompts[::-1], 4, seed=seeds[::-1], **kw)
+    for a, b in zip(reordered[::-1], batch, strict=True):
+        check(a, b)
+    # other neighbours: prompt 0 twice with another seed, prompt 1 beside it
+    (other, mine) = HFSampler(model, tokenizer).sample([prompts[0], prompts[1]], 4, seed=[99, seeds[1]], **kw)
+    check(mine, batch[1])
+    assert [s.token_ids for s in other] != [s.token_ids for s in batch[0]]
+    # an int seed stands for per-prompt seeds derived from (seed, i)
+    sampler = HFSampler(model, tokenizer)
+    assert sampler.sample(prompts, 2, seed=7, **kw) == sampler.sample(
+        prompts, 2, seed=prompt_seeds(7, 3), **kw
+    )
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(prompts, 2, seed=[1, 2], **kw)
 
 
 def test_samples_of_one_prompt_differ(model, tokenizer, prompts):

@@ -23,11 +23,16 @@ How `HFSampler` departs from `model.generate` (measured in benchmarks/sampler_sp
    not a `DynamicCache` grown by `torch.cat` every step, and the 4D attention mask is kept in a
    buffer and handed to the model ready, so transformers does not rebuild it every step.
 4. Sampling inverts the CDF with one uniform number per row instead of `torch.multinomial`.
+
+Seeds: sample j of prompt i is drawn with uniform numbers from its own stream, seeded by
+(seeds[i], j) and drawn before decoding, so it does not depend on the other prompts of the call,
+their order, `max_batch_rows` or which rows have finished (up to the rounding of batched matmuls).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -69,9 +74,13 @@ class Sampler(Protocol):
         top_p: float = 1.0,
         top_k: int = 0,
         stop: Sequence[str] = (),
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
-        """result[i][j] is sample j of prompt i."""
+        """result[i][j] is sample j of prompt i.
+
+        seed: one int per prompt, or one int from which each prompt's seed is derived
+        (`prompt_seeds`). Sample j of prompt i depends only on (its seed, j, the prompt, the
+        model), not on the other prompts in the call."""
         ...
 
     def sync(self, model: torch.nn.Module) -> None:
@@ -93,6 +102,24 @@ def check_sample_args(
         raise ValueError("every prompt needs at least one token")
 
 
+def derive_seed(*parts: int) -> int:
+    """A seed in [0, 2**63) that depends on every part: blake2b of their decimal text, so it is
+    the same in every process and Python version (unlike `hash`), and nearby inputs such as
+    (s, 0) and (s, 1) give unrelated streams."""
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def prompt_seeds(seed: int | Sequence[int], num_prompts: int) -> list[int]:
+    """One seed per prompt: the given sequence, or seeds derived from (seed, i)."""
+    if not isinstance(seed, Sequence):  # an int (numpy and torch integers included)
+        return [derive_seed(int(seed), i) for i in range(num_prompts)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_prompts:
+        raise ValueError(f"got {len(seeds)} seeds for {num_prompts} prompts: pass one per prompt or one int")
+    return seeds
+
+
 # ---------------------------------------------------------------------------------------------
 # The token choice: a pure function of the logits.
 
@@ -103,9 +130,12 @@ def choose_tokens(
     temperature: float,
     top_p: float = 1.0,
     top_k: int = 0,
+    uniform_B: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row -> (token_B, logprob_B).
+
+    uniform_B: the uniform number in [0, 1) each row's draw uses; None draws them from `generator`.
 
     logprob_B = log softmax(logits / T)[token], before truncation (T = 1 when greedy). Sampling
     draws from softmax(logits / T) restricted to the top_k largest logits (0 = all), then to the
@@ -122,19 +152,21 @@ def choose_tokens(
             probs_B_V = logp_B_V.exp()
         else:
             probs_B_V = torch.softmax(_truncate(logp_B_V, top_p, top_k), dim=-1)
-        token_B = _draw(probs_B_V, generator)
+        if uniform_B is None:
+            uniform_B = torch.rand(
+                probs_B_V.shape[0], generator=generator, device=probs_B_V.device, dtype=probs_B_V.dtype
+            )
+        token_B = _draw(probs_B_V, uniform_B)
     return token_B, logp_B_V.gather(-1, token_B[:, None]).squeeze(-1)
 
 
-def _draw(probs_B_V: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row by inverting the CDF with one uniform number per row: the distribution of
+def _draw(probs_B_V: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverting the CDF at the row's uniform number: the distribution of
     `torch.multinomial(probs, 1)`, whose exponential noise over the whole vocabulary cost ~4% of a
     CPU decode step. A zero-probability token is never drawn (its CDF step is empty); if rounding
     puts u * total at the very top of the CDF, the row takes its most likely token."""
     cdf_B_V = probs_B_V.cumsum(dim=-1)
-    u_B_1 = torch.rand(
-        (probs_B_V.shape[0], 1), generator=generator, device=probs_B_V.device, dtype=cdf_B_V.dtype
-    )
+    u_B_1 = uniform_B.to(cdf_B_V.dtype)[:, None]
     token_B_1 = torch.searchsorted(cdf_B_V, u_B_1 * cdf_B_V[:, -1:], right=True)
     overflow_B_1 = token_B_1 >= probs_B_V.shape[-1]
     token_B_1 = torch.where(overflow_B_1, probs_B_V.argmax(dim=-1, keepdim=True), token_B_1)
@@ -313,8 +345,8 @@ class HFSampler:
         that a chunk's rows stay under it.
     share_prefill: prefill each distinct prompt once and copy its cache to its samples. False
         prefills every row on its own (the reference path the tests compare against).
-    Sampling is reproducible for fixed (seed, prompts, n, max_batch_rows): a local
-    torch.Generator is used and the global RNG is not touched.
+    Sample j of prompt i is reproducible from (its seed, j, the prompt, the model) alone (see the
+    module docstring); the global RNG is not touched.
     """
 
     def __init__(
@@ -346,9 +378,10 @@ class HFSampler:
         top_p: float = 1.0,
         top_k: int = 0,
         stop: Sequence[str] = (),
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
+        seeds = prompt_seeds(seed, len(prompts))
         stop = [s for s in stop if s]
         if not prompts:
             return []
@@ -356,14 +389,12 @@ class HFSampler:
         greedy = temperature == 0.0
         rows_per_prompt = 1 if greedy else n  # greedy samples are identical: decode once
         # longest prompts first so a chunk holds similar lengths (less padding); stable, so a
-        # prompt's samples stay in order
+        # prompt's samples stay in order. A job is (prompt i, sample j).
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        jobs = [i for i in order for _ in range(rows_per_prompt)]
+        jobs = [(i, j) for i in order for j in range(rows_per_prompt)]
         results: list[list[Sample]] = [[] for _ in prompts]
 
         model = self.model
-        device = _model_device(model)
-        generator = torch.Generator(device=device).manual_seed(seed)
         eos = stop_ids(model, self.tokenizer)
         was_training = model.training
         model.eval()
@@ -372,16 +403,16 @@ class HFSampler:
                 for start in range(0, len(jobs), self.max_batch_rows):
                     chunk = jobs[start : start + self.max_batch_rows]
                     outs = self._generate_chunk(
-                        [prompts[i] for i in chunk],
+                        [prompts[i] for i, _ in chunk],
+                        [derive_seed(seeds[i], j) for i, j in chunk],
                         eos=eos,
                         stop=stop,
                         max_new_tokens=max_new_tokens,
                         temperature=temperature,
                         top_p=top_p,
                         top_k=top_k,
-                        generator=generator,
                     )
-                    for i, (token_ids, logprobs, reason) in zip(chunk, outs, strict=True):
+                    for (i, _), (token_ids, logprobs, reason) in zip(chunk, outs, strict=True):
                         results[i].append(self._to_sample(prompts[i], token_ids, logprobs, reason, stop))
         finally:
             model.train(was_training)
@@ -407,6 +438,7 @@ class HFSampler:
     def _generate_chunk(
         self,
         row_prompts: list[list[int]],
+        row_seeds: list[int],
         *,
         eos: list[int],
         stop: list[str],
@@ -414,9 +446,8 @@ class HFSampler:
         temperature: float,
         top_p: float,
         top_k: int,
-        generator: torch.Generator,
     ) -> list[tuple[list[int], list[float], SampleStopReason]]:
-        """Decode one batch of rows; row r continues row_prompts[r]."""
+        """Decode one batch of rows; row r continues row_prompts[r] with uniforms seeded by row_seeds[r]."""
         model, device = self.model, _model_device(self.model)
         # distinct prompts, and which one each row continues
         if self.share_prefill:
@@ -467,10 +498,17 @@ class HFSampler:
         done_A = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
         eos_ids = torch.tensor(eos, device=device)
         stop_strings = _StopStrings(self.tokenizer, stop, rows) if stop else None
+        # each row's uniform numbers for every step, from its own stream: a row's draws do not
+        # depend on the rows beside it (rows x max_new_tokens floats, cheap)
+        uniform_A_T = _row_uniforms(row_seeds, max_new_tokens, device) if temperature > 0.0 else None
 
         for t in range(max_new_tokens):
             token_A, logp_A = choose_tokens(
-                logits_A_V, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
+                logits_A_V,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                uniform_B=None if uniform_A_T is None else uniform_A_T[:, t],
             )
             tokens_R_T[row_A, t] = token_A
             logps_R_T[row_A, t] = logp_A
@@ -493,6 +531,8 @@ class HFSampler:
                 cache.select_rows(keep_A)
                 mask.select_rows(keep_A)
                 row_A, token_A, next_pos_A = row_A[keep_A], token_A[keep_A], next_pos_A[keep_A]
+                if uniform_A_T is not None:
+                    uniform_A_T = uniform_A_T[keep_A]
                 done_A = done_A[keep_A]
             length = cache.get_seq_length() + 1
             mask.valid_B_C[:, length - 1] = True
@@ -508,6 +548,15 @@ class HFSampler:
 
         tokens, logps = tokens_R_T.tolist(), logps_R_T.tolist()
         return [(tokens[r][: lengths[r]], logps[r][: lengths[r]], reasons[r]) for r in range(rows)]
+
+
+def _row_uniforms(row_seeds: list[int], steps: int, device: torch.device) -> torch.Tensor:
+    """(rows, steps) uniform numbers in [0, 1), row r from a generator seeded with row_seeds[r]."""
+    gen = torch.Generator()
+    out_R_T = torch.empty((len(row_seeds), steps), dtype=torch.float32)
+    for r, s in enumerate(row_seeds):
+        torch.rand(steps, generator=gen.manual_seed(s), out=out_R_T[r])
+    return out_R_T.to(device)
 
 
 class _StopStrings:

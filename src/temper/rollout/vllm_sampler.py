@@ -5,9 +5,10 @@ Differences from `HFSampler` a caller may notice:
    log-probability under logits / temperature, as in `HFSampler`, as long as top_p == 1 and
    top_k == 0. With top-p/top-k vLLM reports the log-probability under the *truncated,
    renormalized* distribution, which a teacher-forced forward does not reproduce; `sample` warns.
-2. Seeds: prompt i is one request with `SamplingParams(n=n, seed=seed + i * n)`; vLLM gives its
-   j-th child seed + i * n + j (vllm/v1/engine/parallel_sampling.py), so no two samples share a
-   seed. Same seed, same engine -> same samples, but not the same samples as `HFSampler`.
+2. Seeds: prompt i is one request with `SamplingParams(n=n, seed=seeds[i])` (`prompt_seeds`);
+   vLLM gives its j-th child seeds[i] + j (vllm/v1/engine/parallel_sampling.py), so a prompt's
+   samples do not depend on the other prompts of the call. Same seeds, same engine -> same
+   samples, but not the same samples as `HFSampler`.
 3. `sync(model)` pushes the trainer's weights into the engine (see `sync`); call it after every
    optimizer update, or vLLM keeps sampling from the old policy.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from temper.rollout.sampler import Sample, SampleStopReason, check_sample_args
+from temper.rollout.sampler import Sample, SampleStopReason, check_sample_args, prompt_seeds
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -89,9 +90,10 @@ class VLLMSampler:
         top_p: float = 1.0,
         top_k: int = 0,
         stop: Sequence[str] = (),
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
+        seeds = prompt_seeds(seed, len(prompts))
         if not prompts:
             return []
         if temperature > 0.0 and (top_p < 1.0 or top_k > 0):
@@ -113,7 +115,7 @@ class VLLMSampler:
                 max_tokens=max_new_tokens,
                 stop=list(stop) or None,
                 stop_token_ids=self._stop_token_ids or None,
-                seed=seed + i * per_request,
+                seed=seeds[i],
                 logprobs=0,  # the sampled token's logprob only
             )
             for i in range(len(prompts))
