@@ -2,13 +2,16 @@
 greedy tokens), transformers' `model.generate` (greedy output) and itself without prefill sharing."""
 
 import importlib.util
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
 from temper.models import build_preset
-from temper.rollout.sampler import HFSampler, Sample, choose_tokens, prompt_seeds, stop_ids
+from temper.rollout import HFSampler, Sample, prompt_seeds, stop_ids
+from temper.rollout.sampling import choose_tokens
 
 MAX_NEW = 10
 
@@ -261,6 +264,59 @@ def test_rejects_bad_arguments(model, tokenizer, prompts):
         sampler.sample(prompts, 0, max_new_tokens=MAX_NEW)
     with pytest.raises(ValueError):
         HFSampler(model, tokenizer, max_batch_rows=0)
+
+
+def test_vllm_requests_with_a_stand_in_engine(monkeypatch, prompts):
+    """VLLMSampler's requests, against a stand-in `vllm` module (no vLLM on a CPU): one request per
+    prompt with seed seeds[i] and n samples; greedy asks for one sample and copies it n times."""
+    requests = []
+
+    class FakeLLM:
+        def __init__(self, model, **kwargs):
+            pass
+
+        def get_tokenizer(self):
+            return None
+
+        def generate(self, prompts, sampling_params, use_tqdm):
+            requests.append(sampling_params)
+            # completion j of a request: one token, seed + j (as vLLM seeds its j-th child), out of order
+            return [
+                SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            index=j,
+                            token_ids=[p.seed + j],
+                            logprobs=[{p.seed + j: SimpleNamespace(logprob=-0.5)}],
+                            text="x",
+                            finish_reason="length",
+                            stop_reason=None,
+                        )
+                        for j in reversed(range(p.n))
+                    ]
+                )
+                for p in sampling_params
+            ]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "vllm",
+        SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: SimpleNamespace(**kw), __version__="fake"),
+    )
+    from temper.rollout.vllm_sampler import VLLMSampler
+
+    monkeypatch.setattr(VLLMSampler, "_config_stop_ids", lambda self, model: [])
+    sampler = VLLMSampler("unused")
+    out = sampler.sample(prompts, 3, max_new_tokens=4, seed=[50, 60, 70])
+    assert [(p.seed, p.n) for p in requests[-1]] == [(50, 3), (60, 3), (70, 3)]
+    assert [[s.token_ids for s in r] for r in out] == [[[k + j] for j in range(3)] for k in (50, 60, 70)]
+    assert out[1][2] == Sample(prompts[1], [62], [-0.5], "x", "length")
+    sampler.sample(prompts, 3, max_new_tokens=4, seed=8)
+    assert [p.seed for p in requests[-1]] == prompt_seeds(8, 3)
+    greedy = sampler.sample(prompts, 3, max_new_tokens=4, temperature=0.0, seed=[50, 60, 70])
+    assert [p.n for p in requests[-1]] == [1, 1, 1]
+    assert [[s.token_ids for s in r] for r in greedy] == [[[k]] * 3 for k in (50, 60, 70)]
+    assert greedy[0][0] is not greedy[0][1]  # copies, not one object three times
 
 
 @pytest.mark.gpu

@@ -15,7 +15,6 @@ Differences from `HFSampler` a caller may notice:
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -23,7 +22,13 @@ from typing import Any
 
 import torch
 
-from temper.rollout.sampler import Sample, SampleStopReason, check_sample_args, prompt_seeds
+from temper.rollout.sampler import (
+    Sample,
+    SampleStopReason,
+    check_sample_args,
+    prompt_seeds,
+    with_greedy_copies,
+)
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -54,7 +59,7 @@ class VLLMSampler:
         except ImportError as err:
             raise ImportError(
                 "VLLMSampler needs vLLM (`pip install vllm`, CUDA only); on a CPU use "
-                "temper.rollout.sampler.HFSampler, which has the same interface"
+                "temper.rollout.HFSampler, which has the same interface"
             ) from err
         self._vllm = vllm
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
@@ -102,11 +107,26 @@ class VLLMSampler:
                 "not log softmax(logits / temperature) as HFSampler returns",
                 stacklevel=2,
             )
-        greedy = temperature == 0.0
-        per_request = 1 if greedy else n  # greedy samples are identical: decode once
+        return with_greedy_copies(
+            lambda k: self._generate(prompts, k, seeds, max_new_tokens, temperature, top_p, top_k, stop),
+            n,
+            temperature,
+        )
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        seeds: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        stop: Sequence[str],
+    ) -> list[list[Sample]]:
         params = [
             self._vllm.SamplingParams(
-                n=per_request,
+                n=n,
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k if top_k > 0 else -1,  # -1 disables top-k in every vLLM version
@@ -115,21 +135,18 @@ class VLLMSampler:
                 max_tokens=max_new_tokens,
                 stop=list(stop) or None,
                 stop_token_ids=self._stop_token_ids or None,
-                seed=seeds[i],
+                seed=seed,
                 logprobs=0,  # the sampled token's logprob only
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=params, use_tqdm=False
         )
-        results = []
-        for prompt, request in zip(prompts, outputs, strict=True):
-            samples = [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
-            results.append(samples * n if greedy else samples)
-        if greedy:
-            results = [[copy.deepcopy(s) for s in r] for r in results]
-        return results
+        return [
+            [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
+            for prompt, request in zip(prompts, outputs, strict=True)
+        ]
 
     def sync(self, model: torch.nn.Module) -> None:
         """Load `model`'s current weights into the engine, then drop vLLM's prefix cache (its
