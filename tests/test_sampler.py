@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from temper.models import build_preset
 from temper.rollout import HFSampler, Sample, prompt_seeds, stop_ids
+from temper.rollout.fast_decode import LlamaDecodeStep
 from temper.rollout.sampling import choose_tokens
 
 MAX_NEW = 10
@@ -52,8 +53,9 @@ def assert_matches_teacher(model, samples: list[list[Sample]], temperature: floa
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("max_batch_rows", [256, 4])  # 4: a prompt's samples span chunks
-def test_logprobs_match_teacher_forcing(model, tokenizer, prompts, temperature, max_batch_rows):
-    sampler = HFSampler(model, tokenizer, max_batch_rows=max_batch_rows)
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_logprobs_match_teacher_forcing(model, tokenizer, prompts, temperature, max_batch_rows, fast_decode):
+    sampler = HFSampler(model, tokenizer, max_batch_rows=max_batch_rows, fast_decode=fast_decode)
     out = sampler.sample(prompts, 3, max_new_tokens=MAX_NEW, temperature=temperature, seed=1)
     assert [len(r) for r in out] == [3, 3, 3]
     assert [s.prompt_ids for s in out[1]] == [prompts[1]] * 3
@@ -64,7 +66,9 @@ def test_eager_attention(tokenizer, prompts):
     """eager attention gets an additive 4D mask instead of sdpa's boolean one."""
     model = build_preset("nano", tokenizer, seed=0)
     model.set_attn_implementation("eager")
-    out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7)
+    out = HFSampler(model, tokenizer, fast_decode=False).sample(
+        prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7
+    )
     assert_matches_teacher(model, out, 0.7)
 
 
@@ -90,6 +94,61 @@ def hf_greedy(model, tokenizer, prompts: list[list[int]], max_new: int) -> list[
         end = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
         rows.append(new[:end])
     return rows
+
+
+def qwen2_gqa(tokenizer):
+    """A Qwen2 model (biases on q, k, v) with grouped-query attention: 4 query heads, 2 kv heads."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # nonzero biases, so a dropped bias shows
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2_gqa"])
+def test_fast_decode_step_equals_model_forward(tokenizer, prompts, arch):
+    """LlamaDecodeStep against transformers' forward: same tokens, logprobs to rounding, with rows
+    stopping at different steps (many stop ids) and being dropped from the batch."""
+    model = build_preset("nano", tokenizer, seed=0) if arch == "llama" else qwen2_gqa(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(40, 50)]
+    assert LlamaDecodeStep.build(model) is not None  # the fast path is the one under test
+    kw = dict(max_new_tokens=24, temperature=1.0, seed=2)
+    fast = HFSampler(model, tokenizer).sample(prompts, 4, **kw)
+    reference = HFSampler(model, tokenizer, fast_decode=False).sample(prompts, 4, **kw)
+    assert {s.stop_reason for r in fast for s in r} == {"eos", "length"}
+    for r1, r2 in zip(fast, reference, strict=True):
+        for s1, s2 in zip(r1, r2, strict=True):
+            assert s1.token_ids == s2.token_ids and s1.stop_reason == s2.stop_reason
+            torch.testing.assert_close(
+                torch.tensor(s1.logprobs), torch.tensor(s2.logprobs), atol=1e-5, rtol=0
+            )
+    assert_matches_teacher(model, fast, 1.0)
+
+
+def test_fast_decode_step_only_where_exact(tokenizer):
+    """The fast step refuses what it does not reproduce: hooks on a module, non-fp32 weights,
+    autocast, a module it does not know (an adapter in place of a Linear)."""
+    model = build_preset("nano", tokenizer, seed=0)
+    assert LlamaDecodeStep.build(model) is not None
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
+    assert LlamaDecodeStep.build(model) is None
+    handle.remove()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LlamaDecodeStep.build(model) is None
+    model.model.layers[1].self_attn.v_proj = torch.nn.Sequential(model.model.layers[1].self_attn.v_proj)
+    assert LlamaDecodeStep.build(model) is None
+    assert LlamaDecodeStep.build(build_preset("nano", tokenizer, seed=0).to(torch.bfloat16)) is None
 
 
 def test_greedy_is_teacher_argmax_and_generate(model, tokenizer, prompts):

@@ -13,6 +13,9 @@ BENCHMARKS.md):
 4. Sampling inverts the CDF with one uniform number per row instead of `torch.multinomial`; each
    row's uniform numbers come from its own stream seeded by (seeds[i], j), drawn before decoding,
    so a row's draws do not depend on the rows beside it.
+5. Llama-family models (llama, mistral, qwen2) decode with `LlamaDecodeStep`, the same function
+   as transformers' forward in about a third of the tensor ops (see rollout/fast_decode.py);
+   the prefill, and every other model, use the model's own forward.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from temper.rollout.fast_decode import LlamaDecodeStep
 from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
 from temper.rollout.sampler import (
     Sample,
@@ -63,6 +67,8 @@ class HFSampler:
         that a chunk's rows stay under it.
     share_prefill: prefill each distinct prompt once and copy its cache to its samples. False
         prefills every row on its own (the reference path the tests compare against).
+    fast_decode: decode Llama-family models (llama, mistral, qwen2) with `LlamaDecodeStep`, the
+        same function in fewer tensor ops; other models, and False, use the model's forward.
     Sample j of prompt i is reproducible from (its seed, j, the prompt, the model) alone (see the
     module docstring); the global RNG is not touched.
     """
@@ -74,6 +80,7 @@ class HFSampler:
         *,
         max_batch_rows: int = 256,
         share_prefill: bool = True,
+        fast_decode: bool = True,
     ):
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
@@ -81,6 +88,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.share_prefill = share_prefill
+        self.fast_decode = fast_decode
 
     def sync(self, model: torch.nn.Module) -> None:
         """Nothing to copy: the sampler reads the trainer's module. Passing another module swaps it in."""
@@ -123,6 +131,7 @@ class HFSampler:
         model.eval()
         try:
             with torch.inference_mode():
+                step = LlamaDecodeStep.build(model) if self.fast_decode else None
                 for start in range(0, len(jobs), self.max_batch_rows):
                     chunk = jobs[start : start + self.max_batch_rows]
                     outs = self._generate_chunk(
@@ -130,6 +139,7 @@ class HFSampler:
                         [derive_seed(seeds[i], j) for i, j in chunk],
                         eos=eos,
                         stop=stop,
+                        step=step,
                         **options,
                     )
                     for (i, _), (token_ids, logprobs, reason) in zip(chunk, outs, strict=True):
@@ -160,6 +170,7 @@ class HFSampler:
         *,
         eos: list[int],
         stop: list[str],
+        step: LlamaDecodeStep | None,
         max_new_tokens: int,
         temperature: float,
         top_p: float,
@@ -254,14 +265,17 @@ class HFSampler:
                 done_A = done_A[keep_A]
             length = cache.get_seq_length() + 1
             mask.valid_B_C[:, length - 1] = True
-            out = model(
-                input_ids=token_A[:, None],
-                attention_mask=mask.decode(length),
-                position_ids=next_pos_A[:, None],
-                cache=cache,
-                use_cache=True,
-            )
-            logits_A_V = out.logits[:, -1]
+            if step is not None:
+                logits_A_V = step(token_A, next_pos_A, cache, mask.decode_additive(length))
+            else:
+                out = model(
+                    input_ids=token_A[:, None],
+                    attention_mask=mask.decode(length),
+                    position_ids=next_pos_A[:, None],
+                    cache=cache,
+                    use_cache=True,
+                )
+                logits_A_V = out.logits[:, -1]
             next_pos_A = next_pos_A + 1
 
         tokens, logps = tokens_R_T.tolist(), logps_R_T.tolist()
