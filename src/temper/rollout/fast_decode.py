@@ -111,51 +111,157 @@ class LlamaDecodeStep:
             return None
         return cls(model)
 
-    def __call__(
+    def decoder(
+        self, prefill: SlabCache, src_R: list[int], valid_U_W: torch.Tensor, max_new_tokens: int
+    ) -> SharedPrefixDecoder:
+        """A decoder whose rows continue prompts src_R over `prefill`, the cache of the distinct
+        prompts (valid_U_W: their non-padding positions)."""
+        return SharedPrefixDecoder(self, prefill, src_R, valid_U_W, max_new_tokens)
+
+
+class SharedPrefixDecoder:
+    """Decode steps of rows that share prompts, reading each prompt's keys/values once.
+
+    Attention over a row's cache is split into the prompt part, kept once per distinct prompt
+    (U, heads, W, D), and the generated part, kept per row (A, heads, T, D): the prompt's keys are
+    multiplied with the queries of all its rows in one matmul over a (prompt, sample) grid of
+    U x n slots (a dead or missing row leaves its slot unused), and one softmax runs over both
+    parts, so the result is the attention over the whole cache. At 4-8 samples per prompt this
+    reads several times fewer key/value bytes per step, which is what bounds a decode step's
+    attention on a CPU, and the prompt cache is never copied to the rows."""
+
+    def __init__(
         self,
-        token_A: torch.Tensor,
-        position_A: torch.Tensor,
-        cache: SlabCache,
-        mask_A_L: torch.Tensor,
-    ) -> torch.Tensor:
-        """token_A: the new token of each row; position_A: its position id; mask_A_L: additive
-        mask (0 or -inf) over the cache after this token is written (L = cache length + 1).
-        -> logits_A_V."""
-        rows, h, kv, d = token_A.shape[0], self.heads, self.kv_heads, self.head_dim
-        group = h // kv
-        x_A_E = F.embedding(token_A, self.embed)
-        cos_A_1_D, sin_A_1_D = self.rotary(x_A_E, position_A[:, None])  # (A, 1, D) each
-        half = d // 2
-        sin_A_1_D = torch.cat((-sin_A_1_D[..., :half], sin_A_1_D[..., half:]), dim=-1)
-        length = cache.get_seq_length()
-        mask_A_1_1_L = mask_A_L[:, None, None, :]
-        for (norm1, w_qkv, b_qkv, wo_t, bo, norm2, w_gu, b_gu, wd_t, bd), layer in zip(
-            self.layers, cache.layers, strict=True
-        ):
+        step: LlamaDecodeStep,
+        prefill: SlabCache,
+        src_R: list[int],
+        valid_U_W: torch.Tensor,
+        max_new_tokens: int,
+    ):
+        self.step = step
+        rows, width = len(src_R), valid_U_W.shape[1]
+        device = valid_U_W.device
+        # slot of row r in the (prompt, sample) grid: prompt src_R[r], its k-th row
+        count: dict[int, int] = {}
+        ranks = []
+        for u in src_R:
+            ranks.append(count.get(u, 0))
+            count[u] = ranks[-1] + 1
+        self.n = max(count.values())
+        self.slot_A = torch.tensor([u * self.n + k for u, k in zip(src_R, ranks, strict=True)], device=device)
+        self.prompts = valid_U_W.shape[0]
+        self._check_identity()
+        self.prefix = [(layer.keys[:, :, :width], layer.values[:, :, :width]) for layer in prefill.layers]
+        self.prefix_mask_U_W = torch.zeros(valid_U_W.shape, device=device).masked_fill_(
+            ~valid_U_W, float("-inf")
+        )
+        kv, d = step.kv_heads, step.head_dim
+        dtype = prefill.layers[0].keys.dtype
+        self.suffix = [
+            (
+                torch.empty((rows, kv, max_new_tokens, d), dtype=dtype, device=device),
+                torch.empty((rows, kv, max_new_tokens, d), dtype=dtype, device=device),
+            )
+            for _ in prefill.layers
+        ]
+        self.length = 0  # generated positions in the cache
+        self.rows = rows
+        # rotary cos / sin of every position a row can reach (positions count real tokens, so
+        # fewer than width + max_new_tokens), looked up per step instead of recomputed; the sin
+        # half that multiplies x2 is negated: x * cos + swap_halves(x) * sin' is
+        # x * cos + rotate_half(x) * sin
+        positions_1_P = torch.arange(width + max_new_tokens, device=device)[None]
+        cos_1_P_D, sin_1_P_D = step.rotary(step.embed[:1][None], positions_1_P)
+        half = step.head_dim // 2
+        self.cos_P_D = cos_1_P_D[0]
+        self.sin_P_D = torch.cat((-sin_1_P_D[0, :, :half], sin_1_P_D[0, :, half:]), dim=-1)
+
+    def _check_identity(self) -> None:
+        """Rows fill the grid in order (every prompt has n live rows): no scatter or gather."""
+        slots = self.prompts * self.n
+        self.identity = len(self.slot_A) == slots and bool(
+            (self.slot_A == torch.arange(slots, device=self.slot_A.device)).all()
+        )
+
+    def select_rows(self, keep_A: torch.Tensor) -> None:
+        """Keep rows keep_A (in order); prompts left without rows are dropped from the prefix."""
+        n, t = len(keep_A), self.length
+        for keys, values in self.suffix:
+            keys[:n, :, :t] = keys[keep_A, :, :t]
+            values[:n, :, :t] = values[keep_A, :, :t]
+        self.rows = n
+        slot_A = self.slot_A[keep_A]
+        prompt_A = slot_A // self.n
+        live_U = torch.unique(prompt_A)
+        if len(live_U) < self.prompts:
+            remap = torch.full((self.prompts,), -1, dtype=torch.long, device=slot_A.device)
+            remap[live_U] = torch.arange(len(live_U), device=slot_A.device)
+            slot_A = remap[prompt_A] * self.n + slot_A % self.n
+            self.prefix = [(k[live_U], v[live_U]) for k, v in self.prefix]
+            self.prefix_mask_U_W = self.prefix_mask_U_W[live_U]
+            self.prompts = len(live_U)
+        self.slot_A = slot_A
+        self._check_identity()
+
+    def _to_grid(self, x_A: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
+        """(A, kv, g, X) rows -> (U, kv, n * g, X) grid; unused slots hold stale finite values."""
+        if not self.identity:
+            assert buffer is not None
+            x_A = buffer.index_copy_(0, self.slot_A, x_A)
+        u, n = self.prompts, self.n
+        _, kv, g, x = x_A.shape
+        return x_A.view(u, n, kv, g, x).transpose(1, 2).reshape(u, kv, n * g, x)
+
+    def _from_grid(self, x_U: torch.Tensor, group: int) -> torch.Tensor:
+        """(U, kv, n * g, X) grid -> (A, kv, g, X) rows."""
+        u, kv, _, x = x_U.shape
+        x_S = x_U.view(u, kv, self.n, group, x).transpose(1, 2).reshape(u * self.n, kv, group, x)
+        return x_S if self.identity else x_S.index_select(0, self.slot_A)
+
+    @torch.inference_mode()
+    def __call__(self, token_A: torch.Tensor, position_A: torch.Tensor) -> torch.Tensor:
+        """token_A: the new token of each live row; position_A: its position id -> logits_A_V."""
+        step = self.step
+        rows, h, kv, d = token_A.shape[0], step.heads, step.kv_heads, step.head_dim
+        group, half, t = h // kv, d // 2, self.length
+        width = self.prefix_mask_U_W.shape[1]
+        x_A_E = F.embedding(token_A, step.embed)
+        cos_A_1_D = self.cos_P_D[position_A][:, None]
+        sin_A_1_D = self.sin_P_D[position_A][:, None]
+        mask_U_1_1_W = self.prefix_mask_U_W[:, None, None, :]
+        slots = self.prompts * self.n
+        q_buffer = None if self.identity else x_A_E.new_zeros((slots, kv, group, d))
+        p_buffer = None if self.identity else x_A_E.new_zeros((slots, kv, group, width))
+        for (norm1, w_qkv, b_qkv, wo_t, bo, norm2, w_gu, b_gu, wd_t, bd), (keys_U, values_U), (
+            keys_R,
+            values_R,
+        ) in zip(step.layers, self.prefix, self.suffix, strict=True):
             hid_A_E = F.rms_norm(x_A_E, (x_A_E.shape[-1],), norm1[0], norm1[1])
             proj_A_P = F.linear(hid_A_E, w_qkv, b_qkv)
-            q_end, k_end, v_end = h * d, (h + kv) * d, (h + 2 * kv) * d
+            k_end, v_end = (h + kv) * d, (h + 2 * kv) * d
             qk_A_N_D = proj_A_P[:, :k_end].view(rows, h + kv, d)  # q and k heads, rotated together
             qk_A_N_D = torch.addcmul(qk_A_N_D * cos_A_1_D, qk_A_N_D.roll(half, dims=-1), sin_A_1_D)
-            if not layer.is_initialized:
-                raise RuntimeError("the cache must be prefilled before a decode step")
-            layer.keys[:rows, :, length] = qk_A_N_D[:, h:]
-            layer.values[:rows, :, length] = proj_A_P[:, k_end:v_end].view(rows, kv, d)
-            keys_A_K_L_D = layer.keys[:rows, :, : length + 1]
-            values_A_K_L_D = layer.values[:rows, :, : length + 1]
+            keys_R[:rows, :, t] = qk_A_N_D[:, h:]
+            values_R[:rows, :, t] = proj_A_P[:, k_end:v_end].view(rows, kv, d)
             q_A_K_G_D = qk_A_N_D[:, :h].view(rows, kv, group, d)
-            scores_A_K_G_L = torch.matmul(q_A_K_G_D, keys_A_K_L_D.transpose(-1, -2)).add_(mask_A_1_1_L)
-            attn_A_K_G_D = torch.matmul(torch.softmax(scores_A_K_G_L, dim=-1), values_A_K_L_D)
-            x_A_E = torch.addmm(x_A_E, attn_A_K_G_D.reshape(rows, q_end), wo_t)
+            # scores against the prompt (per distinct prompt) and the generated part (per row)
+            q_U_K_M_D = self._to_grid(q_A_K_G_D, q_buffer)
+            prompt_U_K_M_W = torch.matmul(q_U_K_M_D, keys_U.transpose(-1, -2)).add_(mask_U_1_1_W)
+            own_A_K_G_T = torch.matmul(q_A_K_G_D, keys_R[:rows, :, : t + 1].transpose(-1, -2))
+            scores_A_K_G_L = torch.cat((self._from_grid(prompt_U_K_M_W, group), own_A_K_G_T), dim=-1)
+            probs_A_K_G_L = torch.softmax(scores_A_K_G_L, dim=-1)
+            out_U_K_M_D = torch.matmul(self._to_grid(probs_A_K_G_L[..., :width], p_buffer), values_U)
+            attn_A_K_G_D = torch.matmul(probs_A_K_G_L[..., width:], values_R[:rows, :, : t + 1])
+            attn_A_K_G_D += self._from_grid(out_U_K_M_D, group)
+            x_A_E = torch.addmm(x_A_E, attn_A_K_G_D.reshape(rows, h * d), wo_t)
             if bo is not None:
                 x_A_E = x_A_E + bo
             hid_A_E = F.rms_norm(x_A_E, (x_A_E.shape[-1],), norm2[0], norm2[1])
             gu_A_F2 = F.linear(hid_A_E, w_gu, b_gu)
-            act_A_F = F.silu(gu_A_F2[:, : self.intermediate]).mul_(gu_A_F2[:, self.intermediate :])
+            act_A_F = F.silu(gu_A_F2[:, : step.intermediate]).mul_(gu_A_F2[:, step.intermediate :])
             x_A_E = torch.addmm(x_A_E, act_A_F, wd_t)
             if bd is not None:
                 x_A_E = x_A_E + bd
-        for layer in cache.layers:
-            layer.length = length + 1
-        x_A_E = F.rms_norm(x_A_E, (x_A_E.shape[-1],), self.final_norm[0], self.final_norm[1])
-        return F.linear(x_A_E, self.lm_head)
+        self.length = t + 1
+        x_A_E = F.rms_norm(x_A_E, (x_A_E.shape[-1],), step.final_norm[0], step.final_norm[1])
+        return F.linear(x_A_E, step.lm_head)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from temper.rollout.fast_decode import LlamaDecodeStep
+from temper.rollout.fast_decode import LlamaDecodeStep, SharedPrefixDecoder
 from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
 from temper.rollout.sampler import (
     Sample,
@@ -186,7 +186,11 @@ class HFSampler:
         else:
             src, unique = list(range(len(row_prompts))), row_prompts
         rows, width = len(row_prompts), max(len(p) for p in unique)
-        capacity = width + max_new_tokens
+        config = model.config.get_text_config(decoder=True)
+        check_attention_layers(config, width + max_new_tokens)
+        # the shared-prefix decoder keeps the generated keys/values apart: the prefill cache
+        # holds the prompts only
+        capacity = width if step is not None else width + max_new_tokens
 
         # left-padded prompts; positions count real tokens only (as model.generate does)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
@@ -198,8 +202,6 @@ class HFSampler:
         ids_U_P, valid_U_C = ids_U_P.to(device), valid_U_C.to(device)
         pos_U_P = (valid_U_C[:, :width].long().cumsum(-1) - 1).clamp(min=0)
 
-        config = model.config.get_text_config(decoder=True)
-        check_attention_layers(config, capacity)
         mask = AttentionMask(valid_U_C, model.config._attn_implementation, next(model.parameters()).dtype)
         cache = SlabCache(config.num_hidden_layers, capacity)
         out = model(
@@ -210,11 +212,14 @@ class HFSampler:
             use_cache=True,
             logits_to_keep=1,
         )
-        # copy each prompt's cache to its rows
         src_R = torch.tensor(src, device=device)
-        if len(unique) != rows or src != list(range(rows)):
-            cache.select_rows(src_R)
-            mask.select_rows(src_R)
+        decoder: SharedPrefixDecoder | _ModelDecoder
+        if step is not None:
+            decoder = step.decoder(cache, src, valid_U_C[:, :width], max_new_tokens)
+        else:
+            decoder = _ModelDecoder(
+                model, cache, mask, src_R, copy=len(unique) != rows or src != list(range(rows))
+            )
         logits_A_V = out.logits[:, -1][src_R]
         next_pos_A = pos_U_P[:, -1][src_R] + 1
 
@@ -257,29 +262,49 @@ class HFSampler:
             n_done = int(done_A.sum())
             if n_done and n_done * 8 >= len(row_A):
                 keep_A = (~done_A).nonzero().flatten()
-                cache.select_rows(keep_A)
-                mask.select_rows(keep_A)
+                decoder.select_rows(keep_A)
                 row_A, token_A, next_pos_A = row_A[keep_A], token_A[keep_A], next_pos_A[keep_A]
                 if uniform_A_T is not None:
                     uniform_A_T = uniform_A_T[keep_A]
                 done_A = done_A[keep_A]
-            length = cache.get_seq_length() + 1
-            mask.valid_B_C[:, length - 1] = True
-            if step is not None:
-                logits_A_V = step(token_A, next_pos_A, cache, mask.decode_additive(length))
-            else:
-                out = model(
-                    input_ids=token_A[:, None],
-                    attention_mask=mask.decode(length),
-                    position_ids=next_pos_A[:, None],
-                    cache=cache,
-                    use_cache=True,
-                )
-                logits_A_V = out.logits[:, -1]
+            logits_A_V = decoder(token_A, next_pos_A)
             next_pos_A = next_pos_A + 1
 
         tokens, logps = tokens_R_T.tolist(), logps_R_T.tolist()
         return [(tokens[r][: lengths[r]], logps[r][: lengths[r]], reasons[r]) for r in range(rows)]
+
+
+class _ModelDecoder:
+    """Decode steps through the model's own forward over a `SlabCache` holding every row's whole
+    sequence: each prompt's prefill cache is copied to its rows (src_R) first."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        cache: SlabCache,
+        mask: AttentionMask,
+        src_R: torch.Tensor,
+        copy: bool,
+    ):
+        self.model, self.cache, self.mask = model, cache, mask
+        if copy:
+            self.select_rows(src_R)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.cache.select_rows(index)
+        self.mask.select_rows(index)
+
+    def __call__(self, token_A: torch.Tensor, position_A: torch.Tensor) -> torch.Tensor:
+        length = self.cache.get_seq_length() + 1
+        self.mask.valid_B_C[:, length - 1] = True
+        out = self.model(
+            input_ids=token_A[:, None],
+            attention_mask=self.mask.decode(length),
+            position_ids=position_A[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1]
 
 
 class _StopStrings:

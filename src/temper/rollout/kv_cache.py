@@ -83,12 +83,9 @@ class AttentionMask:
         self.valid_B_C = valid_B_C  # bool
         self.kind = attn_implementation if attn_implementation in ("sdpa", "eager") else "2d"
         self.dtype = dtype
-        self.additive_B_C: torch.Tensor | None = None  # 0 / -inf, built by `decode_additive`
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.valid_B_C = self.valid_B_C[index]
-        if self.additive_B_C is not None:
-            self.additive_B_C = self.additive_B_C[index]
 
     def decode(self, length: int) -> torch.Tensor:
         """The mask for one new query token when the cache holds `length` positions (itself included)."""
@@ -98,17 +95,6 @@ class AttentionMask:
         if self.kind == "eager":
             return self._additive(valid_B_L[:, None, None, :])
         return valid_B_L.long()
-
-    def decode_additive(self, length: int) -> torch.Tensor:
-        """`decode` as a (rows, length) additive mask, 0 where allowed and -inf elsewhere, for
-        `LlamaDecodeStep`. Built once: every position from the first decoded one on holds a
-        generated token, so it is allowed for good."""
-        if self.additive_B_C is None:
-            allowed_B_C = self.valid_B_C.clone()
-            allowed_B_C[:, length - 1 :] = True
-            zero = torch.zeros((), dtype=self.dtype, device=allowed_B_C.device)
-            self.additive_B_C = torch.where(allowed_B_C, zero, float("-inf"))
-        return self.additive_B_C[:, :length]
 
     def prefill(self, width: int) -> torch.Tensor:
         """Causal + key padding over the left-padded prompts; a padding query sees itself, so no
