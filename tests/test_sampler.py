@@ -138,7 +138,8 @@ def test_fast_decode_step_equals_model_forward(tokenizer, prompts, arch):
 
 def test_fast_decode_step_only_where_exact(tokenizer):
     """The fast step refuses what it does not reproduce: hooks on a module, non-fp32 weights,
-    autocast, a module it does not know (an adapter in place of a Linear)."""
+    autocast, a length-dependent rotary embedding, a module it does not know (an adapter in
+    place of a Linear)."""
     model = build_preset("nano", tokenizer, seed=0)
     assert LlamaDecodeStep.build(model) is not None
     handle = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
@@ -146,6 +147,10 @@ def test_fast_decode_step_only_where_exact(tokenizer):
     handle.remove()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert LlamaDecodeStep.build(model) is None
+    model.model.rotary_emb.rope_type = "dynamic"  # frequencies that change with the length
+    assert LlamaDecodeStep.build(model) is None
+    model.model.rotary_emb.rope_type = "default"
+    assert LlamaDecodeStep.build(model) is not None
     model.model.layers[1].self_attn.v_proj = torch.nn.Sequential(model.model.layers[1].self_attn.v_proj)
     assert LlamaDecodeStep.build(model) is None
     assert LlamaDecodeStep.build(build_preset("nano", tokenizer, seed=0).to(torch.bfloat16)) is None
