@@ -15,6 +15,7 @@ from temper.rollout.fast_decode import LlamaDecodeStep
 from temper.rollout.sampling import choose_tokens
 
 MAX_NEW = 10
+PINNED_SEEDS = [5046677104938694277, 2024819301478721300]  # prompt_seeds(0, 2)
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +221,13 @@ def test_per_prompt_seeds_make_samples_independent_of_the_batch(tokenizer, promp
     )
     with pytest.raises(ValueError, match="seeds"):
         sampler.sample(prompts, 2, seed=[1, 2], **kw)
+
+
+def test_prompt_seeds_are_pinned():
+    """Derived seeds are part of what a run reproduces (and what separate processes must agree
+    on): a change to the derivation changes every sample, so it must show here."""
+    assert prompt_seeds(0, 2) == PINNED_SEEDS
+    assert prompt_seeds([5, 6], 2) == [5, 6]
 
 
 def test_samples_of_one_prompt_differ(model, tokenizer, prompts):
