@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from temper.models import build_preset
+from temper.models import apply_lora, build_preset
 from temper.rollout import HFSampler, Sample, prompt_seeds, stop_ids
 from temper.rollout.fast_decode import LlamaDecodeStep
 from temper.rollout.sampling import choose_tokens
@@ -152,6 +152,9 @@ def test_fast_decode_step_only_where_exact(tokenizer):
     assert LlamaDecodeStep.build(model) is None
     model.model.rotary_emb.rope_type = "default"
     assert LlamaDecodeStep.build(model) is not None
+    peft_model = apply_lora(build_preset("nano", tokenizer, seed=0), r=4, alpha=8)
+    assert LlamaDecodeStep.build(peft_model) is None
+    assert LlamaDecodeStep.build(peft_model.base_model.model) is None  # LoRA layers inside a Llama
     model.model.layers[1].self_attn.v_proj = torch.nn.Sequential(model.model.layers[1].self_attn.v_proj)
     assert LlamaDecodeStep.build(model) is None
     assert LlamaDecodeStep.build(build_preset("nano", tokenizer, seed=0).to(torch.bfloat16)) is None

@@ -108,22 +108,26 @@ class LlamaDecodeStep:
         if getattr(base.rotary_emb, "rope_type", "default") in ("dynamic", "longrope"):
             return None  # their frequencies change with the sequence length: the table would differ
         expected = {
-            "self_attn": (f"{prefix}Attention",),
-            "mlp": (f"{prefix}MLP",),
-            "input_layernorm": (f"{prefix}RMSNorm",),
-            "post_attention_layernorm": (f"{prefix}RMSNorm",),
-            **{
-                proj: ("Linear",)
-                for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-            },
-            "act_fn": ("SiLUActivation", "SiLU"),
+            "self_attn": f"{prefix}Attention",
+            "mlp": f"{prefix}MLP",
+            "input_layernorm": f"{prefix}RMSNorm",
+            "post_attention_layernorm": f"{prefix}RMSNorm",
+            "act_fn": "SiLUActivation",
         }
+        projections = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
         for layer in base.layers:
             if type(layer).__name__ != f"{prefix}DecoderLayer":
                 return None
             for name, module in layer.named_modules():
                 leaf = name.rsplit(".", 1)[-1]
-                if name and type(module).__name__ not in expected.get(leaf, ()):
+                if not name:
+                    continue
+                # exactly torch's Linear: PEFT's LoRA layer is also a class named "Linear"
+                if leaf in projections:
+                    known = type(module) is nn.Linear
+                else:
+                    known = expected.get(leaf) == type(module).__name__
+                if not known:
                     return None  # an adapter (LoRA), an extra norm (Qwen3's q_norm) or a new module
         if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
             return None
