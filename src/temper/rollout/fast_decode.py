@@ -14,6 +14,11 @@ computes the same function as transformers' forward, up to rounding:
   rotate_half(x) = [-x2, x1], with cos and sin looked up in a table per step;
 - attention is shared-prefix attention (`SharedPrefixDecoder`): each prompt's keys/values are
   read once for all its samples.
+Measured with benchmarks/sampler_speed.py (tiny preset, 2 cores, fairly quiet, one process in
+alternating rounds): 1.33-1.37x the tokens/s of the generic path on RL-shaped batches (64 x 4 x 32,
+8 x 8 x 32, 16 x 8 x <=128 with rows stopping), 1.18x at one sample per prompt; about 21% of the
+compute bound at 64 x 4 x 32 against 15%. What remains is about 45% linear layers (near the
+matmul peak) and 40% attention, which runs at memory speed.
 Other models, PEFT adapters, hooks, autocast, non-fp32 weights and non-CPU devices keep
 transformers' forward (the sampler's generic path); tests/test_sampler.py compares both paths.
 
