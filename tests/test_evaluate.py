@@ -354,7 +354,7 @@ def test_rl_gate_and_periodic_evals_are_evaluates_numbers(tokenizer, tmp_path):
             prompts_per_step=2,
             group_size=4,
             max_new_tokens=max_new,
-            lr=3e-3,
+            lr=1e-3,
             seed=0,
             eval_every=1,
             eval_problems=n,

@@ -12,7 +12,7 @@ from temper import precision as prec
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset
 from temper.precision import FP32, PrecisionChoice, resolve_precision
-from temper.rollout.sampler import HFSampler
+from temper.rollout import HFSampler
 from temper.train import TrainConfig, train_supervised
 from temper.train.rl import RLConfig, train_rl
 from test_rl import FirstByteTask  # tests/ is on the path (pytest rootdir mode)

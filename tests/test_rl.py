@@ -9,7 +9,7 @@ import torch
 
 from temper.models import build_preset
 from temper.rewards.diagnostics import breakdown, zero_variance_cause
-from temper.rollout.sampler import HFSampler
+from temper.rollout import HFSampler
 from temper.tasks.base import Problem, Score
 from temper.train.rl import RLConfig, collect_groups, train_rl
 
@@ -131,7 +131,11 @@ def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
     )
     assert [r["step"] for r in resumed.history] == [3, 4]
     for a, b in zip(full.history[2:], resumed.history):
-        assert a["reward"] == b["reward"] and a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-5)
+        # the on-policy loss is ~0 (advantages sum to zero per group): compare it absolutely, and the
+        # update through its gradient norm and the policy's entropy
+        assert a["reward"] == b["reward"] and a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
 
 
 def test_rollout_batch_masks_only_completion_tokens(tokenizer):

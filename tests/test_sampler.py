@@ -2,15 +2,20 @@
 greedy tokens), transformers' `model.generate` (greedy output) and itself without prefill sharing."""
 
 import importlib.util
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from temper.models import build_preset
-from temper.rollout.sampler import HFSampler, Sample, choose_tokens, stop_ids
+from temper.models import apply_lora, build_preset
+from temper.rollout import HFSampler, Sample, prompt_seeds, stop_ids
+from temper.rollout.fast_decode import LlamaDecodeStep
+from temper.rollout.sampling import choose_tokens
 
 MAX_NEW = 10
+PINNED_SEEDS = [5046677104938694277, 2024819301478721300]  # prompt_seeds(0, 2)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +54,9 @@ def assert_matches_teacher(model, samples: list[list[Sample]], temperature: floa
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("max_batch_rows", [256, 4])  # 4: a prompt's samples span chunks
-def test_logprobs_match_teacher_forcing(model, tokenizer, prompts, temperature, max_batch_rows):
-    sampler = HFSampler(model, tokenizer, max_batch_rows=max_batch_rows)
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_logprobs_match_teacher_forcing(model, tokenizer, prompts, temperature, max_batch_rows, fast_decode):
+    sampler = HFSampler(model, tokenizer, max_batch_rows=max_batch_rows, fast_decode=fast_decode)
     out = sampler.sample(prompts, 3, max_new_tokens=MAX_NEW, temperature=temperature, seed=1)
     assert [len(r) for r in out] == [3, 3, 3]
     assert [s.prompt_ids for s in out[1]] == [prompts[1]] * 3
@@ -61,7 +67,9 @@ def test_eager_attention(tokenizer, prompts):
     """eager attention gets an additive 4D mask instead of sdpa's boolean one."""
     model = build_preset("nano", tokenizer, seed=0)
     model.set_attn_implementation("eager")
-    out = HFSampler(model, tokenizer).sample(prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7)
+    out = HFSampler(model, tokenizer, fast_decode=False).sample(
+        prompts, 2, max_new_tokens=MAX_NEW, temperature=0.7
+    )
     assert_matches_teacher(model, out, 0.7)
 
 
@@ -87,6 +95,69 @@ def hf_greedy(model, tokenizer, prompts: list[list[int]], max_new: int) -> list[
         end = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
         rows.append(new[:end])
     return rows
+
+
+def qwen2_gqa(tokenizer):
+    """A Qwen2 model (biases on q, k, v) with grouped-query attention: 4 query heads, 2 kv heads."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # nonzero biases, so a dropped bias shows
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2_gqa"])
+def test_fast_decode_step_equals_model_forward(tokenizer, prompts, arch):
+    """LlamaDecodeStep against transformers' forward: same tokens, logprobs to rounding, with rows
+    stopping at different steps (many stop ids) and being dropped from the batch."""
+    model = build_preset("nano", tokenizer, seed=0) if arch == "llama" else qwen2_gqa(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(40, 50)]
+    assert LlamaDecodeStep.build(model) is not None  # the fast path is the one under test
+    kw = dict(max_new_tokens=24, temperature=1.0, seed=2)
+    fast = HFSampler(model, tokenizer).sample(prompts, 4, **kw)
+    reference = HFSampler(model, tokenizer, fast_decode=False).sample(prompts, 4, **kw)
+    assert {s.stop_reason for r in fast for s in r} == {"eos", "length"}
+    for r1, r2 in zip(fast, reference, strict=True):
+        for s1, s2 in zip(r1, r2, strict=True):
+            assert s1.token_ids == s2.token_ids and s1.stop_reason == s2.stop_reason
+            torch.testing.assert_close(
+                torch.tensor(s1.logprobs), torch.tensor(s2.logprobs), atol=1e-5, rtol=0
+            )
+    assert_matches_teacher(model, fast, 1.0)
+
+
+def test_fast_decode_step_only_where_exact(tokenizer):
+    """The fast step refuses what it does not reproduce: hooks on a module, non-fp32 weights,
+    autocast, a length-dependent rotary embedding, a module it does not know (an adapter in
+    place of a Linear)."""
+    model = build_preset("nano", tokenizer, seed=0)
+    assert LlamaDecodeStep.build(model) is not None
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
+    assert LlamaDecodeStep.build(model) is None
+    handle.remove()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LlamaDecodeStep.build(model) is None
+    model.model.rotary_emb.rope_type = "dynamic"  # frequencies that change with the length
+    assert LlamaDecodeStep.build(model) is None
+    model.model.rotary_emb.rope_type = "default"
+    assert LlamaDecodeStep.build(model) is not None
+    peft_model = apply_lora(build_preset("nano", tokenizer, seed=0), r=4, alpha=8)
+    assert LlamaDecodeStep.build(peft_model) is None
+    assert LlamaDecodeStep.build(peft_model.base_model.model) is None  # LoRA layers inside a Llama
+    model.model.layers[1].self_attn.v_proj = torch.nn.Sequential(model.model.layers[1].self_attn.v_proj)
+    assert LlamaDecodeStep.build(model) is None
+    assert LlamaDecodeStep.build(build_preset("nano", tokenizer, seed=0).to(torch.bfloat16)) is None
 
 
 def test_greedy_is_teacher_argmax_and_generate(model, tokenizer, prompts):
@@ -119,6 +190,47 @@ def test_seeded_sampling_is_reproducible(model, tokenizer, prompts):
     assert sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=3) == a
     b = sampler.sample(prompts, 2, max_new_tokens=MAX_NEW, seed=4)
     assert [s.token_ids for r in a for s in r] != [s.token_ids for r in b for s in r]
+
+
+def test_per_prompt_seeds_make_samples_independent_of_the_batch(tokenizer, prompts):
+    """Sample j of prompt i depends on (seeds[i], j, prompt, model) only: the same alone, in another
+    order, chunked by another max_batch_rows, beside rows that stop at other steps (many stop ids,
+    so rows are dropped mid-batch) or beside other prompts."""
+    model = build_preset("nano", tokenizer, seed=0)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(40, 60)]
+    seeds, kw = [11, 22, 33], dict(max_new_tokens=24, temperature=1.0)
+
+    def check(a: list[Sample], b: list[Sample]) -> None:
+        assert [(s.token_ids, s.stop_reason) for s in a] == [(s.token_ids, s.stop_reason) for s in b]
+        for s, t in zip(a, b, strict=True):
+            torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5, rtol=0)
+
+    batch = HFSampler(model, tokenizer).sample(prompts, 4, seed=seeds, **kw)
+    reasons = {s.stop_reason for r in batch for s in r}
+    assert reasons == {"eos", "length"}  # rows finish at different steps
+    for i, p in enumerate(prompts):
+        check(HFSampler(model, tokenizer).sample([p], 4, seed=[seeds[i]], **kw)[0], batch[i])
+    reordered = HFSampler(model, tokenizer, max_batch_rows=3).sample(prompts[::-1], 4, seed=seeds[::-1], **kw)
+    for a, b in zip(reordered[::-1], batch, strict=True):
+        check(a, b)
+    # other neighbours: prompt 0 twice with another seed, prompt 1 beside it
+    (other, mine) = HFSampler(model, tokenizer).sample([prompts[0], prompts[1]], 4, seed=[99, seeds[1]], **kw)
+    check(mine, batch[1])
+    assert [s.token_ids for s in other] != [s.token_ids for s in batch[0]]
+    # an int seed stands for per-prompt seeds derived from (seed, i)
+    sampler = HFSampler(model, tokenizer)
+    assert sampler.sample(prompts, 2, seed=7, **kw) == sampler.sample(
+        prompts, 2, seed=prompt_seeds(7, 3), **kw
+    )
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(prompts, 2, seed=[1, 2], **kw)
+
+
+def test_prompt_seeds_are_pinned():
+    """Derived seeds are part of what a run reproduces (and what separate processes must agree
+    on): a change to the derivation changes every sample, so it must show here."""
+    assert prompt_seeds(0, 2) == PINNED_SEEDS
+    assert prompt_seeds([5, 6], 2) == [5, 6]
 
 
 def test_samples_of_one_prompt_differ(model, tokenizer, prompts):
@@ -227,6 +339,59 @@ def test_rejects_bad_arguments(model, tokenizer, prompts):
         sampler.sample(prompts, 0, max_new_tokens=MAX_NEW)
     with pytest.raises(ValueError):
         HFSampler(model, tokenizer, max_batch_rows=0)
+
+
+def test_vllm_requests_with_a_stand_in_engine(monkeypatch, prompts):
+    """VLLMSampler's requests, against a stand-in `vllm` module (no vLLM on a CPU): one request per
+    prompt with seed seeds[i] and n samples; greedy asks for one sample and copies it n times."""
+    requests = []
+
+    class FakeLLM:
+        def __init__(self, model, **kwargs):
+            pass
+
+        def get_tokenizer(self):
+            return None
+
+        def generate(self, prompts, sampling_params, use_tqdm):
+            requests.append(sampling_params)
+            # completion j of a request: one token, seed + j (as vLLM seeds its j-th child), out of order
+            return [
+                SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            index=j,
+                            token_ids=[p.seed + j],
+                            logprobs=[{p.seed + j: SimpleNamespace(logprob=-0.5)}],
+                            text="x",
+                            finish_reason="length",
+                            stop_reason=None,
+                        )
+                        for j in reversed(range(p.n))
+                    ]
+                )
+                for p in sampling_params
+            ]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "vllm",
+        SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: SimpleNamespace(**kw), __version__="fake"),
+    )
+    from temper.rollout.vllm_sampler import VLLMSampler
+
+    monkeypatch.setattr(VLLMSampler, "_config_stop_ids", lambda self, model: [])
+    sampler = VLLMSampler("unused")
+    out = sampler.sample(prompts, 3, max_new_tokens=4, seed=[50, 60, 70])
+    assert [(p.seed, p.n) for p in requests[-1]] == [(50, 3), (60, 3), (70, 3)]
+    assert [[s.token_ids for s in r] for r in out] == [[[k + j] for j in range(3)] for k in (50, 60, 70)]
+    assert out[1][2] == Sample(prompts[1], [62], [-0.5], "x", "length")
+    sampler.sample(prompts, 3, max_new_tokens=4, seed=8)
+    assert [p.seed for p in requests[-1]] == prompt_seeds(8, 3)
+    greedy = sampler.sample(prompts, 3, max_new_tokens=4, temperature=0.0, seed=[50, 60, 70])
+    assert [p.n for p in requests[-1]] == [1, 1, 1]
+    assert [[s.token_ids for s in r] for r in greedy] == [[[k]] * 3 for k in (50, 60, 70)]
+    assert greedy[0][0] is not greedy[0][1]  # copies, not one object three times
 
 
 @pytest.mark.gpu

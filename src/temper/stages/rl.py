@@ -15,7 +15,7 @@ from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
-from temper.rollout.sampler import HFSampler, Sampler
+from temper.rollout import HFSampler, Sampler
 from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
