@@ -73,7 +73,7 @@ def per_step_seconds(stamps: list[float], warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps[warmup - 1 :], stamps[warmup:])]
 
 
-def run_temper(preset: str, args) -> dict[str, Any]:
+def run_temper(preset: str, args, precision: str = "fp32") -> dict[str, Any]:
     task = make_task("arithmetic")
     model, tokenizer = load(preset)
     sampler = None
@@ -98,6 +98,7 @@ def run_temper(preset: str, args) -> dict[str, Any]:
         kl_coef=0.0,
         seed=SEED,
         progress=False,
+        precision=precision,
     )
     stamps: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -107,9 +108,10 @@ def run_temper(preset: str, args) -> dict[str, Any]:
         rows.append(row)
 
     with tempfile.TemporaryDirectory() as out:
-        train_rl(model, tokenizer, [task], config, out, sampler=sampler, callbacks=[on_step])
+        result = train_rl(model, tokenizer, [task], config, out, sampler=sampler, callbacks=[on_step])
     measured = rows[args.warmup :]
     return {
+        "precision": result.precision.get("dtype", precision),
         "s_per_step": median(per_step_seconds(stamps, args.warmup)),
         "sample": median([r["time/sample"] for r in measured]),
         "prepare": median([r["time/prepare"] for r in measured]),
@@ -285,6 +287,7 @@ def main() -> None:
                 f"TRL {theirs[-1]['s_per_step']:.3f} s/step",
                 flush=True,
             )
+        auto = run_temper(preset, args, "auto")  # what `precision: auto` picks on this machine
         best_ours = min(ours, key=lambda r: r["s_per_step"])
         best_theirs = min(theirs, key=lambda r: r["s_per_step"])
         params = sum(p.numel() for p in load(preset)[0].parameters())
@@ -303,6 +306,8 @@ def main() -> None:
                 "trl_generate": best_theirs["generate"],
                 "temper_mean_length": best_ours["mean_length"],
                 "trl_mean_length": best_theirs["mean_length"],
+                "auto_s_per_step": auto["s_per_step"],
+                "auto_precision": auto["precision"],
                 "temper_runs": ours,
                 "trl_runs": theirs,
                 **sampler_vs_generate(preset, args),
@@ -311,9 +316,10 @@ def main() -> None:
 
     print(
         "\n| preset | params | prompts x group x tokens | temper s/step | TRL s/step | TRL/temper | "
-        "temper sample / prepare / train (s) | TRL generate / rest (s) | mean completion length temper / TRL |"
+        "temper sample / prepare / train (s) | TRL generate / rest (s) | mean completion length temper / TRL | "
+        "temper precision auto (chose) s/step |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         s = r["temper_split"]
         print(
@@ -321,7 +327,8 @@ def main() -> None:
             f"{r['temper_s_per_step']:.3f} | {r['trl_s_per_step']:.3f} | {r['ratio']:.2f}x | "
             f"{s['sample']:.3f} / {s['prepare']:.3f} / {s['train']:.3f} | "
             f"{r['trl_generate']:.3f} / {r['trl_s_per_step'] - r['trl_generate']:.3f} | "
-            f"{r['temper_mean_length']:.1f} / {r['trl_mean_length']:.1f} |"
+            f"{r['temper_mean_length']:.1f} / {r['trl_mean_length']:.1f} | "
+            f"{r['auto_s_per_step']:.3f} ({r['auto_precision']}) |"
         )
     print("\nSampler alone, one step's batch, fixed length (new tokens/s):\n")
     print("| preset | temper HFSampler | model.generate | ratio |")
