@@ -1,16 +1,24 @@
-"""Trained by tests/test_distributed.py under `accelerate launch`: a few steps of the nano model,
-writing the per-step losses to argv[1] (main process only)."""
+"""Trained by tests/test_distributed.py, alone or under torchrun: a few steps of the nano model.
+Every process writes `world-<rank>.json` (the rank and world size it sees); the main process
+writes the per-step losses to `losses.json`."""
 
 import json
 import random
 import sys
+from pathlib import Path
 
+from temper import distributed
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset, build_tokenizer
 from temper.train import TrainConfig, train_supervised
 
 
 def main(out: str) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    state = distributed.state()
+    Path(out, f"world-{state.process_index}.json").write_text(
+        json.dumps({"rank": state.process_index, "world": state.num_processes})
+    )
     tokenizer = build_tokenizer()
     rng = random.Random(0)
     rows = [
@@ -22,9 +30,8 @@ def main(out: str) -> None:
     result = train_supervised(
         build_preset("nano", tokenizer, seed=0), data, config, out, pad_id=tokenizer.pad_token_id
     )
-    if result.history:
-        with open(f"{out}/losses.json", "w") as f:
-            json.dump([row["loss"] for row in result.history], f)
+    if state.is_main_process:
+        Path(out, "losses.json").write_text(json.dumps([row["loss"] for row in result.history]))
 
 
 if __name__ == "__main__":

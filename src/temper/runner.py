@@ -12,9 +12,9 @@ import shutil
 import time
 from pathlib import Path
 
-from accelerate import PartialState
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.recipe import Recipe
 from temper.stages.context import StageContext, settings_hash
@@ -75,9 +75,10 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
 def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str = "") -> Path:
     """Run every stage; return the run folder (which ends with report.html).
 
-    Under `accelerate launch` every process trains; only the main process writes markers,
-    evaluates and reports, and the others wait for it at each stage boundary."""
-    state = PartialState()
+    Under a multi-process launch (see temper.distributed) every process trains; only the main
+    process writes markers, evaluates and reports, and the others wait for it at each stage
+    boundary."""
+    state = distributed.state()
     main = state.is_main_process
     run_dir.mkdir(parents=True, exist_ok=True)
     if recipe_text and main:
@@ -100,7 +101,9 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                 console.rule(f"[bold]{stage.name}[/] ({stage.kind})")
             state.wait_for_everyone()
             start = time.perf_counter()
-            if stage.kind != "eval" or main:
+            if stage.kind == "eval":  # main only; the others wait (and raise if it fails)
+                distributed.on_main(_run_stage, recipe, i, ctx, out)
+            else:
                 _run_stage(recipe, i, ctx, out)
             if main:
                 atomic_write_json(

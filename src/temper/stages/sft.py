@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from accelerate import PartialState
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
@@ -73,7 +73,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
         merge_and_save(model, tokenizer, model_dir)
     else:
         save_model(model, tokenizer, model_dir)
-    if PartialState().is_main_process:
+    if distributed.is_main():
         atomic_write_json(
             out / "sft.json",
             {
