@@ -21,7 +21,7 @@ from transformers import GenerationConfig  # noqa: E402
 
 from benchmarks.common import NoEos, best_time  # noqa: E402
 from temper.models import build_preset, build_tokenizer  # noqa: E402
-from temper.rollout.sampler import HFSampler  # noqa: E402
+from temper.rollout import HFSampler  # noqa: E402
 
 # (prompts, samples per prompt, new tokens)
 CONFIGS = [(64, 4, 32), (256, 1, 32)]

@@ -9,7 +9,7 @@ import torch
 
 from temper.models import build_preset
 from temper.rewards.diagnostics import breakdown, zero_variance_cause
-from temper.rollout.sampler import HFSampler
+from temper.rollout import HFSampler
 from temper.tasks.base import Problem, Score
 from temper.train.rl import RLConfig, collect_groups, train_rl
 

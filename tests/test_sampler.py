@@ -2,13 +2,16 @@
 greedy tokens), transformers' `model.generate` (greedy output) and itself without prefill sharing."""
 
 import importlib.util
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
 from temper.models import build_preset
-from temper.rollout.sampler import HFSampler, Sample, choose_tokens, stop_ids
+from temper.rollout import HFSampler, Sample, prompt_seeds, stop_ids
+from temper.rollout.sampling import choose_tokens
 
 MAX_NEW = 10
 
@@ -121,6 +124,40 @@ def test_seeded_sampling_is_reproducible(model, tokenizer, prompts):
     assert [s.token_ids for r in a for s in r] != [s.token_ids for r in b for s in r]
 
 
+def test_per_prompt_seeds_make_samples_independent_of_the_batch(tokenizer, prompts):
+    """Sample j of prompt i depends on (seeds[i], j, prompt, model) only: the same alone, in another
+    order, chunked by another max_batch_rows, beside rows that stop at other steps (many stop ids,
+    so rows are dropped mid-batch) or beside other prompts."""
+    model = build_preset("nano", tokenizer, seed=0)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *range(40, 60)]
+    seeds, kw = [11, 22, 33], dict(max_new_tokens=24, temperature=1.0)
+
+    def check(a: list[Sample], b: list[Sample]) -> None:
+        assert [(s.token_ids, s.stop_reason) for s in a] == [(s.token_ids, s.stop_reason) for s in b]
+        for s, t in zip(a, b, strict=True):
+            torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-5, rtol=0)
+
+    batch = HFSampler(model, tokenizer).sample(prompts, 4, seed=seeds, **kw)
+    reasons = {s.stop_reason for r in batch for s in r}
+    assert reasons == {"eos", "length"}  # rows finish at different steps
+    for i, p in enumerate(prompts):
+        check(HFSampler(model, tokenizer).sample([p], 4, seed=[seeds[i]], **kw)[0], batch[i])
+    reordered = HFSampler(model, tokenizer, max_batch_rows=3).sample(prompts[::-1], 4, seed=seeds[::-1], **kw)
+    for a, b in zip(reordered[::-1], batch, strict=True):
+        check(a, b)
+    # other neighbours: prompt 0 twice with another seed, prompt 1 beside it
+    (other, mine) = HFSampler(model, tokenizer).sample([prompts[0], prompts[1]], 4, seed=[99, seeds[1]], **kw)
+    check(mine, batch[1])
+    assert [s.token_ids for s in other] != [s.token_ids for s in batch[0]]
+    # an int seed stands for per-prompt seeds derived from (seed, i)
+    sampler = HFSampler(model, tokenizer)
+    assert sampler.sample(prompts, 2, seed=7, **kw) == sampler.sample(
+        prompts, 2, seed=prompt_seeds(7, 3), **kw
+    )
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(prompts, 2, seed=[1, 2], **kw)
+
+
 def test_samples_of_one_prompt_differ(model, tokenizer, prompts):
     (row,) = HFSampler(model, tokenizer).sample(prompts[:1], 8, max_new_tokens=MAX_NEW, temperature=1.0)
     assert len({tuple(s.token_ids) for s in row}) > 1
@@ -227,6 +264,59 @@ def test_rejects_bad_arguments(model, tokenizer, prompts):
         sampler.sample(prompts, 0, max_new_tokens=MAX_NEW)
     with pytest.raises(ValueError):
         HFSampler(model, tokenizer, max_batch_rows=0)
+
+
+def test_vllm_requests_with_a_stand_in_engine(monkeypatch, prompts):
+    """VLLMSampler's requests, against a stand-in `vllm` module (no vLLM on a CPU): one request per
+    prompt with seed seeds[i] and n samples; greedy asks for one sample and copies it n times."""
+    requests = []
+
+    class FakeLLM:
+        def __init__(self, model, **kwargs):
+            pass
+
+        def get_tokenizer(self):
+            return None
+
+        def generate(self, prompts, sampling_params, use_tqdm):
+            requests.append(sampling_params)
+            # completion j of a request: one token, seed + j (as vLLM seeds its j-th child), out of order
+            return [
+                SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            index=j,
+                            token_ids=[p.seed + j],
+                            logprobs=[{p.seed + j: SimpleNamespace(logprob=-0.5)}],
+                            text="x",
+                            finish_reason="length",
+                            stop_reason=None,
+                        )
+                        for j in reversed(range(p.n))
+                    ]
+                )
+                for p in sampling_params
+            ]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "vllm",
+        SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: SimpleNamespace(**kw), __version__="fake"),
+    )
+    from temper.rollout.vllm_sampler import VLLMSampler
+
+    monkeypatch.setattr(VLLMSampler, "_config_stop_ids", lambda self, model: [])
+    sampler = VLLMSampler("unused")
+    out = sampler.sample(prompts, 3, max_new_tokens=4, seed=[50, 60, 70])
+    assert [(p.seed, p.n) for p in requests[-1]] == [(50, 3), (60, 3), (70, 3)]
+    assert [[s.token_ids for s in r] for r in out] == [[[k + j] for j in range(3)] for k in (50, 60, 70)]
+    assert out[1][2] == Sample(prompts[1], [62], [-0.5], "x", "length")
+    sampler.sample(prompts, 3, max_new_tokens=4, seed=8)
+    assert [p.seed for p in requests[-1]] == prompt_seeds(8, 3)
+    greedy = sampler.sample(prompts, 3, max_new_tokens=4, temperature=0.0, seed=[50, 60, 70])
+    assert [p.n for p in requests[-1]] == [1, 1, 1]
+    assert [[s.token_ids for s in r] for r in greedy] == [[[k]] * 3 for k in (50, 60, 70)]
+    assert greedy[0][0] is not greedy[0][1]  # copies, not one object three times
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from temper.atomic import atomic_write_json
 from temper.data.chat import prompt_ids
-from temper.rollout.sampler import HFSampler, Sample
+from temper.rollout import HFSampler, Sample
 from temper.stats import mean_ci, pass_at_k, wilson_interval
 from temper.tasks.base import Problem, Score, Task
 

@@ -1,5 +1,11 @@
-"""Samplers: prompts x samples -> completions (token ids, per-token logprobs, stop reasons)."""
+"""Samplers: prompts x samples -> completions (token ids, per-token logprobs, stop reasons).
 
-from temper.rollout.sampler import HFSampler, Sample, Sampler
+`sampler` is the interface both backends implement; `hf_sampler` the in-process transformers
+backend (with `sampling`, the token choice, and `kv_cache`); `vllm_sampler` the optional vLLM one,
+imported only where it is asked for.
+"""
 
-__all__ = ["HFSampler", "Sample", "Sampler"]
+from temper.rollout.hf_sampler import HFSampler, stop_ids
+from temper.rollout.sampler import Sample, Sampler, SampleStopReason, prompt_seeds
+
+__all__ = ["HFSampler", "Sample", "SampleStopReason", "Sampler", "prompt_seeds", "stop_ids"]

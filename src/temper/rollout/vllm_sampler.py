@@ -5,16 +5,16 @@ Differences from `HFSampler` a caller may notice:
    log-probability under logits / temperature, as in `HFSampler`, as long as top_p == 1 and
    top_k == 0. With top-p/top-k vLLM reports the log-probability under the *truncated,
    renormalized* distribution, which a teacher-forced forward does not reproduce; `sample` warns.
-2. Seeds: prompt i is one request with `SamplingParams(n=n, seed=seed + i * n)`; vLLM gives its
-   j-th child seed + i * n + j (vllm/v1/engine/parallel_sampling.py), so no two samples share a
-   seed. Same seed, same engine -> same samples, but not the same samples as `HFSampler`.
+2. Seeds: prompt i is one request with `SamplingParams(n=n, seed=seeds[i])` (`prompt_seeds`);
+   vLLM gives its j-th child seeds[i] + j (vllm/v1/engine/parallel_sampling.py), so a prompt's
+   samples do not depend on the other prompts of the call. Same seeds, same engine -> same
+   samples, but not the same samples as `HFSampler`.
 3. `sync(model)` pushes the trainer's weights into the engine (see `sync`); call it after every
    optimizer update, or vLLM keeps sampling from the old policy.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -22,7 +22,13 @@ from typing import Any
 
 import torch
 
-from temper.rollout.sampler import Sample, SampleStopReason, check_sample_args
+from temper.rollout.sampler import (
+    Sample,
+    SampleStopReason,
+    check_sample_args,
+    prompt_seeds,
+    with_greedy_copies,
+)
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -53,7 +59,7 @@ class VLLMSampler:
         except ImportError as err:
             raise ImportError(
                 "VLLMSampler needs vLLM (`pip install vllm`, CUDA only); on a CPU use "
-                "temper.rollout.sampler.HFSampler, which has the same interface"
+                "temper.rollout.HFSampler, which has the same interface"
             ) from err
         self._vllm = vllm
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
@@ -89,9 +95,10 @@ class VLLMSampler:
         top_p: float = 1.0,
         top_k: int = 0,
         stop: Sequence[str] = (),
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
+        seeds = prompt_seeds(seed, len(prompts))
         if not prompts:
             return []
         if temperature > 0.0 and (top_p < 1.0 or top_k > 0):
@@ -100,11 +107,26 @@ class VLLMSampler:
                 "not log softmax(logits / temperature) as HFSampler returns",
                 stacklevel=2,
             )
-        greedy = temperature == 0.0
-        per_request = 1 if greedy else n  # greedy samples are identical: decode once
+        return with_greedy_copies(
+            lambda k: self._generate(prompts, k, seeds, max_new_tokens, temperature, top_p, top_k, stop),
+            n,
+            temperature,
+        )
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        seeds: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        stop: Sequence[str],
+    ) -> list[list[Sample]]:
         params = [
             self._vllm.SamplingParams(
-                n=per_request,
+                n=n,
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k if top_k > 0 else -1,  # -1 disables top-k in every vLLM version
@@ -113,21 +135,18 @@ class VLLMSampler:
                 max_tokens=max_new_tokens,
                 stop=list(stop) or None,
                 stop_token_ids=self._stop_token_ids or None,
-                seed=seed + i * per_request,
+                seed=seed,
                 logprobs=0,  # the sampled token's logprob only
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=params, use_tqdm=False
         )
-        results = []
-        for prompt, request in zip(prompts, outputs, strict=True):
-            samples = [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
-            results.append(samples * n if greedy else samples)
-        if greedy:
-            results = [[copy.deepcopy(s) for s in r] for r in results]
-        return results
+        return [
+            [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
+            for prompt, request in zip(prompts, outputs, strict=True)
+        ]
 
     def sync(self, model: torch.nn.Module) -> None:
         """Load `model`'s current weights into the engine, then drop vLLM's prefix cache (its

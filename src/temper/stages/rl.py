@@ -13,7 +13,7 @@ from temper.data.chat import prompt_ids
 from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
 from temper.recipe import GateSpec, RLStage
 from temper.rewards.diagnostics import breakdown
-from temper.rollout.sampler import HFSampler, Sampler
+from temper.rollout import HFSampler, Sampler
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, train_rl

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from temper.data.chat import prompt_ids
 from temper.rewards.diagnostics import breakdown
-from temper.rollout.sampler import HFSampler, Sampler
+from temper.rollout import HFSampler, Sampler
 from temper.tasks.base import Problem, Task
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar

@@ -1,0 +1,293 @@
+"""`HFSampler`: the `Sampler` over an in-process transformers causal LM.
+
+How it departs from `model.generate` (measured in benchmarks/sampler_speed.py, figures in
+BENCHMARKS.md):
+1. Each distinct prompt is prefilled once and its KV cache copied to its n sample rows; with
+   short answers the prefill is a large part of the work (64 prompts x 4 samples: ~1.4x).
+2. Rows that stop (eos or a stop string) are dropped from the batch, cache included, so a
+   finished sample costs nothing; generation ends when every row has stopped. For RL answers of
+   a few tokens this is the largest saving.
+3. The KV cache is one buffer per layer allocated up front and written in place (`SlabCache`),
+   not a `DynamicCache` grown by `torch.cat` every step, and the 4D attention mask is kept in a
+   buffer and handed to the model ready, so transformers does not rebuild it every step.
+4. Sampling inverts the CDF with one uniform number per row instead of `torch.multinomial`; each
+   row's uniform numbers come from its own stream seeded by (seeds[i], j), drawn before decoding,
+   so a row's draws do not depend on the rows beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
+from temper.rollout.sampler import (
+    Sample,
+    SampleStopReason,
+    check_sample_args,
+    derive_seed,
+    prompt_seeds,
+    with_greedy_copies,
+)
+from temper.rollout.sampling import choose_tokens, row_uniforms
+
+
+def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos id together with the model's `generation_config.eos_token_id`.
+
+    Chat models often stop on more than one id (Qwen2.5: `<|im_end|>` and `<|endoftext|>`)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        config_eos = [config_eos]
+    for i in config_eos or []:
+        if int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an eos id")
+    return ids
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+class HFSampler:
+    """`Sampler` over an in-process transformers causal LM (shares the module with the trainer).
+
+    max_batch_rows: most sequences (prompt x sample) decoded together; prompts are chunked so
+        that a chunk's rows stay under it.
+    share_prefill: prefill each distinct prompt once and copy its cache to its samples. False
+        prefills every row on its own (the reference path the tests compare against).
+    Sample j of prompt i is reproducible from (its seed, j, the prompt, the model) alone (see the
+    module docstring); the global RNG is not touched.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_rows: int = 256,
+        share_prefill: bool = True,
+    ):
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_rows = max_batch_rows
+        self.share_prefill = share_prefill
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Nothing to copy: the sampler reads the trainer's module. Passing another module swaps it in."""
+        self.model = model
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: Sequence[str] = (),
+        seed: int | Sequence[int] = 0,
+    ) -> list[list[Sample]]:
+        check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
+        seeds = prompt_seeds(seed, len(prompts))
+        stop = [s for s in stop if s]
+        if not prompts:
+            return []
+
+        options = dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop
+        )
+        return with_greedy_copies(lambda k: self._sample(prompts, k, seeds, **options), n, temperature)
+
+    def _sample(
+        self, prompts: list[list[int]], n: int, seeds: list[int], *, stop: list[str], **options
+    ) -> list[list[Sample]]:
+        # longest prompts first so a chunk holds similar lengths (less padding); stable, so a
+        # prompt's samples stay in order. A job is (prompt i, sample j).
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        jobs = [(i, j) for i in order for j in range(n)]
+        results: list[list[Sample]] = [[] for _ in prompts]
+        model = self.model
+        eos = stop_ids(model, self.tokenizer)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(jobs), self.max_batch_rows):
+                    chunk = jobs[start : start + self.max_batch_rows]
+                    outs = self._generate_chunk(
+                        [prompts[i] for i, _ in chunk],
+                        [derive_seed(seeds[i], j) for i, j in chunk],
+                        eos=eos,
+                        stop=stop,
+                        **options,
+                    )
+                    for (i, _), (token_ids, logprobs, reason) in zip(chunk, outs, strict=True):
+                        results[i].append(self._to_sample(prompts[i], token_ids, logprobs, reason, stop))
+        finally:
+            model.train(was_training)
+        return results
+
+    def _to_sample(
+        self,
+        prompt: list[int],
+        token_ids: list[int],
+        logprobs: list[float],
+        reason: SampleStopReason,
+        stop: list[str],
+    ) -> Sample:
+        text_ids = token_ids[:-1] if reason == "eos" else token_ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=True)
+        if reason == "stop":
+            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+            text = text[:cut]
+        return Sample(list(prompt), token_ids, logprobs, text, reason)
+
+    def _generate_chunk(
+        self,
+        row_prompts: list[list[int]],
+        row_seeds: list[int],
+        *,
+        eos: list[int],
+        stop: list[str],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+    ) -> list[tuple[list[int], list[float], SampleStopReason]]:
+        """Decode one batch of rows; row r continues row_prompts[r] with uniforms seeded by row_seeds[r]."""
+        model, device = self.model, _model_device(self.model)
+        # distinct prompts, and which one each row continues
+        if self.share_prefill:
+            index_of: dict[tuple[int, ...], int] = {}
+            src = [index_of.setdefault(tuple(p), len(index_of)) for p in row_prompts]
+            unique = [list(p) for p in index_of]
+        else:
+            src, unique = list(range(len(row_prompts))), row_prompts
+        rows, width = len(row_prompts), max(len(p) for p in unique)
+        capacity = width + max_new_tokens
+
+        # left-padded prompts; positions count real tokens only (as model.generate does)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        ids_U_P = torch.full((len(unique), width), pad_id, dtype=torch.long)
+        valid_U_C = torch.zeros((len(unique), capacity), dtype=torch.bool)
+        for u, p in enumerate(unique):
+            ids_U_P[u, width - len(p) :] = torch.tensor(p)
+            valid_U_C[u, width - len(p) : width] = True
+        ids_U_P, valid_U_C = ids_U_P.to(device), valid_U_C.to(device)
+        pos_U_P = (valid_U_C[:, :width].long().cumsum(-1) - 1).clamp(min=0)
+
+        config = model.config.get_text_config(decoder=True)
+        check_attention_layers(config, capacity)
+        mask = AttentionMask(valid_U_C, model.config._attn_implementation, next(model.parameters()).dtype)
+        cache = SlabCache(config.num_hidden_layers, capacity)
+        out = model(
+            input_ids=ids_U_P,
+            attention_mask=mask.prefill(width),
+            position_ids=pos_U_P,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        # copy each prompt's cache to its rows
+        src_R = torch.tensor(src, device=device)
+        if len(unique) != rows or src != list(range(rows)):
+            cache.select_rows(src_R)
+            mask.select_rows(src_R)
+        logits_A_V = out.logits[:, -1][src_R]
+        next_pos_A = pos_U_P[:, -1][src_R] + 1
+
+        # per-row results (row = index into row_prompts); A = rows still in the batch
+        tokens_R_T = torch.zeros((rows, max_new_tokens), dtype=torch.long, device=device)
+        logps_R_T = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+        lengths = [max_new_tokens] * rows
+        reasons: list[SampleStopReason] = ["length"] * rows
+        row_A = torch.arange(rows, device=device)
+        done_A = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
+        eos_ids = torch.tensor(eos, device=device)
+        stop_strings = _StopStrings(self.tokenizer, stop, rows) if stop else None
+        # each row's uniform numbers for every step, from its own stream: a row's draws do not
+        # depend on the rows beside it (rows x max_new_tokens floats, cheap)
+        uniform_A_T = row_uniforms(row_seeds, max_new_tokens, device) if temperature > 0.0 else None
+
+        for t in range(max_new_tokens):
+            token_A, logp_A = choose_tokens(
+                logits_A_V,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                uniform_B=None if uniform_A_T is None else uniform_A_T[:, t],
+            )
+            tokens_R_T[row_A, t] = token_A
+            logps_R_T[row_A, t] = logp_A
+            new_stop_A = torch.isin(token_A, eos_ids) & ~done_A
+            for r in row_A[new_stop_A].tolist():
+                lengths[r], reasons[r] = t + 1, "eos"
+            if stop_strings is not None:
+                for a in stop_strings.step(token_A, row_A, ~(done_A | new_stop_A)):
+                    r = int(row_A[a])
+                    lengths[r], reasons[r] = t + 1, "stop"
+                    new_stop_A[a] = True
+            done_A |= new_stop_A
+            if t == max_new_tokens - 1 or bool(done_A.all()):
+                break
+            # drop stopped rows once they are an eighth of the batch: a smaller batch is cheaper
+            # every later step, and the copy costs about one step's cache read
+            n_done = int(done_A.sum())
+            if n_done and n_done * 8 >= len(row_A):
+                keep_A = (~done_A).nonzero().flatten()
+                cache.select_rows(keep_A)
+                mask.select_rows(keep_A)
+                row_A, token_A, next_pos_A = row_A[keep_A], token_A[keep_A], next_pos_A[keep_A]
+                if uniform_A_T is not None:
+                    uniform_A_T = uniform_A_T[keep_A]
+                done_A = done_A[keep_A]
+            length = cache.get_seq_length() + 1
+            mask.valid_B_C[:, length - 1] = True
+            out = model(
+                input_ids=token_A[:, None],
+                attention_mask=mask.decode(length),
+                position_ids=next_pos_A[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+            logits_A_V = out.logits[:, -1]
+            next_pos_A = next_pos_A + 1
+
+        tokens, logps = tokens_R_T.tolist(), logps_R_T.tolist()
+        return [(tokens[r][: lengths[r]], logps[r][: lengths[r]], reasons[r]) for r in range(rows)]
+
+
+class _StopStrings:
+    """Per-row generated ids, to spot a stop string in each row's decoded tail.
+
+    A stop string that appears when token t is added ends inside token t's text, so it lies within
+    the last len(stop.encode()) tokens whenever each token decodes to at least one character; the
+    window adds a margin for UTF-8 characters split across byte tokens."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str], rows: int):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.generated: list[list[int]] = [[] for _ in range(rows)]
+        self.window = max(len(s.encode()) for s in stop) + 4
+
+    def step(self, token_A: torch.Tensor, row_A: torch.Tensor, live_A: torch.Tensor) -> list[int]:
+        """Append the live rows' new tokens -> batch positions whose tail now holds a stop string."""
+        live = live_A.nonzero().flatten().tolist()
+        if not live:
+            return []
+        rows, tokens = row_A[live].tolist(), token_A[live].tolist()
+        for r, tok in zip(rows, tokens, strict=True):
+            self.generated[r].append(tok)
+        tails = [self.generated[r][-self.window :] for r in rows]
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        return [a for a, text in zip(live, texts, strict=True) if any(s in text for s in self.stop)]
