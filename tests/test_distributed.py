@@ -43,3 +43,26 @@ def test_sft_two_processes_match_one_at_the_same_global_batch(tmp_path):
     assert len(one) == len(two) == 4
     assert two == pytest.approx(one, rel=1e-4)
     assert len((tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()) == 4  # one row per step
+
+
+@pytest.mark.slow
+def test_rl_two_processes_match_one_at_the_same_global_batch(tmp_path):
+    """GRPO, minibatches=1, no dynamic sampling: each process samples and trains on half of the
+    groups; the rewards (sampling does not depend on the process) and the losses (DDP-averaged
+    gradients of globally normalized losses) equal one process's, step after step."""
+    launch([str(TESTS / "dist_rl.py"), str(tmp_path / "p1")], 1)
+    launch([str(TESTS / "dist_rl.py"), str(tmp_path / "p2")], 2)
+    assert worlds(tmp_path / "p2") == [(0, 2), (1, 2)]
+    one = json.loads((tmp_path / "p1" / "history.json").read_text())
+    two = json.loads((tmp_path / "p2" / "history.json").read_text())
+    assert [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two, strict=True):
+        assert b["reward"] == a["reward"] and b["response_length"] == a["response_length"]
+        for key in ("policy_loss", "entropy", "clip_frac", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert len(set(r["reward"] for r in one)) > 1  # the policy moved: later steps test the update
+    rows = (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]  # written once, by the main process
+    assert (tmp_path / "p2" / "rollouts.jsonl").read_text() == (
+        tmp_path / "p1" / "rollouts.jsonl"
+    ).read_text()

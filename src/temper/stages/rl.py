@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.chat import prompt_ids
 from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
@@ -127,14 +128,19 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler = VLLMSampler(source)
     else:
         sampler = HFSampler(model, tokenizer)
+    # The gate and the probe run on the main process (the others wait and get its verdict, or
+    # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
     if stage.gate:
-        summary["gate"] = format_gate(stage.gate, sampler, tokenizer, tasks, config.max_new_tokens)
-    if stage.probe_groups:
-        summary["probe"] = reachability_probe(
-            sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+        summary["gate"] = distributed.on_main(
+            format_gate, stage.gate, sampler, tokenizer, tasks, config.max_new_tokens
         )
-    atomic_write_json(out / "probe.json", summary)
+    if stage.probe_groups:
+        summary["probe"] = distributed.on_main(
+            reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+        )
+    if distributed.is_main():
+        atomic_write_json(out / "probe.json", summary)
 
     reference = None
     if stage.lora:
@@ -172,5 +178,6 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "trained_tokens": result.trained_tokens,
         "final": result.history[-1] if result.history else {},
     }
-    atomic_write_json(out / "rl.json", summary)
+    if distributed.is_main():
+        atomic_write_json(out / "rl.json", summary)
     return model_dir

@@ -21,7 +21,6 @@ import torch
 from accelerate import Accelerator
 
 from temper import distributed
-
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
