@@ -157,8 +157,7 @@ def test_rollout_batch_masks_only_completion_tokens(tokenizer):
 
 
 def test_format_gate_stops_a_policy_that_cannot_answer(tokenizer):
-    from temper.recipe import GateSpec
-    from temper.stages.rl import GateError, format_gate
+    from temper.stages.rl import GateError, GateSpec, format_gate
     from temper.tasks import make_task
 
     model = build_preset("nano", tokenizer, seed=1)  # untrained: never writes "Answer: ..."
@@ -176,9 +175,8 @@ def test_format_gate_stops_a_policy_that_cannot_answer(tokenizer):
 
 def test_lora_rl_stage_uses_the_adapter_disabled_base_as_reference(tokenizer, tmp_path):
     from temper.models import load_model, save_model
-    from temper.recipe import RLStage
     from temper.stages.context import StageContext
-    from temper.stages.rl import run_rl
+    from temper.stages.rl import RLStage, run_rl
 
     base = build_preset("nano", tokenizer, seed=1)
     save_model(base, tokenizer, tmp_path / "base")

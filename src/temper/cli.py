@@ -1,32 +1,69 @@
 """The `temper` command: run a recipe, or one stage on its own.
 
-Stage subcommands take their flags from the same typed configs a recipe uses (one config per
-entry point, as in cleanrl): `temper sft --train.lr 3e-4 --data.tasks arithmetic` sets the
-fields `train.lr` and `data.tasks` of the SFT stage config.
+Stage subcommands, one per registered stage kind, take their flags from the same typed configs a
+recipe uses (one config per entry point, as in cleanrl): `temper sft --train.lr 3e-4 --data.tasks
+arithmetic` sets the fields `train.lr` and `data.tasks` of the SFT stage config, and `--help`
+shows each field's docstring and default.
+
+Why our own generator rather than tyro, jsonargparse or pydantic-settings' CLI: the flags keep the
+syntax the README and recipes use (comma lists `--splits test,ood`, YAML values
+`--train.rewards '{outcome: 1, format: 0.1}'`), which each of those spells differently (tyro:
+space-separated lists and key-value pairs, jsonargparse: `[a,b]`, pydantic-settings: JSON), and
+every value goes through the same pydantic validation as a recipe, with the same messages.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from temper.recipe import EvalStage, ModelSpec, PretrainStage, RecipeError, RLStage, SFTStage, load_recipe
+from temper.recipe import ModelSpec, RecipeError, describe_error, load_recipe
+from temper.stages import registry
+from temper.stages.base import StageError, StageKind, StageRun
+
+_REQUIRED = object()
 
 
-def _fields(cls: type) -> dict[str, tuple[Any, str]]:
-    """name -> (annotation, help) for a pydantic model or a dataclass."""
+def _fields(cls: type) -> dict[str, tuple[Any, str, Any]]:
+    """name -> (annotation, docstring, default or _REQUIRED) for a pydantic model or a dataclass."""
     if issubclass(cls, BaseModel):
-        return {n: (f.annotation, f.description or "") for n, f in cls.model_fields.items()}
-    docs = {n: f.metadata.get("doc", "") for n, f in ((f.name, f) for f in dataclasses.fields(cls))}
+        return {
+            n: (
+                f.annotation,
+                f.description or "",
+                _REQUIRED if f.is_required() else f.get_default(call_default_factory=True),
+            )
+            for n, f in cls.model_fields.items()
+        }
+    docs = _dataclass_docs(cls)
     hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], docs[f.name]) for f in dataclasses.fields(cls)}
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else f.default_factory()
+            if f.default_factory is not dataclasses.MISSING
+            else _REQUIRED
+        )
+        out[f.name] = (hints[f.name], docs.get(f.name, ""), default)
+    return out
+
+
+@functools.cache
+def _dataclass_docs(cls: type) -> dict[str, str]:
+    """A dataclass's attribute docstrings, as pydantic reads them (`use_attribute_docstrings`)."""
+    properties = TypeAdapter(cls).json_schema().get("properties", {})
+    return {name: p.get("description", "") for name, p in properties.items()}
 
 
 def _nested(annotation: Any) -> type | None:
@@ -42,42 +79,89 @@ def _is_list(annotation: Any) -> bool:
     )
 
 
+def _union_with_str(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in typing.get_args(
+        annotation
+    )
+
+
+def _is_dict(annotation: Any) -> bool:
+    return any(typing.get_origin(a) is dict for a in (annotation, *typing.get_args(annotation)))
+
+
+def _choices(annotation: Any) -> list[Any]:
+    """The values of a `Literal` (also inside `X | None` or `list[...]`)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    return [c for a in typing.get_args(annotation) for c in _choices(a)]
+
+
+def _metavar(annotation: Any) -> str:
+    choices = _choices(annotation)
+    if choices:
+        one = "{" + ",".join(map(str, choices)) + "}"
+        return f"{one}[,...]" if _is_list(annotation) else one
+    if _is_list(annotation):
+        return "LIST"
+    if _is_dict(annotation):
+        return "YAML"
+    names = {getattr(a, "__name__", "") for a in (annotation, *typing.get_args(annotation))}
+    return next((n.upper() for n in ("bool", "int", "float") if n in names), "VALUE")
+
+
+def _shown(value: Any) -> str:
+    """A default as it would be typed on the command line."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) or "empty"
+    if isinstance(value, dict):
+        return yaml.safe_dump(value, default_flow_style=True).strip()
+    return str(value).lower() if value is None or isinstance(value, bool) else str(value)
+
+
 def add_config_flags(
-    parser: argparse.ArgumentParser, cls: type, prefix: str = "", skip: tuple[str, ...] = ()
+    parser: argparse.ArgumentParser,
+    cls: type,
+    prefix: str = "",
+    skip: tuple[str, ...] = (),
+    group: str = "cfg",
 ) -> None:
-    """One `--a.b` flag per leaf field of `cls`; lists take comma-separated values."""
-    for name, (annotation, help_text) in _fields(cls).items():
+    """One `--a.b` flag per leaf field of `cls`, its help the field's docstring and default; lists
+    take comma-separated values, dicts a YAML mapping."""
+    for name, (annotation, doc, default) in _fields(cls).items():
         if name in skip:
             continue
         nested = _nested(annotation)
         if nested is not None and typing.get_origin(annotation) is not list:
-            add_config_flags(parser, nested, f"{prefix}{name}.")
+            add_config_flags(parser, nested, f"{prefix}{name}.", group=group)
             continue
+        said = "required" if default is _REQUIRED else f"default: {_shown(default)}"
         parser.add_argument(
             f"--{prefix}{name}",
-            dest=f"cfg:{prefix}{name}",
+            dest=f"{group}:{prefix}{name}",
             default=argparse.SUPPRESS,
-            metavar="LIST" if _is_list(annotation) else "VALUE",
-            help=help_text.replace("%", "%%"),
+            metavar=_metavar(annotation),
+            help=f"{' '.join(doc.split())} ({said})".lstrip().replace("%", "%%"),
         )
 
 
-def config_from_args(args: argparse.Namespace, cls: type, fixed: dict[str, Any]) -> dict[str, Any]:
+def config_from_args(
+    args: argparse.Namespace, cls: type, fixed: dict[str, Any], group: str = "cfg"
+) -> dict[str, Any]:
     """The nested dict of flags given (strings; the config's validation converts them)."""
     data: dict[str, Any] = dict(fixed)
     for key, value in vars(args).items():
-        if not key.startswith("cfg:"):
+        if not key.startswith(f"{group}:"):
             continue
-        path = key[4:].split(".")
+        path = key[len(group) + 1 :].split(".")
         node, owner = data, cls
         for part in path[:-1]:
             owner = _nested(_fields(owner)[part][0])
             node = node.setdefault(part, {})
         annotation = _fields(owner)[path[-1]][0]
-        if _is_list(annotation):
-            value = [v for v in value.split(",") if v]
-        elif typing.get_origin(annotation) is dict:
+        if _is_dict(annotation) and value.lstrip().startswith("{"):
             value = yaml.safe_load(value)  # e.g. --train.rewards '{outcome: 1, format: 0.1}'
+        elif _is_list(annotation) and not (_union_with_str(annotation) and "," not in value):
+            value = [v for v in value.split(",") if v]  # (`str | list[str]` keeps a single value a str)
         node[path[-1]] = value
     return data
 
@@ -86,7 +170,7 @@ def _validate(cls: type, data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        lines = [f"--{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()]
+        lines = [f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}" for e in err.errors()]
         raise RecipeError("invalid options:\n  " + "\n  ".join(lines)) from None
 
 
@@ -125,51 +209,21 @@ def cmd_run(args: argparse.Namespace) -> None:
     run_recipe(recipe, base, run_dir, Path(args.recipe).read_text())
 
 
-def cmd_pretrain(args: argparse.Namespace) -> None:
-    from temper.stages.pretrain import run_pretrain
-
-    stage = _validate(PretrainStage, config_from_args(args, PretrainStage, {"kind": "pretrain"}))
-    spec = _validate(
-        ModelSpec,
-        {
-            k: v
-            for k, v in {"preset": args.preset, "path": args.path, "seed": args.seed}.items()
-            if v is not None
-        },
-    )
+def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
+    """One stage on its own, into --out: from --model (or, for a "base" stage, --preset/--path)."""
+    stage = _validate(kind.spec, config_from_args(args, kind.spec, {"kind": kind.name}))
+    model = None
+    if kind.reads == "base":
+        model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(run_pretrain(stage, spec, _context(out, stage.corpus.tasks, _task_options(args.task_option)), out))
-
-
-def cmd_sft(args: argparse.Namespace) -> None:
-    from temper.stages.sft import run_sft
-
-    stage = _validate(SFTStage, config_from_args(args, SFTStage, {"kind": "sft"}))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(run_sft(stage, _context(out, stage.data.tasks, _task_options(args.task_option)), args.model, out))
-
-
-def cmd_rl(args: argparse.Namespace) -> None:
-    from temper.stages.rl import run_rl
-
-    stage = _validate(RLStage, config_from_args(args, RLStage, {"kind": "rl"}))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(run_rl(stage, _context(out, stage.tasks, _task_options(args.task_option)), args.model, out))
-
-
-def cmd_eval(args: argparse.Namespace) -> None:
-    from temper.stages.evaluation import eval_table, run_eval
-
-    stage = _validate(EvalStage, config_from_args(args, EvalStage, {"kind": "eval"}))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = _context(out, stage.tasks, _task_options(args.task_option))
-    for path in args.model:
-        ctx.models[model_label(path, ctx.models)] = path
-    print(eval_table(run_eval(stage, ctx, out)))
+    ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
+    source = args.model if kind.reads == "model" else None
+    if kind.reads == "models":
+        for path in args.model:
+            ctx.models[model_label(path, ctx.models)] = path
+    result = kind.run(stage, StageRun(ctx, out, model, source))
+    print(kind.summary(out) if kind.summary else result)
 
 
 def model_label(path: str, taken: dict[str, Any]) -> str:
@@ -188,6 +242,23 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(write_report(Path(args.run_dir)))
 
 
+def add_stage_command(sub: Any, kind: StageKind) -> None:
+    p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
+    if kind.reads == "base":
+        add_config_flags(p, ModelSpec, group="model")  # --preset, --path, --seed
+    elif kind.reads == "model":
+        p.add_argument("--model", required=True, help="model directory or hub id to start from")
+    else:
+        p.add_argument(
+            "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+        )
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
+    chosen_by_flags = {"base": (), "model": ("source",), "models": ("models",)}[kind.reads]
+    add_config_flags(p, kind.spec, skip=("kind", "name", *chosen_by_flags))
+    p.set_defaults(func=functools.partial(cmd_stage, kind))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temper", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -198,37 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="run folder (default: the recipe's output_dir or runs/<name>)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("pretrain", help="pre-train a preset (or continue a model) on a corpus")
-    p.add_argument("--preset", help="built-in preset: nano, tiny, small")
-    p.add_argument("--path", help="a model directory or hub id to continue pre-training")
-    p.add_argument("--seed", type=int, help="initialization seed of a preset")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
-    add_config_flags(p, PretrainStage, skip=("kind", "name"))
-    p.set_defaults(func=cmd_pretrain)
-
-    p = sub.add_parser("sft", help="supervised fine-tuning on task demonstrations and/or JSONL files")
-    p.add_argument("--model", required=True, help="model directory or hub id to fine-tune")
-    p.add_argument("--out", required=True)
-    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
-    add_config_flags(p, SFTStage, skip=("kind", "name", "source"))
-    p.set_defaults(func=cmd_sft)
-
-    p = sub.add_parser("rl", help="RL with verifiable rewards (GRPO family, PPO) on task prompts")
-    p.add_argument("--model", required=True, help="model directory or hub id to train")
-    p.add_argument("--out", required=True)
-    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
-    add_config_flags(p, RLStage, skip=("kind", "name", "source"))
-    p.set_defaults(func=cmd_rl)
-
-    p = sub.add_parser("eval", help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)")
-    p.add_argument(
-        "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
-    )
-    p.add_argument("--out", required=True)
-    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
-    add_config_flags(p, EvalStage, skip=("kind", "name", "models"))
-    p.set_defaults(func=cmd_eval)
+    for kind in registry.kinds().values():
+        add_stage_command(sub, kind)
 
     p = sub.add_parser("report", help="(re)write report.html for a run folder")
     p.add_argument("run_dir")
@@ -240,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from temper.data import DataError
     from temper.models import ModelNotFoundError
-    from temper.stages.rl import GateError
 
     try:
         args.func(args)
-    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, GateError, ImportError) as err:
+    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, StageError, ImportError) as err:
         print(f"temper: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -7,32 +7,30 @@ suggesting the nearest valid key.
 from __future__ import annotations
 
 import difflib
+import re
+from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-from temper.rewards import COMPONENTS
+from temper.models.presets import PRESETS
+from temper.stages import registry
+from temper.stages.base import Strict
 from temper.tasks import TASKS, make_recipe_task
-from temper.train.rl import RLConfig
-from temper.train.supervised import TrainConfig
-
-# the trainers' dataclasses are validated like the rest of the recipe: unknown keys are errors
-TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class RecipeError(ValueError):
     """An invalid recipe, located by file, line and key path."""
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # "nano" | "tiny" | ...
 
 
 class ModelSpec(Strict):
-    preset: str | None = None
+    preset: PresetName | None = None
     """A built-in from-scratch preset (nano, tiny, small); needs a pretrain stage."""
     path: str | None = None
     """A local model directory or a hub id (loaded with the transformers Auto classes)."""
@@ -46,120 +44,6 @@ class ModelSpec(Strict):
         return self
 
 
-class CorpusSpec(Strict):
-    tasks: list[str] = []
-    """Tasks whose problems and solutions, in plain notation, make the synthetic corpus."""
-    problems_per_task: int = Field(20_000, gt=0)
-    files: list[str] = []
-    """Extra text: .txt (one document per line) or .jsonl with a `text` field."""
-    seed: int = 0
-
-
-class PretrainStage(Strict):
-    kind: Literal["pretrain"]
-    name: str = "pretrain"
-    corpus: CorpusSpec = CorpusSpec()
-    max_len: int = Field(128, gt=1)
-    """Packed row length in tokens."""
-    train: TrainConfig = TrainConfig()
-    cache: str | None = None
-    """Directory of a previously produced base (e.g. the one shipped in checkpoints/); used
-    instead of training when its recorded settings equal this stage's, filled otherwise."""
-
-
-class SFTData(Strict):
-    tasks: list[str] = []
-    """Tasks whose train-split demonstrations become chat examples."""
-    problems_per_task: int | dict[str, int] = 2_000
-    """Train-split demonstrations per task: one number for all, or {task: number}."""
-    files: list[str] = []
-    """JSONL files in TRL formats (messages, or prompt/completion)."""
-    skip_bad_rows: bool = False
-    eval_problems: int = Field(64, ge=0)
-    """Test-split demonstrations per task for the eval loss."""
-    seed: int = 1
-
-
-class LoraSpec(Strict):
-    r: int = Field(16, gt=0)
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: str | list[str] = "all-linear"
-
-
-class SFTStage(Strict):
-    kind: Literal["sft"]
-    name: str = "sft"
-    data: SFTData = SFTData()
-    max_len: int = Field(256, gt=1)
-    pack: bool = False
-    train: TrainConfig = TrainConfig()
-    lora: LoraSpec | None = None
-    """Train a PEFT LoRA adapter and merge it into the saved model."""
-    source: str | None = None
-    """Stage whose model to start from; default: the latest stage that produced a model."""
-
-
-class EvalStage(Strict):
-    kind: Literal["eval"]
-    name: str = "eval"
-    models: list[str] = []
-    """Stages whose models to evaluate side by side; default: every model stage so far."""
-    tasks: list[str] = []
-    """Default: every task of the recipe."""
-    splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
-    n_problems: int = Field(200, gt=0)
-    k: int = Field(4, gt=0)
-    """Samples per problem for pass@k and mean@k."""
-    temperature: float = Field(1.0, ge=0)
-    max_new_tokens: int = Field(64, gt=0)
-    seed: int = 1234
-
-
-class GateSpec(Strict):
-    """The format-stability gate: RL starts only once the policy answers in the parseable format."""
-
-    min_parse_rate: float = Field(0.8, ge=0, le=1)
-    """Greedy parse rate required on held-out (test split) prompts of every task."""
-    n_problems: int = Field(64, gt=0)
-    on_fail: Literal["stop", "warn"] = "stop"
-
-
-class RLStage(Strict):
-    kind: Literal["rl"]
-    name: str = "rl"
-    tasks: list[str]
-    """Tasks whose train-split problems are the RL prompts (mixed evenly)."""
-    train: RLConfig = RLConfig()
-    lora: LoraSpec | None = None
-    """Train a LoRA adapter; the reference model is then the adapter-disabled base."""
-    source: str | None = None
-    """Stage whose model to start from; default: the latest stage that produced a model."""
-    gate: GateSpec | None = None
-    sampler: Literal["hf", "vllm"] = "hf"
-    """Rollout backend: hf (in-process transformers, CPU or GPU) or vllm (GPU; weights synced after
-    every update)."""
-    probe_groups: int = Field(8, ge=0)
-    """Groups sampled from the starting policy for the reachability probe (0: skip)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> RLStage:
-        unknown = [name for name in self.train.rewards if name not in COMPONENTS]
-        if unknown:
-            raise ValueError(f"unknown reward components {unknown}; valid: {', '.join(COMPONENTS)}")
-        if self.train.advantage not in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"):
-            raise ValueError(
-                f"unknown advantage {self.train.advantage!r}; valid: grpo, dr_grpo, rloo, reinforce_pp, gae"
-            )
-        if not self.tasks:
-            raise ValueError("an rl stage needs at least one task")
-        return self
-
-
-Stage = Annotated[PretrainStage | SFTStage | RLStage | EvalStage, Field(discriminator="kind")]
-MODEL_STAGES = ("pretrain", "sft", "rl")
-
-
 class Recipe(Strict):
     name: str
     output_dir: str | None = None
@@ -167,7 +51,8 @@ class Recipe(Strict):
     model: ModelSpec
     tasks: dict[str, dict[str, Any]] = {}
     """Task name -> options (see `temper.tasks`); stages refer to tasks by name."""
-    stages: list[Stage]
+    stages: list[Any]
+    """Each a registered stage kind's spec, chosen by its `kind` (see `schema()`)."""
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
@@ -178,34 +63,47 @@ class Recipe(Strict):
             make_recipe_task(name, options)
         seen: list[str] = []
         for stage in self.stages:
-            used = getattr(stage, "tasks", None) or getattr(
-                getattr(stage, "corpus", None) or getattr(stage, "data", None), "tasks", []
-            )
-            for task in used:
+            kind = registry.get(stage.kind)
+            for task in kind.tasks(stage):
                 if task not in self.tasks:
                     raise ValueError(
                         f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}"
                     )
-            refs = (
-                stage.models
-                if stage.kind == "eval"
-                else [stage.source]
-                if getattr(stage, "source", None)
-                else []
-            )
-            for ref in refs:
+            for ref in model_refs(stage):
                 if ref not in seen:
                     raise ValueError(
                         f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}"
                     )
-            if stage.kind in MODEL_STAGES:
+            if kind.produces_model:
                 seen.append(stage.name)
-        if self.model.preset and self.stages and self.stages[0].kind != "pretrain":
-            raise ValueError("a preset model starts untrained: the first stage must be 'pretrain'")
+        if self.model.preset and self.stages and registry.get(self.stages[0].kind).reads != "base":
+            first = [k.name for k in registry.kinds().values() if k.reads == "base"]
+            raise ValueError(
+                f"a preset model starts untrained: the first stage must be {' or '.join(map(repr, first))}"
+            )
         return self
 
     def run_dir(self, base: Path) -> Path:
         return (base / (self.output_dir or f"runs/{self.name}")).resolve()
+
+
+def model_refs(stage: Any) -> list[str]:
+    """The earlier model stages a stage names: its `source` (reads "model") or `models` (reads "models")."""
+    reads = registry.get(stage.kind).reads
+    if reads == "model":
+        return [stage.source] if stage.source else []
+    return list(stage.models) if reads == "models" else []
+
+
+def schema() -> type[Recipe]:
+    """`Recipe` with `stages` typed as the union of the registered kinds' specs, tagged by `kind`."""
+    return _schema(tuple(k.spec for k in registry.kinds().values()))
+
+
+@cache
+def _schema(specs: tuple[type[BaseModel], ...]) -> type[Recipe]:
+    stage = Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007  # a tuple of types
+    return create_model("Recipe", __base__=Recipe, __module__=__name__, stages=(list[stage], ...))
 
 
 def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:
@@ -239,8 +137,8 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
             owner = "stages"
             continue
         if owner == "stages":
-            kind = data.get("kind") if isinstance(data, dict) else None
-            owner = {"pretrain": PretrainStage, "sft": SFTStage, "rl": RLStage, "eval": EvalStage}.get(kind)
+            kind = registry.get(data.get("kind")) if isinstance(data, dict) else None
+            owner = kind.spec if kind else None
             continue
         fields = getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {})
         field = fields.get(key) if isinstance(key, str) else None
@@ -256,14 +154,41 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
     return owner if isinstance(owner, type) else None
 
 
+def _choices(listed: str) -> list[str]:
+    """pydantic's "'a', 'b' or 'c'" as ["a", "b", "c"]."""
+    return [v.strip().strip("'") for v in re.split(r",\s|\sor\s", listed) if v.strip()]
+
+
+def describe_error(err: Mapping[str, Any]) -> str:
+    """pydantic's message for one error, with the nearest valid value when a choice is misspelled
+    (a `Literal` field, or a stage `kind`)."""
+    ctx = err.get("ctx") or {}
+    if err["type"] == "literal_error":
+        given, valid, what = err.get("input"), _choices(ctx.get("expected", "")), "value"
+    elif err["type"] == "union_tag_invalid":
+        given, valid, what = ctx.get("tag"), _choices(ctx.get("expected_tags", "")), "stage kind"
+    elif err["type"] == "union_tag_not_found":
+        return f"missing {ctx.get('discriminator', 'kind')}: one of {', '.join(registry.kinds())}"
+    else:
+        return err["msg"]
+    near = difflib.get_close_matches(str(given), valid, n=1, cutoff=0.5)
+    return (
+        f"unknown {what} {given!r}"
+        + (f"; did you mean {near[0]!r}?" if near else "")
+        + f" Valid: {', '.join(valid)}"
+    )
+
+
 def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
     loc = tuple(err["loc"])
-    if len(loc) > 2 and loc[0] == "stages" and loc[2] in ("pretrain", "sft", "rl", "eval"):
+    if len(loc) > 2 and loc[0] == "stages" and loc[2] in registry.kinds():
         loc = loc[:2] + loc[3:]  # pydantic puts the union tag in the location of a stage
+    if err["type"] == "union_tag_invalid":
+        loc += ("kind",)  # point at the bad tag, not at the whole stage
     path = ".".join(f"[{x}]" if isinstance(x, int) else str(x) for x in loc).replace(".[", "[")
     line = _yaml_line(text, loc)
     where = f"{source}:{line}" if line else source
-    message = err["msg"]
+    message = describe_error(err)
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         owner = _model_at(loc, data)
         valid = list(getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {}))
@@ -286,7 +211,7 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping with name, model and stages")
     try:
-        return Recipe.model_validate(data)
+        return schema().model_validate(data)
     except ValidationError as err:
         lines = [_format_error(e, text, data, source) for e in err.errors()]
         raise RecipeError("invalid recipe:\n  " + "\n  ".join(lines)) from None
@@ -299,14 +224,4 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(path.read_text(), str(path))
 
 
-__all__ = [
-    "TASKS",
-    "EvalStage",
-    "PretrainStage",
-    "RLStage",
-    "Recipe",
-    "RecipeError",
-    "SFTStage",
-    "load_recipe",
-    "parse_recipe",
-]
+__all__ = ["TASKS", "ModelSpec", "Recipe", "RecipeError", "load_recipe", "parse_recipe", "schema"]

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.jsonl import iter_jsonl
+
 ROLES = ("system", "user", "assistant", "tool")
+"""The chat roles a row may use; the built-in tokenizer has a special token and template case for each."""
 
 
 class DataError(ValueError):
@@ -101,20 +104,14 @@ def parse_row(row: Any, source: str, line: int) -> Example:
 
 
 def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if path.suffix == ".txt":
-                yield line_no, {"text": line.rstrip("\n")}
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as err:
-                yield (
-                    line_no,
-                    DataError(str(path), line_no, "<json>", f"invalid JSON: {err.msg} at column {err.colno}"),
-                )
+    if path.suffix == ".txt":
+        with path.open(encoding="utf-8") as f:
+            yield from ((i, {"text": line.rstrip("\n")}) for i, line in enumerate(f, start=1) if line.strip())
+        return
+    for line_no, _, row in iter_jsonl(path):
+        if isinstance(row, json.JSONDecodeError):
+            row = DataError(str(path), line_no, "<json>", f"invalid JSON: {row.msg} at column {row.colno}")
+        yield line_no, row
 
 
 def validate_rows(

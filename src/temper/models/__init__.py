@@ -6,7 +6,7 @@ from temper.models.loading import (
     load_tokenizer,
     save_model,
 )
-from temper.models.lora import apply_lora, merge_and_save
+from temper.models.lora import apply_lora, merge_and_save, save_trained, with_lora
 from temper.models.presets import PRESETS, build_preset
 from temper.models.tokenizer import build_tokenizer
 
@@ -22,4 +22,6 @@ __all__ = [
     "load_tokenizer",
     "merge_and_save",
     "save_model",
+    "save_trained",
+    "with_lora",
 ]

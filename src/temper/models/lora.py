@@ -3,7 +3,9 @@ adapt all linear layers including the MLP, and use a learning rate ~10x full fin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,6 +28,20 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def with_lora(model: PreTrainedModel, lora: Mapping[str, Any] | None) -> PreTrainedModel | PeftModel:
+    """`model` under a new LoRA adapter with `apply_lora`'s arguments `lora`, or unchanged for None."""
+    return apply_lora(model, **lora) if lora else model
+
+
+def save_trained(
+    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+) -> Path:
+    """Save a plain model any Auto class loads: a LoRA model has its adapter merged first."""
+    if isinstance(model, PeftModel):
+        return merge_and_save(model, tokenizer, out_dir)
+    return save_model(model, tokenizer, out_dir)
 
 
 def merge_and_save(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

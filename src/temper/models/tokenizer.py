@@ -11,8 +11,9 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from temper.data.formats import ROLES
+
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
-ROLES = ("system", "user", "assistant", "tool")
 SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
 
 # Each turn is `<|role|>content<|end|>`. The `{% generation %}` markers let
@@ -20,7 +21,7 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
 # masking (temper.data.chat) does not rely on them, so hub templates without markers work too.
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
-    "{% if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    f"{{% if m['role'] not in {list(ROLES)} %}}"
     "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
     "<|{{ m['role'] }}|>"
     "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"

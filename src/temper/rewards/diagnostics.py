@@ -14,6 +14,21 @@ from collections.abc import Sequence
 from temper.tasks.base import Score
 
 CAUSES = ("all_correct", "all_wrong", "parse_failure", "truncated", "verifier_error", "equal_other")
+ADVICE = {  # cause -> what it means and what to do; the probe's console warning and the report say it
+    "all_correct": "every sample already right: too easy to learn from; use harder problems",
+    "all_wrong": "no sample right: too hard for this policy; more SFT, easier problems or a larger group",
+    "parse_failure": "no answer could be parsed: the format is not learned; SFT first, or a format reward",
+    "truncated": "every sample hit max_new_tokens: raise max_new_tokens",
+    "verifier_error": "the grader failed: check the task's verifier",
+    "equal_other": "parsed but equal partial rewards: check the reward components",
+}
+NO_SIGNAL_SHARE = 0.9
+"""Share of zero-variance groups from which on the probe warns: too few groups left to learn from."""
+NO_SIGNAL_WARNING = "Almost no group carries a learning signal: RL is unlikely to move."
+
+
+def advice(cause: str) -> str:
+    return ADVICE.get(cause, "")
 
 
 def zero_variance_cause(

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
 from rich.console import Console
 
 from temper.evaluate import evaluate_splits, format_table, write_eval
 from temper.models import load_model, load_tokenizer
-from temper.recipe import EvalStage
+from temper.stages.base import StageKind, Strict, lazy
 from temper.stages.context import StageContext
 
 console = Console(stderr=True)
+
+
+class EvalStage(Strict):
+    kind: Literal["eval"]
+    name: str = "eval"
+    models: list[str] = []
+    """Stages whose models to evaluate side by side; default: every model stage so far."""
+    tasks: list[str] = []
+    """Default: every task of the recipe."""
+    splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
+    n_problems: int = Field(200, gt=0)
+    k: int = Field(4, gt=0)
+    """Samples per problem for pass@k and mean@k."""
+    temperature: float = Field(1.0, ge=0)
+    max_new_tokens: int = Field(64, gt=0)
+    seed: int = 1234
 
 
 def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
@@ -47,3 +65,23 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
         for model, by_split in by_model.items()
     }
     return format_table(flat)
+
+
+def describe(stage: EvalStage, recipe: Any) -> str:
+    return f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+
+
+KIND = StageKind(
+    name="eval",
+    spec=EvalStage,
+    run=lambda stage, job: run_eval(stage, job.ctx, job.out),
+    describe=describe,
+    reads="models",
+    produces_model=False,
+    help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)",
+    section=lazy("temper.report.evaluation", "eval_section"),
+    outputs=("eval.json",),
+    main_only=True,
+    summary=lambda out: eval_table(json.loads((out / "eval.json").read_text())),
+    order=90,
+)

@@ -10,7 +10,9 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
 from rich.console import Console
 
 from temper import distributed
@@ -18,11 +20,35 @@ from temper.atomic import atomic_dir, atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
-from temper.recipe import ModelSpec, PretrainStage
+from temper.stages.base import StageKind, Strict, lazy
 from temper.stages.context import StageContext, settings_hash
-from temper.train.supervised import train_supervised
+from temper.train.supervised import TrainConfig, train_supervised
+
+if TYPE_CHECKING:
+    from temper.recipe import ModelSpec, Recipe
 
 console = Console(stderr=True)
+
+
+class CorpusSpec(Strict):
+    tasks: list[str] = []
+    """Tasks whose problems and solutions, in plain notation, make the synthetic corpus."""
+    problems_per_task: int = Field(20_000, gt=0)
+    files: list[str] = []
+    """Extra text: .txt (one document per line) or .jsonl with a `text` field."""
+    seed: int = 0
+
+
+class PretrainStage(Strict):
+    kind: Literal["pretrain"]
+    name: str = "pretrain"
+    corpus: CorpusSpec = CorpusSpec()
+    max_len: int = Field(128, gt=1)
+    """Packed row length in tokens."""
+    train: TrainConfig = TrainConfig()
+    cache: str | None = None
+    """Directory of a previously produced base (e.g. the one shipped in checkpoints/); used
+    instead of training when its recorded settings equal this stage's, filled otherwise."""
 
 
 def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:
@@ -119,3 +145,23 @@ def _fill_cache(cache: Path, out: Path, summary: dict) -> None:
         shutil.copy(out / "metrics.jsonl", tmp / "metrics.jsonl")
         atomic_write_json(tmp / "pretrain.json", summary)
     console.print(f"pretrain: stored the base in {cache}")
+
+
+def describe(stage: PretrainStage, recipe: Recipe) -> str:
+    what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {stage.train.max_steps} steps"
+    return what + (f" (or reuse {stage.cache} if its settings match)" if stage.cache else "")
+
+
+KIND = StageKind(
+    name="pretrain",
+    spec=PretrainStage,
+    run=lambda stage, job: run_pretrain(stage, job.model, job.ctx, job.out),
+    describe=describe,
+    reads="base",
+    produces_model=True,
+    help="pre-train a preset (or continue a model) on a corpus",
+    section=lazy("temper.report.training", "training_section"),
+    outputs=("pretrain.json",),
+    tasks=lambda stage: stage.corpus.tasks,
+    order=10,
+)

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.chat import prompt_ids
-from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
-from temper.recipe import GateSpec, RLStage
-from temper.rewards.diagnostics import breakdown
+from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.rewards import COMPONENTS
+from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout import HFSampler, Sampler
+from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, train_rl
@@ -22,7 +24,43 @@ from temper.train.rl import RLConfig, collect_groups, train_rl
 console = Console(stderr=True)
 
 
-class GateError(RuntimeError):
+class GateSpec(Strict):
+    """The format-stability gate: RL starts only once the policy answers in the parseable format."""
+
+    min_parse_rate: float = Field(0.8, ge=0, le=1)
+    """Greedy parse rate required on held-out (test split) prompts of every task."""
+    n_problems: int = Field(64, gt=0)
+    on_fail: Literal["stop", "warn"] = "stop"
+
+
+class RLStage(Strict):
+    kind: Literal["rl"]
+    name: str = "rl"
+    tasks: list[str]
+    """Tasks whose train-split problems are the RL prompts (mixed evenly)."""
+    train: RLConfig = RLConfig()
+    lora: LoraSpec | None = None
+    """Train a LoRA adapter; the reference model is then the adapter-disabled base."""
+    source: str | None = None
+    """Stage whose model to start from; default: the latest stage that produced a model."""
+    gate: GateSpec | None = None
+    sampler: Literal["hf", "vllm"] = "hf"
+    """Rollout backend: hf (in-process transformers, CPU or GPU) or vllm (GPU; weights synced after
+    every update)."""
+    probe_groups: int = Field(8, ge=0)
+    """Groups sampled from the starting policy for the reachability probe (0: skip)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RLStage:
+        unknown = [name for name in self.train.rewards if name not in COMPONENTS]
+        if unknown:
+            raise ValueError(f"unknown reward components {unknown}; valid: {', '.join(COMPONENTS)}")
+        if not self.tasks:
+            raise ValueError("an rl stage needs at least one task")
+        return self
+
+
+class GateError(StageError):
     """The policy does not answer in the required format often enough for RL to learn."""
 
 
@@ -95,11 +133,10 @@ def reachability_probe(
         f"reachability probe: {100 * stats['zero_variance']:.0f}% of {len(sampled)} groups have zero reward "
         f"variance" + (f" ({', '.join(f'{k} {100 * v:.0f}%' for k, v in causes.items())})" if causes else "")
     )
-    if stats["zero_variance"] >= 0.9:
+    if stats["zero_variance"] >= NO_SIGNAL_SHARE:
         console.print(
-            "[yellow]warning[/]: almost no group carries a learning signal; RL is unlikely to move. "
-            "See the causes: all_wrong/parse_failure -> SFT or easier problems; all_correct -> harder problems; "
-            "truncated -> raise max_new_tokens."
+            f"[yellow]warning[/]: {NO_SIGNAL_WARNING} "
+            + " ".join(f"{cause}: {advice(cause)}." for cause in causes)
         )
     return stats
 
@@ -144,9 +181,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
     reference = None
     if stage.lora:
-        model = apply_lora(
-            model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules
-        )
+        model = with_lora(model, stage.lora.model_dump())
         if isinstance(sampler, HFSampler):
             sampler.sync(model)  # sample from the adapter model; vLLM receives weights after each update
         reference = _AdapterDisabled(model) if config.kl_coef > 0 else None
@@ -166,11 +201,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         reference=reference,
         evaluate=evaluate,
     )
-    model_dir = out / "model"
-    if stage.lora:
-        merge_and_save(model, tokenizer, model_dir)
-    else:
-        save_model(model, tokenizer, model_dir)
+    model_dir = save_trained(model, tokenizer, out / "model")
     summary |= {
         "steps": result.steps,
         "seconds": result.seconds,
@@ -181,3 +212,23 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)
     return model_dir
+
+
+def describe(stage: RLStage, recipe: Any) -> str:
+    t = stage.train
+    gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}"
+
+
+KIND = StageKind(
+    name="rl",
+    spec=RLStage,
+    run=lambda stage, job: run_rl(stage, job.ctx, job.source, job.out),
+    describe=describe,
+    reads="model",
+    produces_model=True,
+    help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
+    section=lazy("temper.report.rl", "rl_section"),
+    outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
+    order=30,
+)

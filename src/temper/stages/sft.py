@@ -4,19 +4,47 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import Field
 from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
-from temper.models import apply_lora, load_model, load_tokenizer, merge_and_save, save_model
-from temper.recipe import SFTStage
+from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.stages.base import LoraSpec, StageKind, Strict, lazy
 from temper.stages.context import StageContext
-from temper.train.supervised import train_supervised
+from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
+
+
+class SFTData(Strict):
+    tasks: list[str] = []
+    """Tasks whose train-split demonstrations become chat examples."""
+    problems_per_task: int | dict[str, int] = 2_000
+    """Train-split demonstrations per task: one number for all, or {task: number}."""
+    files: list[str] = []
+    """JSONL files in TRL formats (messages, or prompt/completion)."""
+    skip_bad_rows: bool = False
+    eval_problems: int = Field(64, ge=0)
+    """Test-split demonstrations per task for the eval loss."""
+    seed: int = 1
+
+
+class SFTStage(Strict):
+    kind: Literal["sft"]
+    name: str = "sft"
+    data: SFTData = SFTData()
+    max_len: int = Field(256, gt=1)
+    pack: bool = False
+    train: TrainConfig = TrainConfig()
+    lora: LoraSpec | None = None
+    """Train a PEFT LoRA adapter and merge it into the saved model."""
+    source: str | None = None
+    """Stage whose model to start from; default: the latest stage that produced a model."""
 
 
 def demonstrations(
@@ -61,18 +89,11 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
         f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
         f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out"
     )
-    if stage.lora:
-        model = apply_lora(
-            model, stage.lora.r, stage.lora.alpha, stage.lora.dropout, stage.lora.target_modules
-        )
+    model = with_lora(model, stage.lora and stage.lora.model_dump())
     result = train_supervised(
         model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set
     )
-    model_dir = out / "model"
-    if stage.lora:
-        merge_and_save(model, tokenizer, model_dir)
-    else:
-        save_model(model, tokenizer, model_dir)
+    model_dir = save_trained(model, tokenizer, out / "model")
     if distributed.is_main():
         atomic_write_json(
             out / "sft.json",
@@ -87,3 +108,23 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
             },
         )
     return model_dir
+
+
+def describe(stage: SFTStage, recipe: Any) -> str:
+    lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
+    return f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps{lora}"
+
+
+KIND = StageKind(
+    name="sft",
+    spec=SFTStage,
+    run=lambda stage, job: run_sft(stage, job.ctx, job.source, job.out),
+    describe=describe,
+    reads="model",
+    produces_model=True,
+    help="supervised fine-tuning on task demonstrations and/or JSONL files",
+    section=lazy("temper.report.training", "training_section"),
+    outputs=("sft.json",),
+    tasks=lambda stage: stage.data.tasks,
+    order=20,
+)

@@ -9,6 +9,7 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from temper.atomic import atomic_write_text
+from temper.jsonl import iter_jsonl
 
 
 class MetricsLog:
@@ -19,7 +20,8 @@ class MetricsLog:
         """Drop rows past `step` (after a resume from that step), atomically."""
         if not self.enabled or not self.path.exists():
             return
-        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
+        # a torn last line (the run was killed mid-write) is one of the rows past `step`: dropped too
+        rows = [r for _, _, r in iter_jsonl(self.path) if isinstance(r, dict) and r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def log(self, row: dict[str, Any]) -> None:
@@ -28,11 +30,6 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def progress_bar(enabled: bool) -> Progress:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from accelerate import Accelerator
@@ -40,7 +40,7 @@ class TrainConfig:
     """Sequences per forward pass; 0 = the whole per-process batch."""
     lr: float = 1e-3
     """Peak learning rate."""
-    schedule: str = "cosine"
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
@@ -106,7 +106,9 @@ def evaluate_loss(
             labels = batch.pop("labels")
             n = _count_supervised(chunk)
             logits = model(**batch, use_cache=False).logits
-            sums += torch.tensor([sft_loss(logits, labels, n).item() * n, n], dtype=torch.float64, device=device)
+            sums += torch.tensor(
+                [sft_loss(logits, labels, n).item() * n, n], dtype=torch.float64, device=device
+            )
     if accelerator is not None and world > 1:
         sums = accelerator.reduce(sums, reduction="sum")
     model.train(was_training)

@@ -1,0 +1,19 @@
+"""An HTML report of a run folder: the page a user opens after a run instead of reading logs.
+
+Everything is read back from what the stages left on disk (stage.json, metrics.jsonl, the stage
+summaries, eval.json), so the report can be rebuilt for any run, finished or not. Each stage kind
+names its section in its registry entry (`temper.stages.registry`); the sections live here, one
+module each (training, evaluation, rl), with the shared helpers in `common` and the page around
+them in `page`. Plots are PNG files under plots/ and are also inlined as data URIs, so
+report.html is one portable file with no scripts and no network.
+
+Plots use `matplotlib.figure.Figure` directly rather than pyplot: it renders with Agg without
+`matplotlib.use`, so importing this module never switches the backend of the caller's process
+(a notebook's, say), and figures need no `plt.close` to be freed.
+"""
+
+from temper.report.common import Stage, read_metrics
+from temper.report.evaluation import eval_table, highlights
+from temper.report.page import find_stages, section_for, write_report
+
+__all__ = ["Stage", "eval_table", "find_stages", "highlights", "read_metrics", "section_for", "write_report"]

@@ -1,0 +1,142 @@
+"""The eval stage's section: per task, wins and regressions in words, the table, a bar chart, samples."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
+
+RATES = {  # eval table columns: metric key ("@k" filled from the result) -> header
+    "greedy_accuracy": "greedy acc",
+    "pass@k": "pass@k",
+    "mean@k": "mean@k",
+    "parse_rate": "parse rate",
+    "truncation_rate": "trunc rate",
+}
+
+
+def _metric(result: Mapping[str, Any], key: str) -> Mapping[str, float] | None:
+    return result["metrics"].get(key.replace("@k", f"@{result['k']}"))
+
+
+def _ci(m: Mapping[str, float] | None, percent: bool) -> str:
+    """The "value [lo, hi]" cell: rates in percent, lengths in tokens."""
+    if m is None:
+        return "–"
+    s = 100.0 if percent else 1.0
+    return f"{s * m['value']:.1f}{'%' if percent else ''} [{s * m['lo']:.1f}, {s * m['hi']:.1f}]"
+
+
+def eval_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per model stage × split, splits of a model adjacent (ID test beside OOD)."""
+    ks = {r["k"] for by_split in by_model.values() for r in by_split.values()}
+    k_name = f"@{ks.pop()}" if len(ks) == 1 else "@k"  # mixed k across rows keeps the generic name
+    head = ["model", "split", "n", *(h.replace("@k", k_name) for h in RATES.values()), "mean length"]
+    rows = []
+    for model, by_split in by_model.items():
+        for split, r in by_split.items():
+            rates = [_ci(_metric(r, key), True) for key in RATES]
+            rows.append([model, split, r["n_problems"], *rates, _ci(r["metrics"].get("mean_length"), False)])
+    return _table(rows, head)
+
+
+def highlights(by_model: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool]]:
+    """(sentence, is_gain) for each later stage whose greedy accuracy differs from an earlier
+    stage's on the same split with non-overlapping 95% intervals; models are in stage order."""
+    models, out = list(by_model), []
+    for j, later in enumerate(models):
+        for earlier in models[:j]:
+            for split, r in by_model[later].items():
+                if split not in by_model[earlier]:
+                    continue
+                b = r["metrics"]["greedy_accuracy"]
+                a = by_model[earlier][split]["metrics"]["greedy_accuracy"]
+                nums = f"{100 * b['value']:.1f}% vs {100 * a['value']:.1f}%"
+                if b["lo"] > a["hi"]:
+                    out.append((f"{later} > {earlier} on {split}: {nums}", True))
+                elif b["hi"] < a["lo"]:
+                    out.append((f"{later} < {earlier} on {split}: {nums}", False))
+    return out
+
+
+def accuracy_figure(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> Figure:
+    """Greedy accuracy with 95% error bars: a group per model stage, a bar per split."""
+    models = list(by_model)
+    splits = list(dict.fromkeys(s for by_split in by_model.values() for s in by_split))
+    fig = Figure(figsize=(1.6 + 1.4 * len(models) * max(1, len(splits)) / 2, 3.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(splits))
+    for i, split in enumerate(splits):
+        xs = [x for x, m in enumerate(models) if split in by_model[m]]
+        ms = [by_model[models[x]][split]["metrics"]["greedy_accuracy"] for x in xs]
+        lo = [max(0.0, 100 * (m["value"] - m["lo"])) for m in ms]  # max(): rounding must not flip a bar
+        hi = [max(0.0, 100 * (m["hi"] - m["value"])) for m in ms]
+        shift = (i - (len(splits) - 1) / 2) * width
+        ax.bar(
+            [x + shift for x in xs],
+            [100 * m["value"] for m in ms],
+            width,
+            yerr=[lo, hi],
+            capsize=4,
+            label=split,
+        )
+    ax.set_xticks(range(len(models)), models)
+    ax.set(title=task, ylabel="greedy accuracy %", ylim=(0, 100))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _example(e: Mapping[str, Any]) -> str:
+    s = e.get("score", {})
+    mark = _mark(s.get("correct"))
+    meta = [f"parsed: {s.get('parsed')}", f"reason: {s.get('reason')}", f"answer: {s.get('answer')}"]
+    meta.append(f"stop: {e.get('stop_reason')}")
+    return (
+        f'<div class="ex">{_esc(e.get("id", ""))} {mark} <small>{_esc(" · ".join(meta))}</small>'
+        f"<pre>{_esc(e.get('prompt', ''))}</pre><pre>{_esc(e.get('completion', ''))}</pre></div>"
+    )
+
+
+def samples(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> str:
+    """A collapsed block of greedy completions per model × split, with the grading reasons."""
+    out = []
+    for model, by_split in by_model.items():
+        for split, r in by_split.items():
+            exs = r.get("examples", [])
+            reasons = ", ".join(f"{k}: {v}" for k, v in r.get("reasons", {}).items())
+            n_ok = sum(bool(e.get("score", {}).get("correct")) for e in exs)
+            title = f"{task} / {model} / {split}: {len(exs)} examples, {n_ok} correct"
+            out.append(
+                f"<details><summary>{_esc(title)}</summary>"
+                f"<p>Grading reasons over all {r['n_problems']} problems: {_esc(reasons)}</p>"
+                f"{''.join(_example(e) for e in exs)}</details>"
+            )
+    return "".join(out)
+
+
+def eval_section(stage: Stage, plots: Path) -> str:
+    """Per task: the wins and regressions in words, the table, the bar chart and sample completions."""
+    results = _read_json(stage.folder / "eval.json") or {}
+    parts = [] if results else ["<p>No eval results.</p>"]
+    for task, by_model in results.items():
+        parts.append(f"<h3>{_esc(task)}</h3>")
+        if not by_model:
+            parts.append("<p>No models evaluated.</p>")
+            continue
+        said = "".join(
+            f"<li class='{'good' if up else 'bad'}'>{_esc(s)}</li>" for s, up in highlights(by_model)
+        )
+        parts.append(
+            f"<ul>{said}</ul>" if said else "<p>No difference with non-overlapping 95% intervals.</p>"
+        )
+        parts.append(eval_table(by_model))
+        png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
+        parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
+        parts.append(samples(task, by_model))
+    return "".join(parts)

@@ -1,0 +1,101 @@
+"""The page: a header with a row per stage, then each stage's section, chosen by its kind's registry entry."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from temper.atomic import atomic_write_text
+from temper.report.common import CSS, Stage, _box, _duration, _esc, _read_json, _table
+from temper.report.training import training_section
+from temper.stages import registry
+
+
+def _guess_kind(folder: Path) -> str:
+    """The kind of a stage that never wrote stage.json, from what it left ("training": a curve so far)."""
+    for kind in registry.kinds().values():
+        if any((folder / name).exists() for name in kind.outputs):
+            return kind.name
+    return "training" if (folder / "metrics.jsonl").exists() else "?"
+
+
+def find_stages(run_dir: Path) -> list[Stage]:
+    """The stage folders NN-name in NN order; one without a readable stage.json is incomplete."""
+    folders = [p for p in run_dir.iterdir() if p.is_dir() and re.match(r"\d+-", p.name)]
+    stages = []
+    for folder in sorted(folders, key=lambda p: (int(p.name.split("-")[0]), p.name)):
+        try:
+            info = _read_json(folder / "stage.json") or {}
+        except ValueError:
+            info = {}
+        seconds = info.get("seconds")
+        kind = info.get("kind") or _guess_kind(folder)
+        stages.append(Stage(folder, kind, float(seconds) if seconds is not None else None))
+    return stages
+
+
+def unknown_section(stage: Stage, plots: Path) -> str:
+    files = ", ".join(sorted(p.name for p in stage.folder.iterdir() if not p.name.startswith(".")))
+    return f"<p>No report section for stage kind '{_esc(stage.kind)}'. Files: {_esc(files) or 'none'}.</p>"
+
+
+Section = Callable[[Stage, Path], str]
+
+
+Section = Callable[[Stage, Path], str]
+
+
+def section_for(kind: str) -> Section:
+    """The kind's registered section; "training" is a training stage that stopped before stage.json
+    (its curve so far)."""
+    if kind == "training":
+        return training_section
+    found = registry.get(kind)
+    return found.section if found and found.section else unknown_section
+
+
+def header(run_dir: Path, stages: list[Stage]) -> str:
+    """Run name, when the page was written, total time and a row per stage (incomplete ones flagged)."""
+    total = sum(s.seconds for s in stages if s.seconds is not None)
+    open_ = {i for i, s in enumerate(stages) if s.seconds is None}
+    rows = [
+        [s.folder.name, s.kind, _duration(s.seconds), "incomplete" if i in open_ else "complete"]
+        for i, s in enumerate(stages)
+    ]
+    table = _table(rows, ["stage", "kind", "time", "status"], open_)
+    recipe = run_dir / "recipe.yaml"
+    if recipe.exists():
+        table += f"<details><summary>recipe.yaml</summary><pre>{_esc(recipe.read_text())}</pre></details>"
+    written = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (
+        f"<h1>{_esc(run_dir.name)}</h1><p><small>report written {written} · total stage time {_duration(total)}"
+        f" · {_esc(run_dir.resolve())}</small></p>{table or '<p>No stages yet.</p>'}"
+    )
+
+
+def _section(stage: Stage, plots: Path) -> str:
+    """One stage's section; a missing or unreadable file becomes a note instead of no report at all."""
+    try:
+        return section_for(stage.kind)(stage, plots)
+    except (OSError, ValueError) as e:
+        return _box([f"could not read this stage's outputs: {e}"])
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write `run_dir/report.html` (and its plots under `run_dir/plots/`) and return its path."""
+    run_dir = Path(run_dir)
+    plots = run_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    stages = find_stages(run_dir)
+    body = [header(run_dir, stages)]
+    for s in stages:
+        body.append(f"<h2>{_esc(s.folder.name)} <small>{_esc(s.kind)}</small></h2>{_section(s, plots)}")
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(run_dir.name)} · temper</title>'
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+    out = run_dir / "report.html"
+    atomic_write_text(out, page)
+    return out

@@ -1,0 +1,110 @@
+"""The contract every stage kind fulfils, and the pieces stage specs share.
+
+A stage kind is one module under `temper.stages` that defines its recipe spec (a pydantic model
+with `kind: Literal["<name>"]`), the function that runs it, and a module-level `KIND = StageKind(...)`
+tying them together. The runner, the recipe schema, the CLI and the report look kinds up in
+`temper.stages.registry` instead of testing `stage.kind`, so a new kind is one new file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temper.stages.context import StageContext
+from temper.train.rl_config import RLConfig
+from temper.train.supervised import TrainConfig
+
+if TYPE_CHECKING:
+    from temper.recipe import ModelSpec, Recipe
+
+# the trainers' dataclasses are validated like the rest of the recipe (unknown keys are errors) and
+# their attribute docstrings become the descriptions the CLI's --help shows
+TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Strict(BaseModel):
+    """A recipe block: unknown keys are errors, attribute docstrings are field descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class LoraSpec(Strict):
+    """A PEFT LoRA adapter; the field names are `temper.models.apply_lora`'s arguments."""
+
+    r: int = Field(16, gt=0)
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+
+
+class StageError(RuntimeError):
+    """A stage refusing to go on for a reason the user can act on (the CLI prints it, no traceback)."""
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What the runner (or the CLI) hands a stage's `run`: where to write and what to start from."""
+
+    ctx: StageContext
+    out: Path
+    model: ModelSpec | None  # the recipe's model (what a `reads="base"` stage trains)
+    source: Path | str | None = None  # the model a `reads="model"` stage starts from
+
+
+def _no_tasks(spec: Any) -> list[str]:
+    return list(getattr(spec, "tasks", []))
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One stage kind, as the runner, the recipe schema, the CLI and the report see it.
+
+    `reads` says which models the stage consumes, and so what its settings hash covers:
+    - "base": the recipe's `model` (a preset or a path), as pretraining does;
+    - "model": one model, the spec's `source` stage or else the latest model stage (or, with no
+      model stage before it, the recipe's `model.path`);
+    - "models": several, the spec's `models` list or else every model stage so far.
+    """
+
+    name: str
+    """The recipe's `kind:` value and the CLI subcommand."""
+    spec: type[BaseModel]
+    """The recipe block, a `Strict` model whose `kind` field is `Literal[name]`."""
+    run: Callable[[Any, StageRun], Any]
+    """Run the stage into `StageRun.out`; what it returns the CLI prints when there is no `summary`."""
+    describe: Callable[[Any, Recipe], str]
+    """The `--dry-run` plan line: what this stage will do."""
+    reads: Literal["base", "model", "models"]
+    produces_model: bool
+    """Whether the stage leaves `out/model` for later stages to start from or evaluate."""
+    help: str
+    """One line for `temper --help`."""
+    section: Callable[[Any, Path], str] | None = None
+    """The report section: (temper.report Stage, plots folder) -> HTML."""
+    outputs: tuple[str, ...] = ()
+    """Files whose presence identifies an unfinished stage of this kind (it has no stage.json yet)."""
+    tasks: Callable[[Any], list[str]] = _no_tasks
+    """The recipe tasks the stage uses (checked to exist; they are the CLI command's tasks)."""
+    main_only: bool = False
+    """Run on the main process only (under a multi-process launch the others wait)."""
+    summary: Callable[[Path], str] | None = None
+    """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
+    order: int = 100
+    """Position in listings (CLI help): pipeline order."""
+
+
+def lazy(module: str, name: str) -> Callable[..., Any]:
+    """`module.name`, imported on first call: report sections need matplotlib, slow to import."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
