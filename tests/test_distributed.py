@@ -66,3 +66,63 @@ def test_rl_two_processes_match_one_at_the_same_global_batch(tmp_path):
     assert (tmp_path / "p2" / "rollouts.jsonl").read_text() == (
         tmp_path / "p1" / "rollouts.jsonl"
     ).read_text()
+
+
+MICRO = """\
+name: micro
+model: {preset: nano, seed: 0}
+tasks:
+  arithmetic: {max_digits: 1, ood_digits: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 100}
+    max_len: 64
+    train: {max_steps: 6, batch_size: 8, lr: 0.003, warmup_steps: 2, log_every: 2, progress: false}
+  - kind: sft
+    data: {tasks: [arithmetic], problems_per_task: 50, eval_problems: 8}
+    train: {max_steps: 4, batch_size: 8, lr: 0.001, warmup_steps: 1, log_every: 1, save_every: 2, progress: false}
+  - kind: rl
+    tasks: [arithmetic]
+    gate: {min_parse_rate: 0.0}
+    probe_groups: 2
+    train: {steps: 3, prompts_per_step: 4, group_size: 4, max_new_tokens: 8, log_rollouts: 4,
+            eval_every: 2, eval_problems: 4, save_every: 2, progress: false}
+  - kind: eval
+    n_problems: 4
+    k: 1
+    max_new_tokens: 8
+"""
+
+
+@pytest.mark.slow
+def test_two_process_temper_run_writes_one_run_folder(tmp_path):
+    """A whole recipe under torchrun is one job: every metrics row once, one model per stage, the
+    RL rollouts of the global batch once, the probe, eval and report written by the main process."""
+    recipe = tmp_path / "micro.yaml"
+    recipe.write_text(MICRO)
+    run = tmp_path / "run"
+    done = launch(["-m", "temper.cli", "run", str(recipe), "--output-dir", str(run)], 2)
+    assert done.stdout.count("arithmetic / rl") == 2  # its test and ood rows: the table is printed once
+
+    assert sorted(p.name for p in run.iterdir()) == [
+        "01-pretrain", "02-sft", "03-rl", "04-eval", "plots", "recipe.yaml", "report.html",
+    ]  # fmt: skip
+    for stage, steps in (("01-pretrain", [2, 4, 6]), ("02-sft", [1, 2, 3, 4]), ("03-rl", [1, 2, 3])):
+        rows = [json.loads(line) for line in (run / stage / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == steps, stage
+        assert not [p.name for p in (run / stage).iterdir() if p.name.startswith(".")]  # no scratch dirs
+        assert (run / stage / "model" / "model.safetensors").exists()
+    rl_rows = [json.loads(line) for line in (run / "03-rl" / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/arithmetic/accuracy" in rl_rows[1] and "eval/arithmetic/accuracy" in rl_rows[2]
+    rollouts = (run / "03-rl" / "rollouts.jsonl").read_text().splitlines()
+    assert len(rollouts) == 3 * 4 * 4  # steps x groups x samples: the gathered global batch, once
+    ckpt = run / "03-rl" / "checkpoints" / "step-0000002"
+    assert sorted(p.name for p in ckpt.glob("random_states_*.pkl")) == [
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]  # each process's RNG is kept
+    probe = json.loads((run / "03-rl" / "probe.json").read_text())
+    assert probe["gate"]["passed"] and probe["probe"]["groups"] == 2
+    assert set(json.loads((run / "04-eval" / "eval.json").read_text())["arithmetic"]) == {
+        "pretrain", "sft", "rl",
+    }  # fmt: skip
