@@ -58,7 +58,7 @@ def test_rl_two_processes_match_one_at_the_same_global_batch(tmp_path):
     assert [r["step"] for r in two] == [1, 2, 3]
     for a, b in zip(one, two, strict=True):
         assert b["reward"] == a["reward"] and b["response_length"] == a["response_length"]
-        for key in ("policy_loss", "entropy", "clip_frac", "grad_norm"):
+        for key in ("loss/policy", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert len(set(r["reward"] for r in one)) > 1  # the policy moved: later steps test the update
     rows = (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()

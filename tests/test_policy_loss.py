@@ -59,8 +59,8 @@ def test_policy_loss_aggregations_on_policy(aggregation, expected):
     # logp == old_logp: every ratio is 1, no clipping, and each token's loss is -A.
     logp = torch.zeros(2, 3, dtype=F64)
     adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 50.0, 60.0]], dtype=F64)
-    loss, stats = policy_loss(logp, logp, adv, RAGGED_MASK, aggregation=aggregation, max_tokens=4)
-    assert math.isclose(loss.item(), expected)
+    per_token, stats = policy_loss(logp, logp, adv, RAGGED_MASK)
+    assert math.isclose(masked_mean(per_token, RAGGED_MASK, aggregation, max_tokens=4).item(), expected)
     assert stats["clip_frac"].item() == 0.0
     assert stats["ratio_mean"].item() == 1.0
     assert stats["approx_kl"].item() == 0.0
@@ -90,9 +90,8 @@ def _clip_case_tensors():
 
 def test_decoupled_clip_bounds_clip_the_right_tokens_with_exact_loss():
     logp, old, adv, mask = _clip_case_tensors()
-    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
-    expected = sum(c[3] for c in CLIP_HIGHER_CASES) / len(CLIP_HIGHER_CASES)
-    assert math.isclose(loss.item(), expected, rel_tol=1e-12)
+    per_token, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(per_token, torch.tensor([[c[3] for c in CLIP_HIGHER_CASES]], dtype=F64))
     assert math.isclose(stats["clip_frac"].item(), 2 / 6)
     ratios = [c[0] for c in CLIP_HIGHER_CASES]
     assert math.isclose(stats["ratio_mean"].item(), sum(ratios) / 6, rel_tol=1e-12)
@@ -105,16 +104,16 @@ def test_decoupled_clip_bounds_clip_the_right_tokens_with_exact_loss():
 
 def test_symmetric_clip_also_clips_the_first_token():
     logp, old, adv, mask = _clip_case_tensors()
-    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    per_token, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
     expected = (-1.2 - 1.2 + 1.3 + 0.85 + 0.8 - 0.75) / 6
-    assert math.isclose(loss.item(), expected, rel_tol=1e-12)
+    assert math.isclose(masked_mean(per_token, mask).item(), expected, rel_tol=1e-12)
     assert math.isclose(stats["clip_frac"].item(), 3 / 6)
 
 
 def test_gradient_is_exactly_zero_on_clipped_tokens():
     logp, old, adv, mask = _clip_case_tensors()
-    loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
-    loss.backward()
+    per_token, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    masked_mean(per_token, mask).backward()
     # d/dlogp of -rho A / n is -rho A / n for unclipped tokens
     expected = [0.0 if clipped else -r * a / 6 for r, a, clipped, _ in CLIP_HIGHER_CASES]
     torch.testing.assert_close(logp.grad, torch.tensor([expected], dtype=F64))
@@ -131,10 +130,12 @@ def test_masked_tokens_change_nothing():
         logp.grad = None
         pad = ~RAGGED_MASK
         bad_logp = torch.where(pad, junk, logp)
-        loss, stats = policy_loss(
+        per_token, stats = policy_loss(
             bad_logp, old.masked_fill(pad, -junk), adv.masked_fill(pad, junk), RAGGED_MASK
         )
+        loss = masked_mean(per_token, RAGGED_MASK)
         loss.backward()
+        assert (per_token.detach()[pad] == 0).all()
         results.append((loss.detach(), logp.grad.clone(), {k: v.item() for k, v in stats.items()}))
     assert torch.isfinite(results[1][1]).all()
     assert torch.equal(results[0][0], results[1][0])

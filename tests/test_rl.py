@@ -131,7 +131,7 @@ def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
     )
     assert [r["step"] for r in resumed.history] == [3, 4]
     for a, b in zip(full.history[2:], resumed.history):
-        assert a["reward"] == b["reward"] and a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-5)
+        assert a["reward"] == b["reward"] and a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-5)
 
 
 def test_rollout_batch_masks_only_completion_tokens(tokenizer):
@@ -147,12 +147,11 @@ def test_rollout_batch_masks_only_completion_tokens(tokenizer):
         None,
         [1.0, 0.0],
     )
-    batch = to_batch([group], pad_id=0)
-    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 1, 2, 3, 0]]
-    # position t predicts token t+1: completion tokens are predicted from positions len(prompt)-1 on
-    assert batch.targets.tolist() == [[6, 7, 8, 9, 0], [1, 2, 3, 0, 0]]
-    assert batch.mask.tolist() == [[False, False, True, True, False], [True, True, True, False, False]]
-    assert batch.old_logprobs.tolist() == [[0, 0, -0.5, -0.25, 0], [-1.0, -2.0, -3.0, 0, 0]]
+    batch = to_batch([group])
+    assert batch.prompts == [[5, 6, 7], [5]]
+    assert batch.completions_R_T.tolist() == [[8, 9, 0], [1, 2, 3]]
+    assert batch.mask_R_T.tolist() == [[True, True, False], [True, True, True]]
+    assert batch.old_logprobs_R_T.tolist() == [[-0.5, -0.25, 0], [-1.0, -2.0, -3.0]]
     assert batch.rewards_G_N.tolist() == [[1.0, 0.0]]
 
 

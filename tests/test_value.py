@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from temper.algorithms.policy import masked_mean
 from temper.algorithms.value import gae, value_loss
 
 F64 = torch.float64
@@ -92,7 +93,8 @@ def test_value_loss_clipped_by_hand():
     old = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=F64)
     returns = torch.tensor([[2.0, 2.0, 0.0], [1.5, -3.0, -3.0]], dtype=F64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    loss, stats = value_loss(values, old, returns, mask, clip=0.2)
+    per_token, stats = value_loss(values, old, returns, mask, clip=0.2)
+    loss = masked_mean(per_token, mask)
     assert math.isclose(loss.item(), 0.5 * (0.64 + 0.81 + 0.64 + 0.09) / 4, rel_tol=1e-12)
     assert stats["clip_frac"].item() == 3 / 4
     loss.backward()
@@ -106,6 +108,8 @@ def test_value_loss_without_clip_is_half_mse():
     values = torch.tensor([[1.5, 1.1, 0.5], [1.5, 7.0, 7.0]], dtype=F64)
     returns = torch.tensor([[2.0, 2.0, 0.0], [1.5, -3.0, -3.0]], dtype=F64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    loss, stats = value_loss(values, torch.zeros_like(values), returns, mask, clip=None)
-    assert math.isclose(loss.item(), 0.5 * (0.25 + 0.81 + 0.25 + 0.0) / 4, rel_tol=1e-12)
+    per_token, stats = value_loss(values, torch.zeros_like(values), returns, mask, clip=None)
+    assert math.isclose(
+        masked_mean(per_token, mask).item(), 0.5 * (0.25 + 0.81 + 0.25 + 0.0) / 4, rel_tol=1e-12
+    )
     assert stats["clip_frac"].item() == 0.0

@@ -10,8 +10,6 @@ A group whose rewards are all equal carries no learning signal; every estimator 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 
@@ -77,11 +75,3 @@ def reinforce_pp(rewards_G_N: torch.Tensor, group_baseline: bool = True, eps: fl
         constant_G_1 = torch.zeros_like(adv[:, :1], dtype=torch.bool)
     normalized = (adv - adv.mean()) / (adv.std(correction=0) + eps)
     return torch.where(constant_G_1, 0.0, normalized)
-
-
-ADVANTAGES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-}

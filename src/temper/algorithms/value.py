@@ -48,12 +48,13 @@ def value_loss(
     mask_B_T: torch.Tensor,
     clip: float | None = 0.2,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped value loss (as in OpenAI baselines' ppo2), token mean over valid tokens:
+    """Per-token PPO clipped value loss (as in OpenAI baselines' ppo2 and verl's compute_value_loss):
 
         l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2)
 
-    clip=None gives the plain 0.5 (V - R)^2. Stats (detached): clip_frac, the share of valid tokens where
-    the clipped branch is strictly larger (its gradient is zero).
+    clip=None gives the plain 0.5 (V - R)^2. Returns (B, T), 0 at masked positions, to be reduced by
+    `masked_mean`. Stats (detached): clip_frac, the share of valid tokens where the clipped branch is
+    strictly larger (its gradient is zero).
     """
     unclipped = (values_B_T - returns_B_T) ** 2
     if clip is None:
@@ -61,7 +62,26 @@ def value_loss(
     else:
         v_clipped = torch.clamp(values_B_T, old_values_B_T - clip, old_values_B_T + clip)
         clipped = (v_clipped - returns_B_T) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask_B_T)
+    per_token = torch.where(mask_B_T.bool(), 0.5 * torch.maximum(unclipped, clipped), 0.0)
     with torch.no_grad():
         stats = {"clip_frac": masked_mean((clipped > unclipped).to(unclipped.dtype), mask_B_T)}
-    return loss, stats
+    return per_token, stats
+
+
+@torch.no_grad()
+def masked_whiten(x_B_T: torch.Tensor, mask_B_T: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten over the valid tokens of the whole batch (verl's verl_F.masked_whiten, as its GAE uses it):
+
+        x <- (x - mean) / sqrt(var + eps),   mean and unbiased var (divides by n - 1) over valid tokens
+
+    Masked positions are 0. With fewer than two valid tokens the variance is undefined (verl raises);
+    here the values are only centered.
+    """
+    mask_B_T = mask_B_T.bool()
+    n = mask_B_T.sum()
+    mean = torch.where(mask_B_T, x_B_T, 0.0).sum() / n.clamp_min(1)
+    centered = torch.where(mask_B_T, x_B_T - mean, 0.0)
+    if n < 2:
+        return centered
+    var = centered.pow(2).sum() / (n - 1)
+    return centered * torch.rsqrt(var + eps)

@@ -152,6 +152,14 @@ class _AdapterDisabled(torch.nn.Module):
         with self.peft_model.disable_adapter():
             return self.peft_model(**kwargs)
 
+    def get_output_embeddings(
+        self,
+    ):  # the RL update projects hidden states itself (rl_update.PolicyWithValue)
+        head = self.peft_model.get_output_embeddings()
+        return (
+            head.get_base_layer() if hasattr(head, "get_base_layer") else head
+        )  # lm_head without an adapter
+
 
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     config = stage.train

@@ -34,7 +34,7 @@ from temper.tasks.base import Problem, Task
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.rl_config import RLConfig
-from temper.train.rl_update import ValueHead, prepare, update
+from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, grade_group, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
@@ -173,22 +173,14 @@ def train_rl(
         out_dir.mkdir(parents=True, exist_ok=True)
     if config.kl_coef > 0 and reference is None:
         raise ValueError("kl_coef > 0 needs a reference model")
-    if config.aggregation not in ("token", "sample", "constant"):
-        raise ValueError(f"unknown aggregation {config.aggregation!r}; valid: token, sample, constant")
-    if config.kl_mode not in ("loss", "reward"):
-        raise ValueError(f"unknown kl_mode {config.kl_mode!r}; valid: loss, reward")
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
-    device = accelerator.device
     sampler = sampler or HFSampler(model, tokenizer)
-    value_head = ValueHead(model.config.hidden_size).to(device) if config.advantage == "gae" else None
-    params = [p for p in model.parameters() if p.requires_grad]
-    if value_head is not None:
-        params += list(value_head.parameters())
+    trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
+    params = [p for p in trainable.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
-    trainable = torch.nn.ModuleDict(
-        {"policy": model} | ({"value": value_head} if value_head is not None else {})
-    )
+    # DDP wraps the one module the update differentiates; the sampler keeps the bare model, whose
+    # parameters are the same tensors, so sampling and evaluation run no collective
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
     log = MetricsLog(out_dir / "metrics.jsonl", enabled=main)
@@ -227,9 +219,7 @@ def train_rl(
                     for rec in rollout_record(step + 1, g):
                         rollouts.log(rec)
                 # 2. tensors, reference logprobs and values (no grad), advantages
-                prepared = prepare(
-                    to_batch(local, tokenizer.pad_token_id), model, reference, value_head, config, device
-                )
+                prepared = prepare(to_batch(local), trainable, reference, config)
                 t2 = time.perf_counter()
                 # 3. policy (and value) updates, gradients averaged over processes
                 lr = lr_at(
@@ -239,8 +229,10 @@ def train_rl(
                     warmup_steps=config.warmup_steps,
                     schedule=config.schedule,
                 )
-                stats, tokens = update(model, value_head, optimizer, params, prepared, config, step, lr)
-                trained_tokens += int(accelerator.reduce(torch.tensor(tokens, device=device), "sum"))
+                stats, tokens = update(trainable, optimizer, prepared, config, step, lr, accelerator)
+                trained_tokens += int(
+                    accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum")
+                )
                 sampler.sync(model)
                 t3 = time.perf_counter()
                 row |= _mean_over_processes(

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from temper.algorithms.policy import Aggregation
+from temper.train.schedule import Schedule
+
+Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
+"""The names of `temper.algorithms.estimators.ESTIMATORS`."""
+KLMode = Literal["loss", "reward"]
 
 
 @dataclass
@@ -17,8 +25,12 @@ class RLConfig:
     max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
-    advantage: str = "grpo"
+    advantage: Advantage = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative) | gae (PPO with a value head)."""
+    grpo_eps: float = 1e-6
+    """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
+    whiten_advantages: bool = True
+    """gae: whiten advantages over the batch's completion tokens (verl's default)."""
     epochs: int = 1
     """Optimizer passes over each rollout batch."""
     minibatches: int = 1
@@ -27,20 +39,27 @@ class RLConfig:
     """Sequences per forward pass; 0 = the whole minibatch."""
     lr: float = 1e-4
     warmup_steps: int = 0
-    schedule: str = "constant"
+    schedule: Schedule = "constant"
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     clip_low: float = 0.2
     """PPO clip range below 1 (epsilon_low)."""
     clip_high: float = 0.2
     """PPO clip range above 1 (epsilon_high; DAPO clip-higher uses 0.28)."""
-    aggregation: str = "token"
+    dual_clip: float | None = 3.0
+    """Dual-clip PPO: the loss of a token with negative advantage is capped at dual_clip x |A|
+    (verl's clip_ratio_c default 3; null disables). Inactive on the first epoch over fresh samples."""
+    aggregation: Aggregation = "token"
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
     kl_coef: float = 0.0
     """beta of the KL to the frozen reference; 0 = no reference model."""
-    kl_mode: str = "loss"
+    kl_mode: KLMode = "loss"
     """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
     entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss, reduced like the policy loss)."""
+    dropout: bool = False
+    """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
+    with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
     """Reward components and their weights (outcome, format, overlong)."""
     overlong_buffer: int = 0
@@ -48,6 +67,7 @@ class RLConfig:
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
     vf_coef: float = 0.5
+    """Weight of the value loss (gae); the value loss is always a token mean."""
     value_clip: float = 0.2
     gamma: float = 1.0
     lam: float = 0.95

@@ -1,28 +1,56 @@
-"""One RL update from a rollout batch: tensors on the device, reference logprobs and values,
-advantages, then `epochs` x `minibatches` optimizer steps over the policy (and value) loss.
+"""One RL update from a rollout batch: reference logprobs and values (no grad), advantages, then
+`epochs` x `minibatches` optimizer steps on a loss that is a sum of named terms.
+
+    loss = sum_k coef_k * (sum over the minibatch of what term k's aggregation averages) / size_k
+
+Each term (policy, entropy, KL, value) has its own aggregation; a micro-batch adds its share of the
+numerator and every share is divided by the size of the whole minibatch (`aggregation_size`), so the
+summed micro-batch gradients are the full-minibatch gradient for any split. Under data parallelism
+the sizes are summed over processes, which makes the same hold across processes.
+
+The model reads the rollouts packed without padding (`rollouts.pack`) and projects onto the
+vocabulary only at completion positions. Dropout is off in every pass unless `config.dropout`.
 
 Kept apart from the loop in `temper.train.rl` so that the loop reads top to bottom.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from temper.algorithms.advantages import ADVANTAGES
-from temper.algorithms.losses import token_logprobs
+from temper.algorithms.estimators import ESTIMATORS, NEEDS_VALUES, AdvantageInputs
 from temper.algorithms.policy import (
-    entropy_from_logits,
+    Aggregation,
+    aggregation_size,
+    entropy_from_logprobs,
     kl_k1,
     kl_k3,
-    kl_penalized_rewards,
     masked_mean,
+    masked_sum,
     policy_loss,
 )
-from temper.algorithms.value import gae, value_loss
+from temper.algorithms.value import value_loss
 from temper.train.rl_config import RLConfig
-from temper.train.rollouts import RolloutBatch
+from temper.train.rollouts import Packed, RolloutBatch, pack
+
+__all__ = [
+    "LossTerm",
+    "PolicyWithValue",
+    "Prepared",
+    "TokenOutputs",
+    "ValueHead",
+    "last_hidden",
+    "loss_terms",
+    "policy_with_value",
+    "prepare",
+    "run",
+    "set_dropout",
+    "update",
+]
 
 
 class ValueHead(torch.nn.Module):
@@ -35,159 +63,304 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.weight)
         torch.nn.init.zeros_(self.proj.bias)
 
-    def forward(self, hidden_B_T_H: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden_B_T_H.float()).squeeze(-1)
+    def forward(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden_N_H.float()).squeeze(-1)
 
 
-def forward(
-    model,
-    batch_ids: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float,
-    value_head: ValueHead | None = None,
-):
-    """(token logprobs at temperature, entropy, values or None), all (R, L)."""
-    out = model(input_ids=batch_ids, use_cache=False, output_hidden_states=value_head is not None)
-    logits = out.logits / (temperature if temperature > 0 else 1.0)
-    logp = token_logprobs(logits, targets)
-    entropy = entropy_from_logits(logits.detach())
-    values = value_head(out.hidden_states[-1]) if value_head is not None else None
-    return logp, entropy, values
+class PolicyWithValue(torch.nn.Module):
+    """The one module an RL update differentiates: a causal LM (plain or PEFT-wrapped) and, for
+    PPO, a value head on its last hidden state. Data-parallel training wraps exactly this module.
+
+    forward(packed rows) -> per completion token (N,): logprob at `temperature`, entropy (always
+    differentiable: a detached entropy is how an entropy bonus silently does nothing), value or None.
+    The decoder runs over the packed rows; the output embedding is applied to the N selected hidden
+    states only, not to every position (the (P, W, V) logits are the largest tensor of a step).
+    """
+
+    def __init__(self, policy: torch.nn.Module, value: ValueHead | None = None, temperature: float = 1.0):
+        super().__init__()
+        self.policy = policy  # attribute names are the checkpoint's keys: "policy", "value"
+        self.value = value
+        self.temperature = temperature if temperature > 0 else 1.0
+
+    def forward(
+        self,
+        input_ids_P_W: torch.Tensor,
+        position_ids_P_W: torch.Tensor,
+        index_N: torch.Tensor,
+        targets_N: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        hidden_N_H = last_hidden(self.policy, input_ids_P_W, position_ids_P_W, index_N)
+        logits_N_V = self.policy.get_output_embeddings()(hidden_N_H) / self.temperature
+        logp_N_V = torch.log_softmax(logits_N_V.float(), dim=-1)
+        logp_N = logp_N_V.gather(-1, targets_N[:, None]).squeeze(-1)
+        values_N = self.value(hidden_N_H) if self.value is not None else None
+        return logp_N, entropy_from_logprobs(logp_N_V), values_N
 
 
-def compute_advantages(
-    batch: RolloutBatch, config: RLConfig, ref_kl: torch.Tensor | None, values: torch.Tensor | None
-):
-    """Per-token advantages (R, L) and, for PPO, returns (R, L)."""
-    rewards = batch.rewards_G_N
-    if config.advantage == "gae":
-        beta = config.kl_coef if config.kl_mode == "reward" and ref_kl is not None else 0.0
-        kl = ref_kl if ref_kl is not None else torch.zeros_like(batch.old_logprobs)
-        token_rewards = kl_penalized_rewards(rewards.reshape(-1), kl, batch.mask, beta)
-        return gae(token_rewards, values, batch.mask, config.gamma, config.lam)
-    if config.kl_mode == "reward" and ref_kl is not None and config.kl_coef > 0:
-        # sequence-level RLHF penalty: r - beta * sum_t k1_t, before the group baseline
-        rewards = rewards - config.kl_coef * (ref_kl * batch.mask).sum(-1).reshape(rewards.shape)
-    if config.advantage not in ADVANTAGES:
-        raise ValueError(f"unknown advantage {config.advantage!r}; valid: {', '.join(ADVANTAGES)}, gae")
-    per_sample = ADVANTAGES[config.advantage](rewards).reshape(-1, 1)  # (R, 1)
-    return per_sample.expand_as(batch.old_logprobs) * batch.mask, None
+def last_hidden(
+    model: torch.nn.Module, input_ids_P_W: torch.Tensor, position_ids_P_W: torch.Tensor, index_N: torch.Tensor
+) -> torch.Tensor:
+    """The final (normed) hidden state at `index_N` (flat over P x W) -> (N, H).
+
+    Called through the model's own forward, so PEFT adapters and wrappers such as the stage's
+    adapter-disabled reference apply; `logits_to_keep=1` keeps it from projecting every position.
+    No attention mask: transformers reads packed sequences from the restarting `position_ids`.
+    """
+    if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+        raise ValueError("models with soft-capped logits are not supported by the packed RL forward")
+    out = model(
+        input_ids=input_ids_P_W,
+        position_ids=position_ids_P_W,
+        use_cache=False,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    return out.hidden_states[-1].flatten(0, 1)[index_N]
 
 
-def _share(mask_mb: torch.Tensor, mask_all: torch.Tensor, aggregation: str) -> float:
-    """Weight of a micro-batch's loss so that micro-batches add up to the minibatch's loss."""
-    if aggregation == "token":
-        return mask_mb.sum().item() / max(mask_all.sum().item(), 1)
-    return mask_mb.shape[0] / mask_all.shape[0]
+def policy_with_value(model: torch.nn.Module, config: RLConfig) -> PolicyWithValue:
+    """The trainable module for `config`: a zero-initialized value head when the estimator needs values."""
+    value = None
+    if config.advantage in NEEDS_VALUES:
+        device = next(model.parameters()).device
+        value = ValueHead(model.config.hidden_size).to(device)
+    return PolicyWithValue(model, value, config.temperature)
+
+
+def set_dropout(config: RLConfig, *modules: torch.nn.Module | None) -> None:
+    """The one train/eval switch of RL: eval mode (no dropout) unless `config.dropout`, so the
+    first update of fresh samples is exactly on-policy (ratio 1) even for a model with dropout."""
+    for module in modules:
+        if module is not None:
+            module.train(config.dropout)
 
 
 @dataclass
 class Prepared:
-    """One rollout batch on the device, with everything the update needs. All (R, L)."""
+    """One rollout batch on the device with everything the update needs. Per-token tensors are
+    (R, T) over completion tokens (see `RolloutBatch`)."""
 
-    ids: torch.Tensor
-    targets: torch.Tensor
+    prompts: list[list[int]]
+    completions: torch.Tensor
     mask: torch.Tensor
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor  # the sampler's logprobs: the importance-ratio denominator
     advantages: torch.Tensor
     ref_logp: torch.Tensor | None
     ref_kl: torch.Tensor | None  # k1 of the sampled tokens against the reference
     old_values: torch.Tensor | None
     returns: torch.Tensor | None
 
+    def rows(self, idx: torch.Tensor) -> Prepared:
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx]
+
+        return Prepared(
+            [self.prompts[i] for i in idx.tolist()],
+            *(take(t) for t in (self.completions, self.mask, self.old_logp, self.advantages)),
+            *(take(t) for t in (self.ref_logp, self.ref_kl, self.old_values, self.returns)),
+        )
+
+    def packed(self) -> Packed:
+        return pack(self.prompts, self.completions, self.mask)
+
+
+@dataclass
+class TokenOutputs:
+    """The module's outputs for the rows of a `Prepared`, scattered back to (B, T)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+
+
+def run(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, int]:
+    """Forward `p`'s rows packed; -> (per-token outputs (B, T), tokens the model read)."""
+    packed = p.packed()
+    logp_N, entropy_N, values_N = module(
+        packed.input_ids_P_W, packed.position_ids_P_W, packed.index_N, packed.targets_N
+    )
+
+    def to_B_T(x_N: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x_N is None else x_N.new_zeros(p.mask.shape).masked_scatter(p.mask, x_N)
+
+    return TokenOutputs(to_B_T(logp_N), to_B_T(entropy_N), to_B_T(values_N)), packed.input_ids_P_W.numel()
+
 
 @torch.no_grad()
-def prepare(batch: RolloutBatch, model, reference, value_head, config: RLConfig, device) -> Prepared:
-    batch = _on(batch, device)
-    ref_logp = None
-    if reference is not None and config.kl_coef > 0:
-        ref_logp = forward(reference, batch.input_ids, batch.targets, config.temperature)[0]
-    old_values = None
-    if value_head is not None:
-        old_values = forward(model, batch.input_ids, batch.targets, config.temperature, value_head)[2]
-    ref_kl = kl_k1(batch.old_logprobs, ref_logp) if ref_logp is not None else None
-    advantages, returns = compute_advantages(batch, config, ref_kl, old_values)
-    return Prepared(
-        batch.input_ids,
-        batch.targets,
-        batch.mask,
-        batch.old_logprobs,
-        advantages,
-        ref_logp,
-        ref_kl,
-        old_values,
-        returns,
+def prepare(
+    batch: RolloutBatch,
+    module: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    config: RLConfig,
+) -> Prepared:
+    """Tensors on the module's device, reference logprobs and old values (micro-batched, no grad),
+    advantages from the configured estimator."""
+    device = next(module.parameters()).device
+    batch = batch.to(device)
+    p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
+    needs_values = config.advantage in NEEDS_VALUES
+    ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
+    set_dropout(config, module, ref_module)
+    ref_parts, value_parts = [], []
+    for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
+        if ref_module is not None and config.kl_coef > 0:
+            ref_parts.append(run(ref_module, p.rows(rows))[0].logp)
+        if needs_values:
+            value_parts.append(run(module, p.rows(rows))[0].values)
+    if ref_parts:
+        p.ref_logp = torch.cat(ref_parts)
+        p.ref_kl = kl_k1(p.old_logp, p.ref_logp) * p.mask
+    if value_parts:
+        p.old_values = torch.cat(value_parts)
+    inputs = AdvantageInputs(
+        rewards_G_N=batch.rewards_G_N,
+        mask_R_T=p.mask,
+        values_R_T=p.old_values,
+        ref_kl_R_T=p.ref_kl,
+        kl_coef=config.kl_coef if config.kl_mode == "reward" else 0.0,
+        gamma=config.gamma,
+        lam=config.lam,
+        whiten=config.whiten_advantages,
+        grpo_eps=config.grpo_eps,
+    )
+    p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
+    return p
+
+
+# ---- the loss: a list of named terms ---------------------------------------------------------
+
+PerToken = Callable[[TokenOutputs, Prepared, RLConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """coef x (per-token loss reduced by `aggregation`); logged as loss/<name> (without coef)."""
+
+    name: str
+    coef: float
+    aggregation: Aggregation
+    per_token: PerToken
+
+
+def _policy(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return policy_loss(
+        out.logp,
+        p.old_logp,
+        p.advantages,
+        p.mask,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        dual_clip=config.dual_clip,
     )
 
 
-def update(model, value_head, optimizer, params, p: Prepared, config: RLConfig, step: int, lr: float):
-    """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens)."""
-    model.train()
+def _entropy(
+    out: TokenOutputs, p: Prepared, config: RLConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return out.entropy, {}
+
+
+def _kl(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    k3 = kl_k3(out.logp, p.ref_logp)
+    return k3, {"kl": masked_mean(k3.detach(), p.mask)}
+
+
+def _value(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss, stats = value_loss(out.values, p.old_values, p.returns, p.mask, clip=config.value_clip)
+    return loss, {"value_clip_frac": stats["clip_frac"]}
+
+
+def loss_terms(config: RLConfig, p: Prepared) -> list[LossTerm]:
+    """The terms of this config's loss. Entropy and KL are reduced like the policy loss (verl's
+    agg_loss with the actor's loss_agg_mode; TRL adds its KL per token before aggregating); the
+    value loss is always a token mean (verl's critic default, and the share of each token in
+    fitting V should not depend on the length of its sequence)."""
+    terms = [LossTerm("policy", 1.0, config.aggregation, _policy)]
+    if config.entropy_coef:
+        terms.append(LossTerm("entropy", -config.entropy_coef, config.aggregation, _entropy))
+    if p.ref_logp is not None and config.kl_mode == "loss" and config.kl_coef:
+        terms.append(LossTerm("kl", config.kl_coef, config.aggregation, _kl))
+    if p.returns is not None:
+        terms.append(LossTerm("value", config.vf_coef, "token", _value))
+    return terms
+
+
+def update(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    p: Prepared,
+    config: RLConfig,
+    step: int,
+    lr: float,
+    accelerator=None,  # accelerate.Accelerator | None
+) -> tuple[dict[str, list[float]], int]:
+    """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens).
+
+    `module` is a `PolicyWithValue`, or the same wrapped by `accelerator.prepare` (DDP). With an
+    accelerator of W > 1 processes, `p` holds this process's rows: every term's size is summed over
+    processes, and each micro-batch's backward is of loss x W (DDP averages gradients over the W
+    processes), without gradient sync until the last micro-batch of a minibatch.
+    """
+    W = accelerator.num_processes if accelerator is not None else 1
+    terms = loss_terms(config, p)
+    params = [q for q in module.parameters() if q.requires_grad]
+    set_dropout(config, module)
     for group in optimizer.param_groups:
         group["lr"] = lr
     stats: dict[str, list[float]] = {}
     tokens = 0
-    R = p.ids.shape[0]
+    R = len(p.prompts)
     for epoch in range(config.epochs):
         order = torch.randperm(
             R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
         )
         for mb in order.chunk(config.minibatches):
-            for chunk in mb.split(config.micro_batch_size or len(mb)):
-                m = p.mask[chunk]
-                logp, entropy, values = forward(
-                    model, p.ids[chunk], p.targets[chunk], config.temperature, value_head
+            sizes = {
+                agg: _sum_over_processes(
+                    aggregation_size(p.mask[mb], agg, config.max_new_tokens), accelerator
                 )
-                loss, pstats = policy_loss(
-                    logp,
-                    p.old_logp[chunk],
-                    p.advantages[chunk],
-                    m,
-                    clip_low=config.clip_low,
-                    clip_high=config.clip_high,
-                    aggregation=config.aggregation,
-                    max_tokens=config.max_new_tokens,
-                )
-                ent = masked_mean(entropy, m)
-                total = loss - config.entropy_coef * ent
-                if p.ref_logp is not None and config.kl_mode == "loss":
-                    kl = masked_mean(
-                        kl_k3(logp, p.ref_logp[chunk]), m, config.aggregation, config.max_new_tokens
-                    )
-                    total = total + config.kl_coef * kl
-                    _add(stats, "kl", kl)
-                if value_head is not None:
-                    vloss, vstats = value_loss(
-                        values, p.old_values[chunk], p.returns[chunk], m, clip=config.value_clip
-                    )
-                    total = total + config.vf_coef * vloss
-                    _add(stats, "value_loss", vloss)
-                    _add(stats, "value_clip_frac", vstats["clip_frac"])
-                (total * _share(m, p.mask[mb], config.aggregation)).backward()
-                tokens += int(p.ids[chunk].numel())
-                for k, v in {"policy_loss": loss, "entropy": ent, **pstats}.items():
-                    _add(stats, k, v)
+                for agg in {t.aggregation for t in terms}
+            }
+            values = torch.zeros(len(terms))  # each term's minibatch value, for the log
+            micro = mb.split(config.micro_batch_size or len(mb))
+            for i, rows in enumerate(micro):
+                sync = accelerator is None or i == len(micro) - 1
+                with contextlib.nullcontext() if sync else accelerator.no_sync(module):
+                    chunk = p.rows(rows)
+                    out, n = run(module, chunk)
+                    loss = torch.zeros((), device=chunk.mask.device)
+                    for k, term in enumerate(terms):
+                        per_token, term_stats = term.per_token(out, chunk, config)
+                        part = masked_sum(per_token, chunk.mask, term.aggregation) / sizes[term.aggregation]
+                        loss = loss + term.coef * part
+                        values[k] += part.detach().cpu()
+                        for key, v in term_stats.items():
+                            _add(stats, key, v)
+                    _add(stats, "entropy", masked_mean(out.entropy.detach(), chunk.mask))
+                    if accelerator is not None:
+                        accelerator.backward(loss * W)
+                    else:
+                        loss.backward()
+                    tokens += n
+            values = _sum_over_processes(values.to(sizes[terms[0].aggregation].device), accelerator)
+            for term, v in zip(terms, values.tolist()):
+                _add(stats, f"loss/{term.name}", v)
+            _add(stats, "loss", sum(t.coef * v for t, v in zip(terms, values.tolist())))
             if config.grad_clip > 0:
-                _add(stats, "grad_norm", torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+                clip = (
+                    accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
+                )
+                _add(stats, "grad_norm", clip(params, config.grad_clip))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return stats, tokens
 
 
-def _on(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
-    return RolloutBatch(
-        *(
-            t.to(device)
-            for t in (
-                batch.input_ids,
-                batch.targets,
-                batch.mask,
-                batch.old_logprobs,
-                batch.rewards_G_N,
-                batch.lengths,
-            )
-        )
-    )
+def _sum_over_processes(t: torch.Tensor, accelerator) -> torch.Tensor:
+    if accelerator is None or accelerator.num_processes == 1:
+        return t
+    return accelerator.reduce(t, "sum")
 
 
 def _add(stats: dict[str, list[float]], key: str, value: torch.Tensor | float) -> None:

@@ -1,4 +1,4 @@
-"""From samples to training tensors: grade groups, apply reward components, pad into a batch.
+"""From samples to training tensors: grade groups, apply reward components, batch, pack for the model.
 
 Kept apart from the RL loop so the loop reads top to bottom: sample -> grade -> tensors ->
 advantages -> update.
@@ -61,37 +61,92 @@ def grade_group(
 
 @dataclass
 class RolloutBatch:
-    """Right-padded (R, L) tensors for R = groups x group_size sequences prompt + completion.
+    """R = groups x group_size sampled sequences, prompt-major. The model reads each sequence whole
+    (prompt + completion, see `pack`); every per-token tensor is (R, T) over completion tokens only,
+    T = the longest completion: position t holds completion token t, whose logprob comes from the
+    logits after prompt + completion[:t]."""
 
-    Position t of `targets` holds token t+1 and `mask` marks the positions whose target is a
-    completion token: the logits at those positions are the policy's choices."""
-
-    input_ids: torch.Tensor  # (R, L)
-    targets: torch.Tensor  # (R, L)
-    mask: torch.Tensor  # (R, L) bool
-    old_logprobs: torch.Tensor  # (R, L), sampler logprobs at the masked positions, 0 elsewhere
+    prompts: list[list[int]]
+    completions_R_T: torch.Tensor  # (R, T) token ids, 0 past each completion's end
+    mask_R_T: torch.Tensor  # (R, T) bool: t < length of completion r
+    old_logprobs_R_T: (
+        torch.Tensor
+    )  # (R, T) the sampler's logprobs (the importance-ratio denominator), 0 past the end
     rewards_G_N: torch.Tensor  # (G, N)
-    lengths: torch.Tensor  # (R,) completion tokens
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return RolloutBatch(
+            self.prompts,
+            self.completions_R_T.to(device),
+            self.mask_R_T.to(device),
+            self.old_logprobs_R_T.to(device),
+            self.rewards_G_N.to(device),
+        )
 
 
-def to_batch(groups: list[Group], pad_id: int) -> RolloutBatch:
+def to_batch(groups: list[Group]) -> RolloutBatch:
     rows = [r for g in groups for r in g.rollouts]
-    width = max(len(r.sample.prompt_ids) + len(r.sample.token_ids) for r in rows)
-    R = len(rows)
-    input_ids = torch.full((R, width), pad_id, dtype=torch.long)
-    targets = torch.full((R, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((R, width), dtype=torch.bool)
-    old = torch.zeros((R, width))
+    width = max(len(r.sample.token_ids) for r in rows)
+    completions = torch.zeros((len(rows), width), dtype=torch.long)
+    old = torch.zeros((len(rows), width))
     for i, r in enumerate(rows):
-        p, c = r.sample.prompt_ids, r.sample.token_ids
-        seq = torch.tensor(p + c)
-        input_ids[i, : len(seq)] = seq
-        targets[i, : len(seq) - 1] = seq[1:]
-        mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
-        old[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(r.sample.logprobs)
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        n = len(r.sample.token_ids)
+        completions[i, :n] = torch.tensor(r.sample.token_ids, dtype=torch.long)
+        old[i, :n] = torch.tensor(r.sample.logprobs, dtype=torch.float32)
     lengths = torch.tensor([len(r.sample.token_ids) for r in rows])
-    return RolloutBatch(input_ids, targets, mask, old, rewards, lengths)
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    return RolloutBatch([list(r.sample.prompt_ids) for r in rows], completions, mask, old, rewards)
+
+
+@dataclass
+class Packed:
+    """Sequences packed into rows without padding between them, as SFT packing does: each sequence's
+    position ids restart at 0 and the model gets no attention mask, so transformers detects the packed
+    sequences from `position_ids` and keeps each from attending to the others. Only the tail of a row
+    is padding (its positions continue the last sequence's numbering; nothing reads them)."""
+
+    input_ids_P_W: torch.Tensor  # (P, W)
+    position_ids_P_W: torch.Tensor  # (P, W)
+    index_N: torch.Tensor  # (N,) flat index into P x W of the position that predicts each completion token
+    targets_N: torch.Tensor  # (N,) the completion tokens, in the row-major order of mask_B_T
+
+
+def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> Packed:
+    """Pack B sequences (prompt + completion, minus the last token, which predicts nothing) into rows
+    of width W = the longest of them, first-fit by decreasing length. A row never holds more tokens
+    than the padded batch's row would, so attention costs no more than the padded batch; the rows
+    hold no padding between sequences and the vocabulary projection is applied at `index_N` only."""
+    lengths = mask_B_T.sum(-1).tolist()
+    completions = completions_B_T.tolist()
+    seqs = [p + c[: max(n - 1, 0)] for p, c, n in zip(prompts, completions, lengths)]
+    width = max(len(s) for s in seqs)
+    rows: list[list[int]] = []  # sequence indices per row
+    used: list[int] = []
+    for b in sorted(range(len(seqs)), key=lambda b: -len(seqs[b])):
+        row = next((i for i, u in enumerate(used) if u + len(seqs[b]) <= width), None)
+        if row is None:
+            rows.append([])
+            used.append(0)
+            row = len(rows) - 1
+        rows[row].append(b)
+        used[row] += len(seqs[b])
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    first = [0] * len(seqs)  # flat index of the position predicting completion token 0 of sequence b
+    for i, members in enumerate(rows):
+        offset = 0
+        for b in members:
+            n = len(seqs[b])
+            ids[i, offset : offset + n] = torch.tensor(seqs[b], dtype=torch.long)
+            positions[i, offset : offset + n] = torch.arange(n)
+            first[b] = i * width + offset + len(prompts[b]) - 1
+            offset += n
+        last = positions[i, offset - 1] + 1 if offset else 0
+        positions[i, offset:] = torch.arange(last, last + width - offset)
+    index = torch.cat([torch.arange(first[b], first[b] + n) for b, n in enumerate(lengths)])
+    device = completions_B_T.device
+    return Packed(ids.to(device), positions.to(device), index.to(device), completions_B_T[mask_B_T.bool()])
 
 
 def rollout_record(step: int, group: Group) -> list[dict[str, Any]]:

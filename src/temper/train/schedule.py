@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+Schedule = Literal["constant", "cosine", "wsd"]
 
 
 def lr_at(
@@ -11,7 +14,7 @@ def lr_at(
     lr: float,
     max_steps: int,
     warmup_steps: int,
-    schedule: str,
+    schedule: Schedule,
     min_lr_ratio: float = 0.1,
     decay_fraction: float = 0.2,
 ) -> float:
