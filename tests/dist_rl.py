@@ -52,4 +52,7 @@ def main(out: str, steps: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *map(int, sys.argv[2:]))
+    try:
+        main(sys.argv[1], *map(int, sys.argv[2:]))
+    finally:
+        distributed.shutdown()

@@ -288,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, StageError, ImportError) as err:
         print(f"temper: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit
+            from temper import distributed
+
+            distributed.shutdown()
     return 0
 
 
