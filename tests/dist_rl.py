@@ -1,6 +1,6 @@
 """Trained by tests/test_distributed.py, alone or under torchrun: a few GRPO steps of the nano
 model on a task it can learn. Every process writes `world-<rank>.json`; the main process writes
-the logged rows to `history.json`. argv: out_dir [steps]."""
+the logged rows to `history.json`. argv: out_dir [JSON of RLConfig overrides]."""
 
 import json
 import sys
@@ -27,7 +27,7 @@ class FirstByteTask:
         return Score(float(ok), ok, bool(completion), {"reason": "correct" if ok else "wrong"})
 
 
-def main(out: str, steps: int = 3) -> None:
+def main(out: str, overrides: str = "{}") -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     state = distributed.state()
     Path(out, f"world-{state.process_index}.json").write_text(
@@ -35,24 +35,23 @@ def main(out: str, steps: int = 3) -> None:
     )
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
-    config = RLConfig(
-        steps=steps,
-        prompts_per_step=4,
-        group_size=4,
-        max_new_tokens=4,
-        lr=1e-2,
-        minibatches=1,
-        log_rollouts=4,
-        seed=0,
-        progress=False,
+    settings = dict(steps=3, prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-2, log_rollouts=4)
+    config = RLConfig(**settings | json.loads(overrides), minibatches=1, seed=0, progress=False)
+    reference = build_preset("nano", tokenizer, seed=1).requires_grad_(False) if config.kl_coef else None
+    result = train_rl(
+        build_preset("nano", tokenizer, seed=1),
+        tokenizer,
+        [FirstByteTask()],
+        config,
+        out,
+        reference=reference,
     )
-    result = train_rl(build_preset("nano", tokenizer, seed=1), tokenizer, [FirstByteTask()], config, out)
     if state.is_main_process:
         Path(out, "history.json").write_text(json.dumps(result.history))
 
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1], *map(int, sys.argv[2:]))
+        main(*sys.argv[1:])
     finally:
         distributed.shutdown()
