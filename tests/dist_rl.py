@@ -1,6 +1,7 @@
 """Trained by tests/test_distributed.py, alone or under torchrun: a few GRPO steps of the nano
 model on a task it can learn. Every process writes `world-<rank>.json`; the main process writes
-the logged rows to `history.json`. argv: out_dir [JSON of RLConfig overrides]."""
+the logged rows to `history.json`. argv: out_dir [JSON of RLConfig overrides] [step after which
+every process raises, as an interruption would]."""
 
 import json
 import sys
@@ -27,7 +28,11 @@ class FirstByteTask:
         return Score(float(ok), ok, bool(completion), {"reason": "correct" if ok else "wrong"})
 
 
-def main(out: str, overrides: str = "{}") -> None:
+class Interrupted(Exception):
+    pass
+
+
+def main(out: str, overrides: str = "{}", stop_after: str = "0") -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     state = distributed.state()
     Path(out, f"world-{state.process_index}.json").write_text(
@@ -38,6 +43,11 @@ def main(out: str, overrides: str = "{}") -> None:
     settings = dict(steps=3, prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-2, log_rollouts=4)
     config = RLConfig(**settings | json.loads(overrides), minibatches=1, seed=0, progress=False)
     reference = build_preset("nano", tokenizer, seed=1).requires_grad_(False) if config.kl_coef else None
+
+    def interrupt(step, row):
+        if step == int(stop_after):
+            raise Interrupted(f"stopped after step {step}")
+
     result = train_rl(
         build_preset("nano", tokenizer, seed=1),
         tokenizer,
@@ -45,6 +55,7 @@ def main(out: str, overrides: str = "{}") -> None:
         config,
         out,
         reference=reference,
+        callbacks=[interrupt],
     )
     if state.is_main_process:
         Path(out, "history.json").write_text(json.dumps(result.history))

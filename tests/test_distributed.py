@@ -16,7 +16,9 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-def launch(args: list[str], processes: int, timeout: float = 240) -> subprocess.CompletedProcess:
+def launch(
+    args: list[str], processes: int, timeout: float = 240, ok: bool = True
+) -> subprocess.CompletedProcess:
     """`python ARGS` alone (processes=1: the plain single-process path) or under torchrun."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
     launcher = [sys.executable]
@@ -24,7 +26,7 @@ def launch(args: list[str], processes: int, timeout: float = 240) -> subprocess.
         # --standalone: a free port per launch, so concurrent test runs do not collide
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     done = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert (done.returncode == 0) == ok, done.stdout[-2000:] + done.stderr[-4000:]
     return done
 
 
@@ -45,27 +47,60 @@ def test_sft_two_processes_match_one_at_the_same_global_batch(tmp_path):
     assert len((tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()) == 4  # one row per step
 
 
+RL_SETTINGS = json.dumps({"steps": 4, "save_every": 2})
+
+
+@pytest.fixture(scope="module")
+def rl_runs(tmp_path_factory) -> Path:
+    """A few GRPO steps (minibatches=1, no dynamic sampling) alone (p1) and in 2 processes (p2)."""
+    root = tmp_path_factory.mktemp("rl")
+    launch([str(TESTS / "dist_rl.py"), str(root / "p1"), RL_SETTINGS], 1)
+    launch([str(TESTS / "dist_rl.py"), str(root / "p2"), RL_SETTINGS], 2)
+    return root
+
+
+def _history(out: Path) -> list[dict]:
+    return json.loads((out / "history.json").read_text())
+
+
 @pytest.mark.slow
-def test_rl_two_processes_match_one_at_the_same_global_batch(tmp_path):
-    """GRPO, minibatches=1, no dynamic sampling: each process samples and trains on half of the
-    groups; the rewards (sampling does not depend on the process) and the losses (DDP-averaged
+def test_rl_two_processes_match_one_at_the_same_global_batch(rl_runs):
+    """Each process samples and trains on half of the groups; the rewards (a group's samples do
+    not depend on the process that draws it) and the losses and gradient norm (DDP-averaged
     gradients of globally normalized losses) equal one process's, step after step."""
-    launch([str(TESTS / "dist_rl.py"), str(tmp_path / "p1")], 1)
-    launch([str(TESTS / "dist_rl.py"), str(tmp_path / "p2")], 2)
-    assert worlds(tmp_path / "p2") == [(0, 2), (1, 2)]
-    one = json.loads((tmp_path / "p1" / "history.json").read_text())
-    two = json.loads((tmp_path / "p2" / "history.json").read_text())
-    assert [r["step"] for r in two] == [1, 2, 3]
+    assert worlds(rl_runs / "p2") == [(0, 2), (1, 2)]
+    one, two = _history(rl_runs / "p1"), _history(rl_runs / "p2")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
     for a, b in zip(one, two, strict=True):
         assert b["reward"] == a["reward"] and b["response_length"] == a["response_length"]
         for key in ("loss/policy", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert len(set(r["reward"] for r in one)) > 1  # the policy moved: later steps test the update
-    rows = (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]  # written once, by the main process
-    assert (tmp_path / "p2" / "rollouts.jsonl").read_text() == (
-        tmp_path / "p1" / "rollouts.jsonl"
-    ).read_text()
+    rows = (rl_runs / "p2" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3, 4]  # written once, by the main process
+    assert (rl_runs / "p2" / "rollouts.jsonl").read_text() == (rl_runs / "p1" / "rollouts.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_rl_two_processes_resume_exactly(rl_runs, tmp_path):
+    """Interrupted after step 3, a 2-process run resumes from its step-2 checkpoint (weights,
+    optimizer and each process's RNG) and replays steps 3-4 as the uninterrupted run did."""
+    out = tmp_path / "cut"
+    launch([str(TESTS / "dist_rl.py"), str(out), RL_SETTINGS, "3"], 2, ok=False)
+    ckpt = out / "checkpoints" / "step-0000002"
+    assert sorted(p.name for p in ckpt.glob("random_states_*")) == [
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]
+    launch([str(TESTS / "dist_rl.py"), str(out), RL_SETTINGS], 2)
+    full, resumed = _history(rl_runs / "p2"), _history(out)
+    assert [r["step"] for r in resumed] == [3, 4]
+    for a, b in zip(full[2:], resumed, strict=True):
+        assert b["reward"] == a["reward"]
+        for key in ("loss/policy", "loss", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3, 4]  # step 3 logged once, not twice
 
 
 MICRO = """\
