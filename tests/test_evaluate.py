@@ -1,5 +1,9 @@
+import html
+import importlib.util
 import json
 import os
+import re
+import zlib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -11,10 +15,12 @@ from temper.evaluate import (
     evaluate,
     evaluate_splits,
     format_table,
+    table_rows,
     write_eval,
 )
 from temper.models import build_preset, build_tokenizer
 from temper.rollout import HFSampler
+from temper.rollout.sampler import Sample
 from temper.stats import pass_at_k, wilson_interval
 from temper.tasks.base import Problem, Score, Task
 
@@ -62,6 +68,11 @@ def model(tokenizer):
     return build_preset("nano", tokenizer, seed=0)
 
 
+@pytest.fixture(scope="module")
+def sampler(model, tokenizer):
+    return HFSampler(model, tokenizer, max_batch_rows=64)
+
+
 def check_metrics(result):
     json.dumps(result, allow_nan=False)
     for name, m in result["metrics"].items():
@@ -74,9 +85,9 @@ def test_prompt_ids(tokenizer):
     assert ids == [260, ord("h"), ord("i"), tokenizer.eos_token_id, 261]
 
 
-def test_always_correct(model, tokenizer):
+def test_always_correct(sampler, tokenizer):
     assert isinstance(FakeTask("always"), Task)
-    r = evaluate(model, tokenizer, FakeTask("always"), "test", **KW)
+    r = evaluate(sampler, tokenizer, FakeTask("always"), "test", **KW)
     check_metrics(r)
     m = r["metrics"]
     for name in ("greedy_accuracy", "parse_rate", f"pass@{K}", f"mean@{K}", "pass@1"):
@@ -95,8 +106,8 @@ def test_always_correct(model, tokenizer):
     }
 
 
-def test_problem_dependent(model, tokenizer):
-    r = evaluate(model, tokenizer, FakeTask("problem"), "test", **KW)
+def test_problem_dependent(sampler, tokenizer):
+    r = evaluate(sampler, tokenizer, FakeTask("problem"), "test", **KW)
     check_metrics(r)
     m = r["metrics"]
     for name in ("greedy_accuracy", f"pass@{K}", f"mean@{K}", "pass@1", "greedy_reward"):
@@ -108,14 +119,13 @@ def test_problem_dependent(model, tokenizer):
     assert r["examples"][1]["score"]["correct"] is False
 
 
-def test_completion_dependent_matches_sampler(model, tokenizer):
+def test_completion_dependent_matches_sampler(sampler, tokenizer):
     """Metrics recomputed from the same sampler calls (same seed) and pass_at_k by hand."""
     task = FakeTask("text")
-    r = evaluate(model, tokenizer, task, "ood", **KW)
+    r = evaluate(sampler, tokenizer, task, "ood", **KW)
     check_metrics(r)
     problems = task.sample("ood", N, KW["seed"])
     prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
-    sampler = HFSampler(model, tokenizer, max_batch_rows=64)
     gen = dict(max_new_tokens=MAX_NEW, seed=KW["seed"])
     greedy = [cs[0] for cs in sampler.sample(prompts, 1, temperature=0.0, **gen)]
     sampled = sampler.sample(prompts, K, temperature=1.0, **gen)
@@ -130,15 +140,263 @@ def test_completion_dependent_matches_sampler(model, tokenizer):
     assert r["examples"][0]["completion"] == greedy[0].text
 
 
-def test_splits_table_and_write(model, tokenizer, tmp_path):
+def test_splits_table_and_write(sampler, tokenizer, tmp_path):
     kw = {**KW, "n_problems": 2, "k": 2, "max_new_tokens": 3}
-    results = {"nano": evaluate_splits(model, tokenizer, FakeTask("problem"), **kw)}
+    results = {"nano": evaluate_splits(sampler, tokenizer, FakeTask("problem"), **kw)}
     assert list(results["nano"]) == ["test", "ood"]
     table = format_table(results)
     lines = table.splitlines()
     assert len(lines) == 4
     assert "pass@2" in lines[0] and "mean@2" in lines[0]
-    assert lines[2].split()[:4] == ["nano", "test", "2", "50.0"]
+    assert lines[2].split()[:4] == ["nano", "test", "2", "50.0%"]
     path = tmp_path / "eval" / "results.json"
     write_eval(path, results)
     assert json.loads(path.read_text()) == results
+
+
+class ScriptedSampler:
+    """A `Sampler` with no model: problem i's greedy completion is `greedy[i]` and its samples are
+    `sampled[i]` (prompts are told apart by their token ids). Records every call."""
+
+    def __init__(self, tokenizer, problems: list[Problem], greedy: list[str], sampled: list[list[str]]):
+        self.by_prompt = {
+            tuple(prompt_ids(tokenizer, p.messages())): (g, s)
+            for p, g, s in zip(problems, greedy, sampled, strict=True)
+        }
+        self.calls: list[dict] = []
+
+    def sample(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop=(), seed=0):
+        self.calls.append({"n": n, "temperature": temperature, "max_new_tokens": max_new_tokens})
+        out = []
+        for prompt in prompts:
+            greedy, sampled = self.by_prompt[tuple(prompt)]
+            texts = [greedy] * n if temperature == 0.0 else sampled[:n]
+            assert len(texts) == n
+            out.append([self._sample(prompt, t, max_new_tokens) for t in texts])
+        return out
+
+    @staticmethod
+    def _sample(prompt, text, max_new_tokens):
+        ids = [ord(c) for c in text[:max_new_tokens]]  # one token per character
+        stop = "length" if len(text) >= max_new_tokens else "eos"
+        return Sample(list(prompt), ids, [-1.0] * len(ids), text, stop)
+
+    def sync(self, model):
+        pass
+
+
+class ScriptedTask(FakeTask):
+    """Right when the completion says "ok", parsed unless it says "??", and the verifier raises
+    on a completion that says "boom" (a grader bug, not a wrong answer)."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        super().__init__("text")
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        if "boom" in completion:
+            raise ZeroDivisionError("the grader divided by zero")
+        ok = "ok" in completion
+        return Score(float(ok), ok, "??" not in completion, {"reason": "right" if ok else "wrong"})
+
+
+# problem i: its greedy completion and its K = 3 samples
+GREEDY = ["ok", "no", "boom", "??", "ok-long-answer", "no"]
+SAMPLED = [
+    ["ok", "ok", "no"],
+    ["no", "no", "no"],
+    ["boom", "ok", "no"],
+    ["ok", "boom", "boom"],
+    ["ok", "ok", "ok"],
+    ["??", "no", "ok"],
+]
+
+
+def _scripted(tokenizer, split="test", seed=5):
+    task = ScriptedTask()
+    problems = task.sample(split, len(GREEDY), seed)
+    return task, ScriptedSampler(tokenizer, problems, GREEDY, SAMPLED)
+
+
+def test_evaluate_takes_any_sampler_no_model_needed(tokenizer):
+    """The interface is the Sampler: a scripted one (no model anywhere) gives exact numbers."""
+    task, sampler = _scripted(tokenizer)
+    r = evaluate(sampler, tokenizer, task, "test", **{**KW, "max_new_tokens": 8})
+    check_metrics(r)
+    assert sampler.calls == [
+        {"n": 1, "temperature": 0.0, "max_new_tokens": 8},
+        {"n": K, "temperature": 1.0, "max_new_tokens": 8},
+    ]
+    m = r["metrics"]
+    assert m["greedy_accuracy"]["value"] == pytest.approx(2 / 6)  # "ok", "ok-long-answer"
+    assert m["parse_rate"]["value"] == pytest.approx(4 / 6)  # not "??", not the verifier error
+    assert m["truncation_rate"]["value"] == pytest.approx(1 / 6)  # "ok-long-answer" hits 8 tokens
+    assert m["mean_length"]["value"] == pytest.approx((2 + 2 + 4 + 2 + 8 + 2) / 6)
+    c = [2, 0, 1, 1, 3, 1]  # correct samples per problem
+    assert m[f"mean@{K}"]["value"] == pytest.approx(sum(c) / (K * 6))
+    assert m[f"pass@{K}"]["value"] == pytest.approx(5 / 6)
+    assert m["pass@1"]["value"] == pytest.approx(sum(pass_at_k(K, ci, 1) for ci in c) / 6)
+    assert m[f"pass@{K}"]["lo"] == pytest.approx(wilson_interval(5, 6, Z95)[0])
+
+    greedy_only = evaluate(sampler, tokenizer, task, "test", **{**KW, "max_new_tokens": 8, "k": 0})
+    assert len(sampler.calls) == 3  # one greedy call, nothing sampled
+    assert {k: v for k, v in greedy_only["metrics"].items()} == {k: v for k, v in m.items() if "@" not in k}
+    header, _ = table_rows({"scripted": {"test": greedy_only}})
+    assert not any("@" in h for h in header)  # no pass@k / mean@k columns when nothing was sampled
+
+
+def test_a_raising_verifier_gives_verifier_error_rows(tokenizer):
+    """A verifier exception is a graded, counted, shown verifier_error row: no crash, and not a
+    plain wrong answer. RL's grade_group grades through the same helper."""
+    from temper.train.rollouts import grade_group
+
+    task, sampler = _scripted(tokenizer)
+    r = evaluate(sampler, tokenizer, task, "test", **{**KW, "max_new_tokens": 8, "n_examples": 2})
+    assert r["reasons"] == {"right": 2, "wrong": 3, "verifier_error": 1}  # greedy completions
+    assert (r["verifier_errors"], r["graded"]) == (1 + 3, 6 * (1 + K))  # greedy "boom" + 3 sampled
+    assert r["metrics"]["greedy_accuracy"]["value"] == pytest.approx(2 / 6)
+    assert r["metrics"][f"mean@{K}"]["value"] == pytest.approx(8 / 18)  # a raising sample is not correct
+    # the first two examples are fine; the verifier error is shown too, with its exception
+    assert [e["id"] for e in r["examples"]] == ["test-5-0", "test-5-1", "test-5-2"]
+    err = r["examples"][2]["score"]
+    assert err["reason"] == "verifier_error" and "ZeroDivisionError" in err["error"]
+    assert err["correct"] is False and err["parsed"] is False
+    header, rows = table_rows({"m": {"test": r}})
+    assert header[-1] == "verifier errors" and rows[0][-1] == "4 of 24"
+
+    problems = task.sample("test", 6, 5)
+    samples = sampler.sample([prompt_ids(tokenizer, problems[3].messages())], K, max_new_tokens=8)[0]
+    group = grade_group(task, problems[3], samples, {"outcome": 1.0}, 8, 0)
+    assert [ro.score.details["reason"] for ro in group.rollouts] == [
+        "right",
+        "verifier_error",
+        "verifier_error",
+    ]
+    assert "ZeroDivisionError" in group.rollouts[1].score.details["error"]
+
+
+def _cells_of_text_table(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    del lines[1]  # the dashes under the header
+    return [re.split(r"\s{2,}", line.strip()) for line in lines]
+
+
+def _cells_of_html_table(page: str) -> list[list[str]]:
+    return [
+        [html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", tr)]
+        for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", page)
+    ]
+
+
+def test_cli_table_and_report_table_show_the_same_cells(tokenizer):
+    """`temper eval` prints and report.html shows the same columns and numbers for the same results."""
+    from temper.report import eval_table as report_table
+    from temper.stages.evaluation import eval_table as cli_table
+
+    task, sampler = _scripted(tokenizer)
+    kw = {**KW, "max_new_tokens": 8}
+    by_model = {
+        "02-sft": evaluate_splits(sampler, tokenizer, task, ["test"], **kw),
+        "03-rl": evaluate_splits(sampler, tokenizer, task, ["test"], **{**kw, "seed": 6}),
+    }
+    by_model["03-rl"]["test"]["metrics"]["mean_length"] = {"value": 3.25, "lo": 2.0, "hi": 4.5}
+    html_rows = _cells_of_html_table(report_table(by_model))
+    text_rows = _cells_of_text_table(cli_table({"scripted": by_model}))
+    assert len(html_rows) == len(text_rows) == 3
+    assert html_rows[0] == text_rows[0]  # the same columns, same headers
+    assert "verifier errors" in html_rows[0] and "pass@3" in html_rows[0]
+    for h, t in zip(html_rows[1:], text_rows[1:], strict=True):
+        assert t[0] == f"scripted / {h[0]}"  # the CLI names the task beside the model
+        assert h[1:] == t[1:]
+    assert html_rows[1][3] == "33.3% [9.7, 70.0]"  # greedy accuracy 2/6 with its Wilson interval
+    assert html_rows[2][-2] == "3.2 [2.0, 4.5]"  # length in tokens, not percent
+
+
+class HashTask(FakeTask):
+    """For a model's own (random) completions: the text's crc32 mod 6 decides; 1 and 5 are right,
+    2 unparsed, 4 wrong, and on 0 and 3 the verifier raises."""
+
+    name = "hash"
+
+    def __init__(self) -> None:
+        super().__init__("text")
+
+    def sample(self, split: str, n: int, seed: int) -> list[Problem]:  # prompts differ by seed
+        return [Problem("hash", split, f"{split}-{seed}-{i}", f"{seed} asks {i}") for i in range(n)]
+
+    def score(self, problem: Problem, completion: str) -> Score:
+        h = zlib.crc32(completion.encode()) % 6
+        if h in (0, 3):
+            raise ValueError("grader bug")
+        ok = h in (1, 5)
+        return Score(float(ok), ok, h != 2, {"reason": "right" if ok else "wrong"})
+
+
+def test_rl_gate_and_periodic_evals_are_evaluates_numbers(tokenizer, tmp_path):
+    """The RL stage's format gate (before training) and its periodic eval (after the last update)
+    report the parse rate and accuracy `evaluate` gives for the same model on the same problems."""
+    from temper.models import load_model, save_model
+    from temper.stages.context import StageContext
+    from temper.stages.rl import HELD_OUT_SEED, RLStage, greedy_eval, run_rl
+    from temper.train.rl import RLConfig
+
+    base = build_preset("nano", tokenizer, seed=3)
+    save_model(base, tokenizer, tmp_path / "base")
+    task, n, max_new = HashTask(), 16, 7
+    stage = RLStage(
+        kind="rl",
+        tasks=["hash"],
+        gate={"min_parse_rate": 1.0, "n_problems": n, "on_fail": "warn"},
+        probe_groups=0,
+        train=RLConfig(
+            steps=2,
+            prompts_per_step=2,
+            group_size=4,
+            max_new_tokens=max_new,
+            lr=3e-3,
+            seed=0,
+            eval_every=1,
+            eval_problems=n,
+            progress=False,
+        ),
+    )
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={"hash": task}, task_options={})
+    out = tmp_path / "rl"
+    out.mkdir()
+    model_dir = run_rl(stage, ctx, tmp_path / "base", out)
+
+    def reference(path):
+        sampler = HFSampler(load_model(path), tokenizer)
+        r = evaluate(
+            sampler, tokenizer, task, "test", n_problems=n, seed=HELD_OUT_SEED, k=2, max_new_tokens=max_new
+        )
+        return sampler, r
+
+    sampler, before = reference(tmp_path / "base")
+    gate = json.loads((out / "probe.json").read_text())["gate"]
+    assert gate["parse_rates"] == {"hash/parse_rate": before["metrics"]["parse_rate"]["value"]}
+    assert gate.get("verifier_errors", {}).get("hash", 0) == before["reasons"].get("verifier_error", 0)
+    evals = greedy_eval(sampler, tokenizer, {"hash": task}, n, max_new)
+    assert evals["hash/accuracy"] == before["metrics"]["greedy_accuracy"]["value"]
+    assert evals["hash/parse_rate"] == before["metrics"]["parse_rate"]["value"]
+
+    _, after = reference(model_dir)
+    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["eval/hash/accuracy"] == after["metrics"]["greedy_accuracy"]["value"]
+    assert last["eval/hash/parse_rate"] == after["metrics"]["parse_rate"]["value"]
+    # not trivial numbers: some right, some wrong, some unparsed, some verifier errors
+    for r in (before, after):
+        assert 0 < r["metrics"]["greedy_accuracy"]["value"] < r["metrics"]["parse_rate"]["value"] < 1
+        assert r["reasons"].get("verifier_error", 0) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_eval_with_the_vllm_sampler_without_vllm_is_a_clear_error(tokenizer, model, tmp_path, capsys):
+    from temper.cli import main
+    from temper.models import save_model
+
+    save_model(model, tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "eval"), "--tasks", "arithmetic"]
+    assert main([*args, "--sampler", "vllm"]) == 2
+    assert "VLLMSampler needs vLLM" in capsys.readouterr().err

@@ -3,12 +3,12 @@ import torch
 
 from temper.models import (
     ModelNotFoundError,
-    apply_lora,
     build_preset,
     load_model,
     load_tokenizer,
-    merge_and_save,
     save_model,
+    save_trained,
+    with_lora,
 )
 
 
@@ -53,7 +53,8 @@ def test_preset_init_is_seeded(tokenizer):
 def test_lora_merge_gives_the_adapter_models_logits(nano, tokenizer, tmp_path):
     ids = tokenizer("7*8=56")["input_ids"]
     base = _logits(nano, ids)
-    peft_model = apply_lora(nano, r=4, alpha=8)
+    assert with_lora(nano, None) is nano
+    peft_model = with_lora(nano, {"r": 4, "alpha": 8})  # what a stage's `lora:` block does
     targets = {
         n.split(".lora_A")[0].split(".")[-1] for n, _ in peft_model.named_parameters() if "lora_A" in n
     }
@@ -64,7 +65,7 @@ def test_lora_merge_gives_the_adapter_models_logits(nano, tokenizer, tmp_path):
                 p.normal_(0, 0.5)
     adapted = _logits(peft_model, ids)
     assert not torch.allclose(adapted, base, atol=1e-3)
-    merge_and_save(peft_model, tokenizer, tmp_path / "merged")
+    save_trained(peft_model, tokenizer, tmp_path / "merged")  # merges because it has an adapter
     merged = load_model(tmp_path / "merged")
     assert not any("lora" in n for n, _ in merged.named_parameters())
     torch.testing.assert_close(_logits(merged, ids), adapted, atol=1e-4, rtol=1e-4)

@@ -52,6 +52,40 @@ def test_unknown_stage_key_and_bad_value():
     assert "r.yaml:14: stages[2].k: Input should be a valid integer" in message
 
 
+def test_a_misspelled_choice_suggests_the_nearest_valid_value():
+    bad = GOOD.replace(
+        "train: {max_steps: 2, batch_size: 4}\n  - kind: sft", "train: {schedule: cosin}\n  - kind: sft"
+    )
+    bad = bad.replace("kind: eval\n", "kind: eval\n    splits: [tset, ood]\n")
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(bad, "r.yaml")
+    message = str(err.value)
+    assert (
+        "r.yaml:8: stages[0].train.schedule: unknown value 'cosin'; did you mean 'cosine'? "
+        "Valid: cosine, wsd, constant" in message
+    )
+    assert "r.yaml:13: stages[2].splits[0]: unknown value 'tset'; did you mean 'test'?" in message
+    with pytest.raises(
+        RecipeError,
+        match=r"r.yaml:12: stages\[2\].kind: unknown stage kind 'evaluate'; did you mean 'eval'\?",
+    ):
+        parse_recipe(GOOD.replace("kind: eval", "kind: evaluate"), "r.yaml")
+    with pytest.raises(RecipeError, match=r"model.preset: unknown value 'tinny'; did you mean 'tiny'\?"):
+        parse_recipe(GOOD.replace("preset: nano", "preset: tinny"))
+
+
+def test_stage_help_shows_every_fields_docstring_and_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert "--train.lr FLOAT Peak learning rate. (default: 0.001)" in text  # a dataclass field
+    assert "--train.schedule {cosine,wsd,constant}" in text and "(default: cosine)" in text
+    assert (
+        "--data.eval_problems INT Test-split demonstrations per task for the eval loss. (default: 64)" in text
+    )
+    assert "--data.tasks LIST" in text and "--lora.target_modules" in text
+
+
 def test_unknown_stage_kind_and_task_references():
     with pytest.raises(RecipeError, match="stages\\[2\\]"):
         parse_recipe(GOOD.replace("kind: eval", "kind: evaluate"))
@@ -99,6 +133,9 @@ def test_stage_flags_are_validated(tmp_path, capsys):
     code = main(["sft", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--train.lr", "fast"])
     assert code == 2
     assert "--train.lr: Input should be a valid number" in capsys.readouterr().err
+    code = main(["sft", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--train.schedule", "wsdd"])
+    assert code == 2
+    assert "--train.schedule: unknown value 'wsdd'; did you mean 'wsd'?" in capsys.readouterr().err
 
 
 def test_rl_command_stops_at_the_format_gate(tmp_path, capsys):

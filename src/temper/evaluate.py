@@ -1,8 +1,14 @@
-"""Evaluate a model on a Task: greedy accuracy, pass@k, mean@k, parse rate, length, truncation,
+"""Evaluate a policy on a Task: greedy accuracy, pass@k, mean@k, parse rate, length, truncation,
 each with a 95% confidence interval; in-distribution (test) vs out-of-distribution (ood).
 
-Completions come from `HFSampler` and grading goes through `Task.score`: the sampler and the
-scoring function RL uses.
+The one evaluation path. Completions come from any `Sampler` (the in-process `HFSampler` or
+vLLM) and grading goes through `temper.tasks.base.grade`, the task's scorer with a verifier
+exception caught, exactly as RL grades. The eval stage, `temper eval` and the RL stage's format
+gate and periodic evals all call `evaluate`, and the CLI table and the HTML report both render
+`table_rows`, so they cannot disagree on a number or on how it is written.
+
+This module imports neither torch nor transformers at import time (the prompt renderer is
+imported where it is used): the report renders `table_rows` without paying for them.
 """
 
 from __future__ import annotations
@@ -10,15 +16,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from temper.atomic import atomic_write_json
-from temper.data.chat import prompt_ids
-from temper.rollout import HFSampler, Sample
 from temper.stats import mean_ci, pass_at_k, wilson_interval
-from temper.tasks.base import Problem, Score, Task
+from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from temper.rollout.sampler import Sample, Sampler
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -66,12 +73,13 @@ def _example(problem: Problem, completion: Sample, score: Score) -> dict[str, An
             "parsed": bool(score.parsed),
             "reason": _jsonable(score.details.get("reason")),
             "answer": _jsonable(score.details.get("answer")),
-        },
+        }
+        | ({"error": str(score.details["error"])} if "error" in score.details else {}),
     }
 
 
 def evaluate(
-    model: PreTrainedModel,
+    sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     split: str,
@@ -81,36 +89,36 @@ def evaluate(
     k: int = 4,
     temperature: float = 1.0,
     max_new_tokens: int = 64,
-    batch_size: int = 64,
     n_examples: int = 5,
 ) -> dict[str, Any]:
-    """One greedy and k sampled completions per problem of `task.sample(split, n_problems, seed)`.
+    """One greedy and k sampled completions per problem of `task.sample(split, n_problems, seed)`,
+    drawn from `sampler` (k = 0: greedy only, for the RL stage's gate and periodic evals).
 
     Metrics are {"value", "lo", "hi"} with 95% intervals over problems:
       greedy_accuracy, parse_rate, truncation_rate (greedy; Wilson interval),
       greedy_reward, mean_length (greedy completion tokens incl. the stop id; normal interval),
-      mean@k = mean_i c_i / k and pass@1, pass@k = mean_i pass_at_k(k, c_i, .) (normal interval
-      clipped to [0, 1], or Wilson when every per-problem value is 0 or 1),
+      and when k >= 1: mean@k = mean_i c_i / k and pass@1, pass@k = mean_i pass_at_k(k, c_i, .)
+      (normal interval clipped to [0, 1], or Wilson when every per-problem value is 0 or 1),
     where c_i counts the correct samples of problem i. With n = k samples, pass@1 equals mean@k
     and pass@k is the share of problems with at least one correct sample.
-    `batch_size` is the sampler's `max_batch_rows` (sequences, prompt x sample, decoded together).
+
+    A completion whose verifier raised is graded wrong and unparsed with reason "verifier_error"
+    (it counts against accuracy and parse rate, as RL gives it no reward); `verifier_errors`
+    counts them among the `graded` completions (greedy and sampled), `reasons` among the greedy
+    ones, and the tables show them in a column of their own.
     """
-    if k < 1 or n_problems < 1:
-        raise ValueError("evaluate needs k >= 1 and n_problems >= 1")
+    from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
+
+    if k < 0 or n_problems < 1:
+        raise ValueError("evaluate needs k >= 0 and n_problems >= 1")
     problems = task.sample(split, n_problems, seed)
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
     prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
-    sampler = HFSampler(model, tokenizer, max_batch_rows=batch_size)
     gen = dict(max_new_tokens=max_new_tokens, seed=seed)
     greedy = [c[0] for c in sampler.sample(prompts, 1, temperature=0.0, **gen)]
-    sampled = sampler.sample(prompts, k, temperature=temperature, **gen)
-
-    scores = [task.score(p, c.text) for p, c in zip(problems, greedy, strict=True)]
-    correct_P = [
-        sum(task.score(p, c.text).correct for c in cs) for p, cs in zip(problems, sampled, strict=True)
-    ]
-    reasons = Counter(str(s.details.get("reason", "unknown")) for s in scores)
+    scores = [grade(task, p, c.text) for p, c in zip(problems, greedy, strict=True)]
+    graded = list(scores)
 
     metrics = {
         "greedy_accuracy": _rate([s.correct for s in scores]),
@@ -118,10 +126,20 @@ def evaluate(
         "truncation_rate": _rate([c.stop_reason == "length" for c in greedy]),
         "greedy_reward": _mean([float(s.reward) for s in scores]),
         "mean_length": _mean([len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))),
-        f"mean@{k}": _unit_mean([c / k for c in correct_P]),
-        "pass@1": _unit_mean([pass_at_k(k, c, 1) for c in correct_P]),
-        f"pass@{k}": _unit_mean([pass_at_k(k, c, k) for c in correct_P]),
     }
+    if k:
+        sampled = sampler.sample(prompts, k, temperature=temperature, **gen)
+        correct_P = []
+        for p, cs in zip(problems, sampled, strict=True):
+            sampled_scores = [grade(task, p, c.text) for c in cs]
+            graded += sampled_scores
+            correct_P.append(sum(s.correct for s in sampled_scores))
+        metrics |= {
+            f"mean@{k}": _unit_mean([c / k for c in correct_P]),
+            "pass@1": _unit_mean([pass_at_k(k, c, 1) for c in correct_P]),
+            f"pass@{k}": _unit_mean([pass_at_k(k, c, k) for c in correct_P]),
+        }
+    reasons = Counter(str(s.details.get("reason", "unknown")) for s in scores)
     return {
         "task": task.name,
         "split": split,
@@ -132,57 +150,96 @@ def evaluate(
         "seed": seed,
         "metrics": metrics,
         "reasons": dict(reasons.most_common()),
-        "examples": [
-            _example(p, c, s) for p, c, s in list(zip(problems, greedy, scores, strict=True))[:n_examples]
-        ],
+        "graded": len(graded),
+        "verifier_errors": sum(_is_verifier_error(s) for s in graded),
+        "examples": _examples(problems, greedy, scores, n_examples),
     }
 
 
+def _is_verifier_error(score: Score) -> bool:
+    return score.details.get("reason") == VERIFIER_ERROR
+
+
+def _examples(
+    problems: Sequence[Problem], greedy: Sequence[Sample], scores: Sequence[Score], n: int
+) -> list[dict[str, Any]]:
+    """The first `n` greedy completions, then (so a broken verifier is seen, not only counted) the
+    first greedy completion whose verifier raised, if none of the first `n` did."""
+    rows = list(zip(problems, greedy, scores, strict=True))
+    shown = rows[:n]
+    if n and not any(_is_verifier_error(s) for _, _, s in shown):
+        shown += [r for r in rows[n:] if _is_verifier_error(r[2])][:1]
+    return [_example(*r) for r in shown]
+
+
 def evaluate_splits(
-    model: PreTrainedModel,
+    sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     splits: Sequence[str] = ("test", "ood"),
     **kw: Any,
 ) -> dict[str, dict[str, Any]]:
     """`evaluate` on each split (in-distribution "test" vs shifted "ood" by default)."""
-    return {split: evaluate(model, tokenizer, task, split, **kw) for split in splits}
+    return {split: evaluate(sampler, tokenizer, task, split, **kw) for split in splits}
 
 
-def _pct(m: Mapping[str, float]) -> str:
-    return f"{100 * m['value']:.1f} [{100 * m['lo']:.1f}, {100 * m['hi']:.1f}]"
+RATES = {  # table columns: metric key ("@k" filled from each result) -> header; rates in percent
+    "greedy_accuracy": "greedy acc",
+    "pass@k": "pass@k",
+    "mean@k": "mean@k",
+    "parse_rate": "parse rate",
+    "truncation_rate": "trunc rate",
+}
 
 
-def _plus_minus(m: Mapping[str, float]) -> str:
-    return f"{m['value']:.1f} ± {(m['hi'] - m['lo']) / 2:.1f}"
+def _cell(m: Mapping[str, float] | None, percent: bool) -> str:
+    """A "value [lo, hi]" cell: rates in percent, lengths in tokens; "–" for a metric the result lacks."""
+    if m is None:
+        return "–"
+    s = 100.0 if percent else 1.0
+    return f"{s * m['value']:.1f}{'%' if percent else ''} [{s * m['lo']:.1f}, {s * m['hi']:.1f}]"
+
+
+def table_rows(
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> tuple[list[str], list[list[str]]]:
+    """The eval table as (header, rows of cells): one row per (label, split), in the order given.
+
+    The one place that decides which metrics are shown, in what order and how they are written:
+    the CLI (`format_table`) aligns these cells in text and the HTML report (`temper.report`) puts
+    them in a <table>. Rates are "value% [lo, hi]" with the 95% interval, the greedy length in
+    tokens likewise; "pass@k"/"mean@k" take the results' k (or stay "@k" when rows differ) and are
+    left out when no row sampled (k = 0). A "verifier errors" column ("errors of graded") appears
+    when any row has one, so a broken verifier is never read as a run of wrong answers."""
+    rs = [r for by_split in results.values() for r in by_split.values()]
+    ks = {r["k"] for r in rs if r["k"]}
+    k_name = f"@{next(iter(ks))}" if len(ks) == 1 else "@k"
+    rates = [key for key in RATES if ks or "@k" not in key]
+    errors = any(r.get("verifier_errors") for r in rs)
+    header = ["model", "split", "n", *(RATES[key].replace("@k", k_name) for key in rates), "mean length"]
+    if errors:
+        header.append("verifier errors")
+    rows = []
+    for label, by_split in results.items():
+        for split, r in by_split.items():
+            m = r["metrics"]
+            row = [label, split, str(r["n_problems"])]
+            row += [_cell(m.get(key.replace("@k", f"@{r['k']}")), True) for key in rates]
+            row.append(_cell(m.get("mean_length"), False))
+            if errors:
+                row.append(f"{r.get('verifier_errors', 0)} of {r.get('graded', '?')}")
+            rows.append(row)
+    return header, rows
 
 
 def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
-    """A plain-text table, one row per (label, split): rates in % with their 95% interval
-    [lo, hi], the greedy length in tokens with ± the interval's half-width."""
-    ks = {r["k"] for by_split in results.values() for r in by_split.values()}
-    k_name = f"@{ks.pop()}" if len(ks) == 1 else "@k"
-    header = ["model", "split", "n", "greedy acc %", f"pass{k_name} %", f"mean{k_name} %"]
-    header += ["parse %", "trunc %", "length"]
-    rows = [header]
-    for label, by_split in results.items():
-        for split, r in by_split.items():
-            m, k = r["metrics"], r["k"]
-            rows.append(
-                [
-                    label,
-                    split,
-                    str(r["n_problems"]),
-                    _pct(m["greedy_accuracy"]),
-                    _pct(m[f"pass@{k}"]),
-                    _pct(m[f"mean@{k}"]),
-                    _pct(m["parse_rate"]),
-                    _pct(m["truncation_rate"]),
-                    _plus_minus(m["mean_length"]),
-                ]
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    """`table_rows` as plain text, columns aligned."""
+    header, rows = table_rows(results)
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

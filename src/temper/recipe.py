@@ -1,7 +1,8 @@
 """Recipe schema and validation: a YAML file of model, tasks and stages, checked before anything runs.
 
 An unknown key or a bad value is a `RecipeError` naming the file, the line and the key path, and
-suggesting the nearest valid key.
+suggesting the nearest valid key, or the nearest valid value of a choice (a `Literal` field, a
+stage `kind`). The stages are the registered stage kinds' specs (`temper.stages.registry`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class ModelSpec(Strict):
 
 
 class Recipe(Strict):
+    """A whole recipe. Validate it with `schema()` (as `parse_recipe` does): here `stages` is left
+    untyped so that a kind registered after this module is imported (a plugin, a test's toy kind)
+    is part of the schema too."""
+
     name: str
     output_dir: str | None = None
     """Default: runs/<name>."""

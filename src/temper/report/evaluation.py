@@ -9,40 +9,16 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from temper.evaluate import table_rows
 from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
-
-RATES = {  # eval table columns: metric key ("@k" filled from the result) -> header
-    "greedy_accuracy": "greedy acc",
-    "pass@k": "pass@k",
-    "mean@k": "mean@k",
-    "parse_rate": "parse rate",
-    "truncation_rate": "trunc rate",
-}
-
-
-def _metric(result: Mapping[str, Any], key: str) -> Mapping[str, float] | None:
-    return result["metrics"].get(key.replace("@k", f"@{result['k']}"))
-
-
-def _ci(m: Mapping[str, float] | None, percent: bool) -> str:
-    """The "value [lo, hi]" cell: rates in percent, lengths in tokens."""
-    if m is None:
-        return "–"
-    s = 100.0 if percent else 1.0
-    return f"{s * m['value']:.1f}{'%' if percent else ''} [{s * m['lo']:.1f}, {s * m['hi']:.1f}]"
 
 
 def eval_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
-    """One row per model stage × split, splits of a model adjacent (ID test beside OOD)."""
-    ks = {r["k"] for by_split in by_model.values() for r in by_split.values()}
-    k_name = f"@{ks.pop()}" if len(ks) == 1 else "@k"  # mixed k across rows keeps the generic name
-    head = ["model", "split", "n", *(h.replace("@k", k_name) for h in RATES.values()), "mean length"]
-    rows = []
-    for model, by_split in by_model.items():
-        for split, r in by_split.items():
-            rates = [_ci(_metric(r, key), True) for key in RATES]
-            rows.append([model, split, r["n_problems"], *rates, _ci(r["metrics"].get("mean_length"), False)])
-    return _table(rows, head)
+    """One row per model stage × split, splits of a model adjacent (ID test beside OOD); columns and
+    cells from `temper.evaluate.table_rows`, as in the CLI. Rows with verifier errors are highlighted."""
+    head, rows = table_rows(by_model)
+    results = [r for by_split in by_model.values() for r in by_split.values()]
+    return _table(rows, head, {i for i, r in enumerate(results) if r.get("verifier_errors")})
 
 
 def highlights(by_model: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool]]:
@@ -97,6 +73,7 @@ def _example(e: Mapping[str, Any]) -> str:
     mark = _mark(s.get("correct"))
     meta = [f"parsed: {s.get('parsed')}", f"reason: {s.get('reason')}", f"answer: {s.get('answer')}"]
     meta.append(f"stop: {e.get('stop_reason')}")
+    meta += [f"error: {s['error']}"] if s.get("error") else []  # the verifier's exception
     return (
         f'<div class="ex">{_esc(e.get("id", ""))} {mark} <small>{_esc(" · ".join(meta))}</small>'
         f"<pre>{_esc(e.get('prompt', ''))}</pre><pre>{_esc(e.get('completion', ''))}</pre></div>"

@@ -3,7 +3,13 @@
 A stage kind is one module under `temper.stages` that defines its recipe spec (a pydantic model
 with `kind: Literal["<name>"]`), the function that runs it, and a module-level `KIND = StageKind(...)`
 tying them together. The runner, the recipe schema, the CLI and the report look kinds up in
-`temper.stages.registry` instead of testing `stage.kind`, so a new kind is one new file.
+`temper.stages.registry` instead of testing `stage.kind`, so a new kind is one new file:
+
+1. `temper/stages/<kind>.py` with a `Strict` spec (`kind: Literal["<kind>"]`, `name`, and `source`
+   or `models` when it reads models), a `run(spec, StageRun)` writing into `StageRun.out` (a model
+   stage leaves `out/model`, and a `<kind>.json` summary the report reads), and `KIND`;
+2. its report section, here or in `temper.report` (named through `lazy` when it needs matplotlib);
+3. its tests. The recipe schema, `--dry-run`, `temper <kind> --help` and the report pick it up.
 """
 
 from __future__ import annotations

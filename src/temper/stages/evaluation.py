@@ -11,6 +11,7 @@ from rich.console import Console
 
 from temper.evaluate import evaluate_splits, format_table, write_eval
 from temper.models import load_model, load_tokenizer
+from temper.rollout import HFSampler
 from temper.stages.base import StageKind, Strict, lazy
 from temper.stages.context import StageContext
 
@@ -31,20 +32,29 @@ class EvalStage(Strict):
     temperature: float = Field(1.0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     seed: int = 1234
+    sampler: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (in-process transformers) or vllm (GPU)."""
 
 
 def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
-    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`."""
+    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`. Each model
+    is loaded once, into the stage's sampler backend, and serves every task and split."""
     models = stage.models or list(ctx.models)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
         path = ctx.models[model_name]
-        tokenizer, model = load_tokenizer(path), load_model(path)
+        tokenizer = load_tokenizer(path)
+        if stage.sampler == "vllm":
+            from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
+
+            sampler = VLLMSampler(path)
+        else:
+            sampler = HFSampler(load_model(path), tokenizer, max_batch_rows=64)
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
-                model,
+                sampler,
                 tokenizer,
                 ctx.tasks[task],
                 stage.splits,
@@ -54,6 +64,7 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
                 temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
             )
+        del sampler  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 

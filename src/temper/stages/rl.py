@@ -11,7 +11,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
-from temper.data.chat import prompt_ids
+from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
@@ -64,22 +64,32 @@ class GateError(StageError):
     """The policy does not answer in the required format often enough for RL to learn."""
 
 
+HELD_OUT_SEED = 4242  # which held-out problems the gate and the periodic evals grade (same every call)
+
+
 def greedy_eval(
     sampler: Sampler, tokenizer, tasks: dict[str, Task], n: int, max_new_tokens: int, split: str = "test"
 ) -> dict[str, float]:
-    """Greedy accuracy and parse rate per task on `n` held-out problems (seeded, same every call)."""
+    """Greedy accuracy and parse rate per task on `n` held-out problems: `evaluate` with k = 0, so
+    the numbers are the eval stage's for the same problems (seed HELD_OUT_SEED, `n` problems).
+    A task whose verifier raised also reports how many completions it failed on."""
     out: dict[str, float] = {}
     for name, task in tasks.items():
-        problems = task.sample(split, n, seed=4242)
-        samples = sampler.sample(
-            [prompt_ids(tokenizer, p.messages()) for p in problems],
-            1,
+        r = evaluate(
+            sampler,
+            tokenizer,
+            task,
+            split,
+            n_problems=n,
+            seed=HELD_OUT_SEED,
+            k=0,
             max_new_tokens=max_new_tokens,
-            temperature=0.0,
+            n_examples=0,
         )
-        scores = [task.score(p, s[0].text) for p, s in zip(problems, samples)]
-        out[f"{name}/accuracy"] = sum(s.correct for s in scores) / n
-        out[f"{name}/parse_rate"] = sum(s.parsed for s in scores) / n
+        out[f"{name}/accuracy"] = r["metrics"]["greedy_accuracy"]["value"]
+        out[f"{name}/parse_rate"] = r["metrics"]["parse_rate"]["value"]
+        if r["verifier_errors"]:
+            out[f"{name}/verifier_errors"] = r["verifier_errors"]
     return out
 
 
@@ -87,13 +97,13 @@ def format_gate(
     gate: GateSpec, sampler: Sampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
 ) -> dict[str, Any]:
     """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold."""
-    rates = {
-        k: v
-        for k, v in greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens).items()
-        if k.endswith("parse_rate")
-    }
+    evals = greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens)
+    rates = {k: v for k, v in evals.items() if k.endswith("parse_rate")}
+    errors = {k.split("/")[0]: int(v) for k, v in evals.items() if k.endswith("verifier_errors")}
     failing = {k: v for k, v in rates.items() if v < gate.min_parse_rate}
     result = {"threshold": gate.min_parse_rate, "parse_rates": rates, "passed": not failing}
+    if errors:
+        result["verifier_errors"] = errors
     if failing:
         detail = ", ".join(f"{k.split('/')[0]} {100 * v:.0f}%" for k, v in failing.items())
         message = (
@@ -101,6 +111,9 @@ def format_gate(
             "the policy does not yet answer in the required format, so SFT is not done. "
             "Run (more) SFT first, or set gate.on_fail: warn to start RL anyway."
         )
+        if errors:  # a crashing verifier also reads as unparsed: say so rather than blame SFT alone
+            said = ", ".join(f"{t} {n} of {gate.n_problems}" for t, n in errors.items())
+            message += f" The verifier raised on some completions ({said}): check the task's verifier."
         if gate.on_fail == "stop":
             raise GateError(message)
         console.print(f"[yellow]warning[/]: {message}")

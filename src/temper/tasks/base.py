@@ -77,3 +77,17 @@ class Task(Protocol):
     def corpus_text(self, problem: Problem) -> str:
         """The problem and its solution in plain notation, without the chat protocol (pre-training)."""
         ...
+
+
+VERIFIER_ERROR = "verifier_error"
+
+
+def grade(task: Task, problem: Problem, completion: str) -> Score:
+    """`task.score`, with an exception in the verifier turned into a graded row whose reason is
+    "verifier_error" (and `details["error"]` the exception). A verifier bug is an infrastructure
+    error, not the model's mistake: RL and evaluation both grade through here, so neither crashes
+    on it and both can count it apart from wrong answers."""
+    try:
+        return task.score(problem, completion)
+    except Exception as err:  # any verifier failure; KeyboardInterrupt and the like still stop the run
+        return Score(0.0, False, False, {"reason": VERIFIER_ERROR, "error": repr(err)})

@@ -14,7 +14,7 @@ import torch
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rollout.sampler import Sample
-from temper.tasks.base import Problem, Score, Task
+from temper.tasks.base import Problem, Score, Task, grade
 
 
 @dataclass
@@ -45,10 +45,7 @@ def grade_group(
 ) -> Group:
     rollouts = []
     for s in samples:
-        try:
-            score = task.score(problem, s.text)
-        except Exception as err:  # a verifier bug is an infrastructure error, not a zero reward
-            score = Score(0.0, False, False, {"reason": "verifier_error", "error": repr(err)})
+        score = grade(task, problem, s.text)  # a verifier exception becomes a "verifier_error" row
         x = RewardInput(score, len(s.token_ids), max_new_tokens, s.stop_reason == "length", overlong_buffer)
         total, parts = combine(x, weights)
         rollouts.append(Rollout(problem, s, score, total, parts))
