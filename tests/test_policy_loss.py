@@ -215,3 +215,76 @@ def test_kl_penalized_rewards_put_the_outcome_on_the_last_valid_token():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
     expected = torch.tensor([[-0.01, -0.02, 1 - 0.03], [-0.04, 0.5 - 0.05, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
     torch.testing.assert_close(kl_penalized_rewards(outcome, kl, mask, beta=0.1), expected)
+
+
+def _verl_policy_loss(old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_ratio_c):
+    """verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla (volcengine/verl @ b178a3c), the
+    per-token part inline: clip-higher, then the dual clip for negative advantages."""
+    ratio = torch.exp(torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0))
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -advantages * clip_ratio_c
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
+    return torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+
+
+def _verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=None):
+    """verl core_algos.agg_loss (one process, no global batch info), inline."""
+    m = loss_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * m).sum() / m.sum()
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq = (loss_mat * m).sum(-1) / (m.sum(-1) + 1e-8)
+        return (seq * (m.sum(-1) > 0)).sum() / (m.sum(-1) > 0).sum()
+    assert loss_agg_mode == "seq-mean-token-sum-norm"
+    return (loss_mat * m).sum() / loss_scale_factor
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "verl_mode"),
+    [("token", "token-mean"), ("sample", "seq-mean-token-mean"), ("constant", "seq-mean-token-sum-norm")],
+)
+def test_policy_loss_and_aggregations_match_verl(aggregation, verl_mode):
+    g = torch.Generator().manual_seed(0)
+    B, T = 6, 7
+    mask = torch.arange(T)[None, :] < torch.tensor([7, 1, 4, 5, 2, 6])[:, None]
+    old = -torch.rand(B, T, generator=g, dtype=F64) * 3
+    logp = (old + 1.2 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_()  # ratios 0.1 .. 30
+    adv = torch.randn(B, T, generator=g, dtype=F64)
+    per_token, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    ours = masked_mean(per_token, mask, aggregation, max_tokens=10)
+    (ours_grad,) = torch.autograd.grad(ours, logp)
+    theirs = _verl_agg_loss(_verl_policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0), mask, verl_mode, 10 * B)
+    (theirs_grad,) = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+    assert 0 < stats["dual_clip_frac"] < 1  # the case is exercised
+    assert not torch.allclose(ours, masked_mean(policy_loss(logp, old, adv, mask)[0], mask, aggregation, 10))
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_only():
+    logp = torch.tensor([[math.log(5.0), math.log(5.0), math.log(2.0)]], dtype=F64, requires_grad=True)
+    old = torch.zeros(1, 3, dtype=F64)
+    adv = torch.tensor([[-1.0, 1.0, -1.0]], dtype=F64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    per_token, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+    # rho 5, A -1: PPO gives 5, capped at 3 with no gradient; rho 5, A 1: clipped at -1.2; rho 2, A -1: 2
+    torch.testing.assert_close(per_token, torch.tensor([[3.0, -1.2, 2.0]], dtype=F64))
+    per_token.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0, 2.0]], dtype=F64))
+    assert math.isclose(stats["dual_clip_frac"].item(), 1 / 3)
+    with pytest.raises(ValueError, match="dual_clip"):
+        policy_loss(logp, old, adv, mask, dual_clip=1.0)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sample", "constant"])
+def test_masked_sum_over_splits_divided_once_is_the_masked_mean(aggregation):
+    from temper.algorithms.policy import aggregation_size, masked_sum
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, generator=g, dtype=F64)
+    mask = torch.arange(4)[None, :] < torch.tensor([4, 0, 2, 3, 1])[:, None]
+    size = aggregation_size(mask, aggregation, max_tokens=6)
+    parts = sum(masked_sum(x[rows], mask[rows], aggregation) for rows in ([0, 3], [1], [2, 4]))
+    torch.testing.assert_close(parts / size, masked_mean(x, mask, aggregation, max_tokens=6))

@@ -36,7 +36,7 @@ class RLConfig:
     minibatches: int = 1
     """Optimizer steps per epoch."""
     micro_batch_size: int = 0
-    """Sequences per forward pass; 0 = the whole minibatch."""
+    """Sequences per forward pass (packed into rows without padding); 0 = the whole minibatch."""
     lr: float = 1e-4
     warmup_steps: int = 0
     schedule: Schedule = "constant"

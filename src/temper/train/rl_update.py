@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,17 +38,21 @@ from temper.algorithms.value import value_loss
 from temper.train.rl_config import RLConfig
 from temper.train.rollouts import Packed, RolloutBatch, pack
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 __all__ = [
     "LossTerm",
     "PolicyWithValue",
     "Prepared",
     "TokenOutputs",
     "ValueHead",
+    "backward_minibatch",
+    "forward_rows",
     "last_hidden",
     "loss_terms",
     "policy_with_value",
     "prepare",
-    "run",
     "set_dropout",
     "update",
 ]
@@ -64,7 +69,7 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.bias)
 
     def forward(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden_N_H.float()).squeeze(-1)
+        return self.proj(_at_least_fp32(hidden_N_H)).squeeze(-1)
 
 
 class PolicyWithValue(torch.nn.Module):
@@ -92,10 +97,16 @@ class PolicyWithValue(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         hidden_N_H = last_hidden(self.policy, input_ids_P_W, position_ids_P_W, index_N)
         logits_N_V = self.policy.get_output_embeddings()(hidden_N_H) / self.temperature
-        logp_N_V = torch.log_softmax(logits_N_V.float(), dim=-1)
+        logp_N_V = torch.log_softmax(_at_least_fp32(logits_N_V), dim=-1)
         logp_N = logp_N_V.gather(-1, targets_N[:, None]).squeeze(-1)
         values_N = self.value(hidden_N_H) if self.value is not None else None
         return logp_N, entropy_from_logprobs(logp_N_V), values_N
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Logprobs, entropies and values in fp32 (bf16 logits lose the small differences the ratio
+    needs), or in fp64 for a fp64 model (the exactness tests)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def last_hidden(
@@ -174,7 +185,7 @@ class TokenOutputs:
     values: torch.Tensor | None
 
 
-def run(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, int]:
+def forward_rows(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, int]:
     """Forward `p`'s rows packed; -> (per-token outputs (B, T), tokens the model read)."""
     packed = p.packed()
     logp_N, entropy_N, values_N = module(
@@ -205,9 +216,9 @@ def prepare(
     ref_parts, value_parts = [], []
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
-            ref_parts.append(run(ref_module, p.rows(rows))[0].logp)
+            ref_parts.append(forward_rows(ref_module, p.rows(rows))[0].logp)
         if needs_values:
-            value_parts.append(run(module, p.rows(rows))[0].values)
+            value_parts.append(forward_rows(module, p.rows(rows))[0].values)
     if ref_parts:
         p.ref_logp = torch.cat(ref_parts)
         p.ref_kl = kl_k1(p.old_logp, p.ref_logp) * p.mask
@@ -272,10 +283,14 @@ def _value(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tens
 
 
 def loss_terms(config: RLConfig, p: Prepared) -> list[LossTerm]:
-    """The terms of this config's loss. Entropy and KL are reduced like the policy loss (verl's
-    agg_loss with the actor's loss_agg_mode; TRL adds its KL per token before aggregating); the
-    value loss is always a token mean (verl's critic default, and the share of each token in
-    fitting V should not depend on the length of its sequence)."""
+    """The terms of this config's loss, in the order they are logged.
+
+    Entropy and KL are reduced like the policy loss, as verl does (agg_loss with the actor's
+    loss_agg_mode); TRL 1.16 also adds its KL per token before aggregating, but always takes a token
+    mean for the entropy bonus (the same under aggregation "token"). The value loss is always a token
+    mean (verl's critic default: a token's weight in fitting V should not depend on its sequence's
+    length). The KL term is k3 without TRL's default importance-ratio correction (GRPO eq. 4, verl).
+    """
     terms = [LossTerm("policy", 1.0, config.aggregation, _policy)]
     if config.entropy_coef:
         terms.append(LossTerm("entropy", -config.entropy_coef, config.aggregation, _entropy))
@@ -293,16 +308,13 @@ def update(
     config: RLConfig,
     step: int,
     lr: float,
-    accelerator=None,  # accelerate.Accelerator | None
+    accelerator: Accelerator | None = None,
 ) -> tuple[dict[str, list[float]], int]:
     """`epochs` passes of `minibatches` optimizer steps over the batch; -> (stats lists, tokens).
 
     `module` is a `PolicyWithValue`, or the same wrapped by `accelerator.prepare` (DDP). With an
-    accelerator of W > 1 processes, `p` holds this process's rows: every term's size is summed over
-    processes, and each micro-batch's backward is of loss x W (DDP averages gradients over the W
-    processes), without gradient sync until the last micro-batch of a minibatch.
+    accelerator of W > 1 processes, `p` holds this process's rows (see `backward_minibatch`).
     """
-    W = accelerator.num_processes if accelerator is not None else 1
     terms = loss_terms(config, p)
     params = [q for q in module.parameters() if q.requires_grad]
     set_dropout(config, module)
@@ -316,37 +328,9 @@ def update(
             R, generator=torch.Generator().manual_seed(config.seed * 7 + step * 1000 + epoch)
         )
         for mb in order.chunk(config.minibatches):
-            sizes = {
-                agg: _sum_over_processes(
-                    aggregation_size(p.mask[mb], agg, config.max_new_tokens), accelerator
-                )
-                for agg in {t.aggregation for t in terms}
-            }
-            values = torch.zeros(len(terms))  # each term's minibatch value, for the log
-            micro = mb.split(config.micro_batch_size or len(mb))
-            for i, rows in enumerate(micro):
-                sync = accelerator is None or i == len(micro) - 1
-                with contextlib.nullcontext() if sync else accelerator.no_sync(module):
-                    chunk = p.rows(rows)
-                    out, n = run(module, chunk)
-                    loss = torch.zeros((), device=chunk.mask.device)
-                    for k, term in enumerate(terms):
-                        per_token, term_stats = term.per_token(out, chunk, config)
-                        part = masked_sum(per_token, chunk.mask, term.aggregation) / sizes[term.aggregation]
-                        loss = loss + term.coef * part
-                        values[k] += part.detach().cpu()
-                        for key, v in term_stats.items():
-                            _add(stats, key, v)
-                    _add(stats, "entropy", masked_mean(out.entropy.detach(), chunk.mask))
-                    if accelerator is not None:
-                        accelerator.backward(loss * W)
-                    else:
-                        loss.backward()
-                    tokens += n
-            values = _sum_over_processes(values.to(sizes[terms[0].aggregation].device), accelerator)
-            for term, v in zip(terms, values.tolist()):
-                _add(stats, f"loss/{term.name}", v)
-            _add(stats, "loss", sum(t.coef * v for t, v in zip(terms, values.tolist())))
+            # sorted: the packing (hence every rounding) depends only on which rows are in the minibatch,
+            # so a first epoch over one minibatch reproduces `prepare`'s numbers exactly (ratio == 1)
+            tokens += backward_minibatch(module, p.rows(mb.sort().values), terms, config, stats, accelerator)
             if config.grad_clip > 0:
                 clip = (
                     accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
@@ -357,7 +341,57 @@ def update(
     return stats, tokens
 
 
-def _sum_over_processes(t: torch.Tensor, accelerator) -> torch.Tensor:
+def backward_minibatch(
+    module: torch.nn.Module,
+    p: Prepared,
+    terms: list[LossTerm],
+    config: RLConfig,
+    stats: dict[str, list[float]],
+    accelerator: Accelerator | None = None,
+) -> int:
+    """Accumulate the gradient of one minibatch's loss, micro-batch by micro-batch; -> tokens read.
+
+    Each term adds masked_sum(micro-batch) / size(whole minibatch), so the micro-batch gradients
+    sum to the minibatch's. With W > 1 processes, `p` holds this process's rows: the sizes are
+    summed over processes and each backward is of loss x W (DDP averages gradients over the W
+    processes), without gradient sync until the last micro-batch.
+    """
+    W = accelerator.num_processes if accelerator is not None else 1
+    device = p.mask.device
+    sizes = {
+        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator)
+        for agg in {t.aggregation for t in terms}
+    }
+    values = torch.zeros(len(terms), device=device)  # each term's minibatch value, for the log
+    tokens = 0
+    micro = torch.arange(len(p.prompts), device="cpu").split(config.micro_batch_size or len(p.prompts))
+    for i, rows in enumerate(micro):
+        last = i == len(micro) - 1
+        with contextlib.nullcontext() if accelerator is None or last else accelerator.no_sync(module):
+            chunk = p.rows(rows)
+            out, n = forward_rows(module, chunk)
+            loss = torch.zeros((), device=device)
+            for k, term in enumerate(terms):
+                per_token, term_stats = term.per_token(out, chunk, config)
+                part = masked_sum(per_token, chunk.mask, term.aggregation) / sizes[term.aggregation]
+                loss = loss + term.coef * part
+                values[k] += part.detach()
+                for key, v in term_stats.items():
+                    _add(stats, key, v)
+            _add(stats, "entropy", masked_mean(out.entropy.detach(), chunk.mask))
+            if accelerator is not None:
+                accelerator.backward(loss * W)
+            else:
+                loss.backward()
+            tokens += n
+    values = _sum_over_processes(values, accelerator)
+    for term, v in zip(terms, values.tolist()):
+        _add(stats, f"loss/{term.name}", v)
+    _add(stats, "loss", sum(t.coef * v for t, v in zip(terms, values.tolist())))
+    return tokens
+
+
+def _sum_over_processes(t: torch.Tensor, accelerator: Accelerator | None) -> torch.Tensor:
     if accelerator is None or accelerator.num_processes == 1:
         return t
     return accelerator.reduce(t, "sum")

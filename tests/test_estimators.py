@@ -1,0 +1,120 @@
+"""The advantage-estimator registry: one signature for all (GAE included), names = the config's
+Literal, and GAE with whitening against verl's formulas reimplemented inline."""
+
+import inspect
+import typing
+from typing import get_args
+
+import pydantic
+import pytest
+import torch
+
+from temper.algorithms.advantages import grpo, rloo
+from temper.algorithms.estimators import ESTIMATORS, NEEDS_VALUES, AdvantageInputs
+from temper.algorithms.value import masked_whiten
+from temper.train.rl_config import Advantage, RLConfig
+
+F64 = torch.float64
+
+
+def _inputs(**kw) -> AdvantageInputs:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 1, 5, 2, 4, 5])
+    mask = torch.arange(5)[None, :] < lengths[:, None]
+    base = dict(
+        rewards_G_N=torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=F64),
+        mask_R_T=mask,
+        values_R_T=torch.randn(6, 5, generator=g, dtype=F64) * mask,
+        ref_kl_R_T=0.1 * torch.randn(6, 5, generator=g, dtype=F64) * mask,
+    )
+    return AdvantageInputs(**(base | kw))
+
+
+def test_registry_names_are_the_config_choices_and_share_one_signature():
+    assert set(ESTIMATORS) == set(get_args(Advantage))
+    assert NEEDS_VALUES <= set(ESTIMATORS)
+    for name, estimate in ESTIMATORS.items():
+        assert list(inspect.signature(estimate).parameters) == ["x"], name
+        advantages, returns = estimate(_inputs())
+        assert advantages.shape == (6, 5) and (advantages[~_inputs().mask_R_T] == 0).all(), name
+        assert (returns is not None) == (name in NEEDS_VALUES), name
+
+
+def test_outcome_estimators_broadcast_the_sample_advantage_over_its_tokens():
+    x = _inputs()
+    advantages, _ = ESTIMATORS["rloo"](x)
+    per_sample = rloo(x.rewards_G_N).reshape(-1, 1).expand(6, 5)
+    torch.testing.assert_close(advantages, torch.where(x.mask_R_T, per_sample, 0.0))
+
+
+def test_kl_in_the_reward_is_subtracted_per_sequence_before_the_baseline():
+    x = _inputs(kl_coef=0.5)
+    penalized = x.rewards_G_N - 0.5 * (x.ref_kl_R_T * x.mask_R_T).sum(-1).reshape(2, 3)
+    advantages, _ = ESTIMATORS["grpo"](x)
+    torch.testing.assert_close(advantages[:, :1], grpo(penalized).reshape(-1, 1))
+    assert not torch.allclose(advantages, ESTIMATORS["grpo"](_inputs())[0])
+
+
+def test_grpo_eps_is_configurable():
+    # eps only matters for a near-constant group: rewards 0.5 +- 1e-5 have std ~1e-5
+    x = _inputs(
+        rewards_G_N=torch.tensor([[0.5, 0.5 + 1e-5, 0.5 - 1e-5]], dtype=F64),
+        mask_R_T=torch.ones(3, 1, dtype=torch.bool),
+    )
+    small = ESTIMATORS["grpo"](x)[0]
+    trl = ESTIMATORS["grpo"](AdvantageInputs(**{**x.__dict__, "grpo_eps": 1e-4}))[0]
+    assert small[1, 0] > 0.9 and trl[1, 0] < 0.1
+
+
+def _verl_gae(token_rewards, values, mask, gamma, lam):
+    """verl/trainer/ppo/core_algos.py compute_gae_advantage_return (volcengine/verl @ b178a3c),
+    with verl/utils/torch_functional.py masked_whiten / masked_var (unbiased), inline."""
+    nextvalues, lastgaelam, reversed_ = 0, 0, []
+    m = mask.to(values.dtype)
+    for t in reversed(range(token_rewards.shape[-1])):
+        delta = token_rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * m[:, t] + (1 - m[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * m[:, t] + (1 - m[:, t]) * lastgaelam
+        reversed_.append(lastgaelam)
+    advantages = torch.stack(reversed_[::-1], dim=1)
+    returns = advantages + values
+    mean = (advantages * m).sum() / m.sum()
+    var = (((advantages - mean) ** 2) * m).sum() / m.sum() * (m.sum() / (m.sum() - 1))
+    return (advantages - mean) * torch.rsqrt(var + 1e-8), returns
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_gae_estimator_matches_verl(whiten):
+    x = _inputs(kl_coef=0.3, gamma=0.99, lam=0.9, whiten=whiten)
+    advantages, returns = ESTIMATORS["gae"](x)
+    # verl's token_level_rewards for RLHF: -beta * kl per token, the score on the last valid token
+    last = x.mask_R_T & (x.mask_R_T.cumsum(-1) == x.mask_R_T.sum(-1, keepdim=True))
+    token_rewards = -0.3 * x.ref_kl_R_T + x.rewards_G_N.reshape(-1, 1) * last
+    ref_adv, ref_ret = _verl_gae(token_rewards * x.mask_R_T, x.values_R_T, x.mask_R_T, 0.99, 0.9)
+    if not whiten:
+        ref_adv = ref_ret - x.values_R_T
+    m = x.mask_R_T
+    torch.testing.assert_close(advantages[m], ref_adv[m])
+    torch.testing.assert_close(returns[m], ref_ret[m])
+
+
+def test_masked_whiten_ignores_padding_and_handles_one_token():
+    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, -50.0, 7.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    w = masked_whiten(x, mask)
+    torch.testing.assert_close(w[mask], torch.tensor([-1.0, 0.0, 1.0], dtype=F64), atol=1e-7, rtol=0)  # std 1
+    assert (w[~mask] == 0).all()
+    one = masked_whiten(x, torch.tensor([[1, 0, 0], [0, 0, 0]], dtype=torch.bool))
+    assert one.abs().sum() == 0  # a single value: centered, not divided by an undefined std
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("advantage", "gea"), ("aggregation", "tokens"), ("kl_mode", "loss "), ("schedule", "cos")],
+)
+def test_enumerated_choices_are_validated_by_their_type(field, bad):
+    adapter = pydantic.TypeAdapter(RLConfig)
+    assert adapter.validate_python({field: get_args(typing.get_type_hints(RLConfig)[field])[0]})
+    with pytest.raises(pydantic.ValidationError, match=field):
+        adapter.validate_python({field: bad})
