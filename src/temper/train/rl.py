@@ -9,6 +9,8 @@ loop, each a small function below:
    recompute "old" logprobs; tests check the sampler matches teacher forcing).
 3. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
 4. Every step logs the zero-variance share by cause, not just the reward.
+5. Data parallel (N processes, see `train_rl`): each process samples, grades and trains on its
+   share of the step's groups; one process gives the same losses at the same global batch.
 """
 
 from __future__ import annotations
@@ -163,9 +165,16 @@ def train_rl(
     kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`.
 
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
-    step's groups; DDP averages the gradients; the logged metrics describe the global batch (the
-    groups are gathered), `evaluate` runs on the main process while the others wait, and only the
-    main process writes metrics.jsonl and rollouts.jsonl. Every process keeps its own sampler."""
+    step's groups (`sample_share`) and `update` averages the gradients through DDP with every loss
+    normalizer summed over processes, so the losses equal one process's at the same global batch
+    (tests/test_distributed.py) for the estimators that are per group or per sequence (grpo,
+    dr_grpo, rloo; gae with whiten_advantages: false). Estimators that normalize over the whole
+    batch (reinforce_pp; gae's whitening) use the statistics of the process's share. The logged
+    metrics describe the global batch (the groups are gathered), `evaluate` runs on the main
+    process while the others wait, and only the main process writes metrics.jsonl, rollouts.jsonl
+    and the checkpoints' shared files. Every process keeps its own sampler. With dynamic sampling
+    each process refills its own share, and if their kept counts differ all train on the smallest
+    (DDP needs the same collectives in every process)."""
     out_dir = Path(out_dir)
     accelerator = accelerator or distributed.make_accelerator()
     rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
