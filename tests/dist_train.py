@@ -1,6 +1,6 @@
 """Trained by tests/test_distributed.py, alone or under torchrun: a few steps of the nano model.
 Every process writes `world-<rank>.json` (the rank and world size it sees); the main process
-writes the per-step losses to `losses.json`."""
+writes the per-step losses to `losses.json` and the held-out losses to `eval_losses.json`."""
 
 import json
 import random
@@ -26,12 +26,23 @@ def main(out: str) -> None:
         for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 9)) for _ in range(64))
     ]
     data, _ = build_sequences(tokenizer, rows, max_len=32)
-    config = TrainConfig(max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, progress=False)
+    held_out = data[:5]  # an odd count: the processes score unequal shares
+    config = TrainConfig(
+        max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, eval_every=2, progress=False
+    )
     result = train_supervised(
-        build_preset("nano", tokenizer, seed=0), data, config, out, pad_id=tokenizer.pad_token_id
+        build_preset("nano", tokenizer, seed=0),
+        data,
+        config,
+        out,
+        pad_id=tokenizer.pad_token_id,
+        eval_set=held_out,
     )
     if state.is_main_process:
         Path(out, "losses.json").write_text(json.dumps([row["loss"] for row in result.history]))
+        Path(out, "eval_losses.json").write_text(
+            json.dumps([row["eval_loss"] for row in result.history if "eval_loss" in row])
+        )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ def test_sft_two_processes_match_one_at_the_same_global_batch(tmp_path):
     two = json.loads((tmp_path / "p2" / "losses.json").read_text())
     assert len(one) == len(two) == 4
     assert two == pytest.approx(one, rel=1e-4)
+    one_eval = json.loads((tmp_path / "p1" / "eval_losses.json").read_text())
+    two_eval = json.loads((tmp_path / "p2" / "eval_losses.json").read_text())
+    assert len(one_eval) == 2 and two_eval == pytest.approx(one_eval, rel=1e-5)  # each scored its share
     assert len((tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()) == 4  # one row per step
 
 
