@@ -1,5 +1,6 @@
-"""Multi-process runs are real: two CPU processes (torchrun, gloo) see a world of 2 and give the
-same losses as one process at the same global batch.
+"""Multi-process runs are real: two CPU processes (torchrun, gloo) see a world of 2; SFT and GRPO
+give the same losses as one process at the same global batch; a 2-process RL run resumes exactly;
+a whole recipe under torchrun is one job writing one run folder.
 
 `accelerate launch --cpu --num_processes 2` is not used: with accelerate 1.15 it starts one
 process (see temper/distributed.py), so a test launched that way compares one process with itself.
