@@ -165,3 +165,33 @@ def test_two_process_temper_run_writes_one_run_folder(tmp_path):
     assert set(json.loads((run / "04-eval" / "eval.json").read_text())["arithmetic"]) == {
         "pretrain", "sft", "rl",
     }  # fmt: skip
+
+
+def test_a_step_without_a_learning_signal_skips_the_update(tokenizer, tmp_path):
+    """Dynamic sampling that keeps no group (every process trains on the smallest kept count, which
+    may be 0) logs the step's sampling diagnostics and leaves the weights alone."""
+    import torch
+
+    from temper.models import build_preset
+    from temper.tasks.base import Problem, Score
+    from temper.train.rl import RLConfig, train_rl
+
+    class Constant:
+        name = "constant"
+
+        def sample(self, split, n, seed):
+            return [Problem(self.name, split, f"{seed}-{i}", "q") for i in range(n)]
+
+        def score(self, problem, completion):
+            return Score(0.0, False, True, {"reason": "wrong"})
+
+    model = build_preset("nano", tokenizer, seed=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    config = RLConfig(
+        steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, dynamic_sampling=True, progress=False
+    )
+    result = train_rl(model, tokenizer, [Constant()], config, tmp_path)
+    assert [r["step"] for r in result.history] == [1, 2]
+    assert result.history[0]["zero_variance"] == 1.0 and result.history[0]["kept_groups"] == 0
+    assert "loss" not in result.history[0]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
