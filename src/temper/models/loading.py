@@ -21,7 +21,8 @@ class ModelNotFoundError(RuntimeError):
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """This process's device: its own GPU under a multi-GPU launch (cuda:LOCAL_RANK), else cpu."""
+    return distributed.state().device
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
