@@ -2,6 +2,7 @@
 Literal, and GAE with whitening against verl's formulas reimplemented inline."""
 
 import inspect
+import threading
 import typing
 from typing import get_args
 
@@ -118,3 +119,54 @@ def test_enumerated_choices_are_validated_by_their_type(field, bad):
     assert adapter.validate_python({field: get_args(typing.get_type_hints(RLConfig)[field])[0]})
     with pytest.raises(pydantic.ValidationError, match=field):
         adapter.validate_python({field: bad})
+
+
+def _two_processes(work):
+    """Run work(rank, total) in two threads, `total` summing a tensor over both (an all-reduce)."""
+    barrier, slots, results, errors = threading.Barrier(2), [None, None], [None, None], []
+
+    def total_for(rank):
+        def total(t):
+            slots[rank] = t.clone()
+            barrier.wait()
+            out = slots[0] + slots[1]
+            barrier.wait()
+            return out
+
+        return total
+
+    def run(rank):
+        try:
+            results[rank] = work(rank, total_for(rank))
+        except Exception as err:  # surfaced below
+            errors.append(err)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("name", ["gae", "reinforce_pp", "grpo"])
+def test_batch_statistics_are_global_when_groups_are_split_across_processes(name):
+    x = _inputs(kl_coef=0.3)
+    single, _ = ESTIMATORS[name](x)
+    groups = [[0], [1]]  # process 0 holds group 0 (rows 0-2), process 1 group 1 (rows 3-5)
+
+    def work(rank, total):
+        rows = slice(3 * rank, 3 * rank + 3)
+        shard = AdvantageInputs(
+            rewards_G_N=x.rewards_G_N[groups[rank]],
+            mask_R_T=x.mask_R_T[rows],
+            values_R_T=x.values_R_T[rows],
+            ref_kl_R_T=x.ref_kl_R_T[rows],
+            kl_coef=0.3,
+            total=total,
+        )
+        return ESTIMATORS[name](shard)[0]
+
+    torch.testing.assert_close(torch.cat(_two_processes(work)), single)

@@ -244,15 +244,22 @@ def _llama_with_dropout(tokenizer):
     return LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "llama-lora"])
+def _lora(tokenizer, target_modules="all-linear"):
+    model = apply_lora(build_preset("nano", tokenizer, seed=0), r=4, alpha=8, target_modules=target_modules)
+    for name, q in model.named_parameters():  # a nonzero adapter, so that running without it would differ
+        if "lora_B" in name:
+            torch.nn.init.normal_(q, std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "llama-lora", "llama-lora-on-lm_head"])
 def test_a_packed_row_gives_each_sequence_its_own_logprobs(tokenizer, arch):
-    model = {"gpt2": _gpt2, "llama": lambda t: build_preset("nano", t, seed=0)}.get(
-        arch, lambda t: apply_lora(build_preset("nano", t, seed=0), r=4, alpha=8)
-    )(tokenizer)
-    if arch == "llama-lora":  # a nonzero adapter, so that running without it would differ
-        for name, q in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(q, std=0.1)
+    model = {
+        "gpt2": _gpt2,
+        "llama": lambda t: build_preset("nano", t, seed=0),
+        "llama-lora": _lora,
+        "llama-lora-on-lm_head": lambda t: _lora(t, ["q_proj", "lm_head"]),
+    }[arch](tokenizer)
     model.eval()
     batch = _rollouts(G=4, N=2, vocab=len(tokenizer))
     packed = pack(batch.prompts, batch.completions_R_T, batch.mask_R_T)
@@ -269,6 +276,22 @@ def test_a_packed_row_gives_each_sequence_its_own_logprobs(tokenizer, arch):
             logp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + n], -1)
             alone.append(logp.gather(-1, torch.tensor(c[:n])[:, None]).squeeze(-1))
     torch.testing.assert_close(logp_N, torch.cat(alone), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "lm_head"]])
+def test_the_adapter_disabled_reference_gives_the_base_model_logprobs(tokenizer, targets):
+    from temper.stages.rl import _AdapterDisabled
+
+    base = build_preset("nano", tokenizer, seed=0).eval()
+    policy = _lora(tokenizer, targets).eval()
+    batch = _rollouts(vocab=len(tokenizer))
+    p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6)
+    with torch.no_grad():
+        reference = forward_rows(PolicyWithValue(_AdapterDisabled(policy)), p)[0].logp
+        expected = forward_rows(PolicyWithValue(base), p)[0].logp
+        adapted = forward_rows(PolicyWithValue(policy), p)[0].logp
+    torch.testing.assert_close(reference, expected, rtol=0, atol=1e-6)
+    assert (adapted - expected).abs().max() > 1e-3
 
 
 def test_pack_layout_by_hand():
@@ -420,3 +443,12 @@ def test_several_epochs_and_minibatches_log_one_loss_per_optimizer_step(tokenize
     assert len(stats["loss"]) == len(stats["grad_norm"]) == 4
     assert all(len(stats[f"loss/{name}"]) == 4 for name in TERMS)
     assert tokens > 0 and any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_a_minibatch_without_completion_tokens_adds_nothing_not_nan(tokenizer):
+    config = _config(advantage="grpo", kl_coef=0.0)
+    module, p = _setup(tokenizer, config)
+    empty = p.rows(torch.tensor([1]))  # a single one-token completion...
+    empty.mask = torch.zeros_like(empty.mask)  # ...masked out entirely
+    grads, stats = _gradient(module, empty, loss_terms(config, empty), config)
+    assert (grads == 0).all() and stats["loss"] == [0.0]

@@ -10,6 +10,8 @@ A group whose rewards are all equal carries no learning signal; every estimator 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -57,7 +59,12 @@ def rloo(rewards_G_N: torch.Tensor) -> torch.Tensor:
     return centered * (n / (n - 1))
 
 
-def reinforce_pp(rewards_G_N: torch.Tensor, group_baseline: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def reinforce_pp(
+    rewards_G_N: torch.Tensor,
+    group_baseline: bool = True,
+    eps: float = 1e-8,
+    total: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262) with global batch normalization (eq. 10):
 
         A_i = r_i - mean_group(r)                      "REINFORCE++-baseline" (group_baseline=True, N >= 2)
@@ -67,11 +74,17 @@ def reinforce_pp(rewards_G_N: torch.Tensor, group_baseline: bool = True, eps: fl
     std_batch is the biased std (divides by G*N), as OpenRLHF's normalization. Constant groups count in
     the batch statistics and keep exactly 0 in the baseline variant. Normalization here is over samples;
     OpenRLHF normalizes over tokens, which weights each sample by its length (and adds token-level KL).
+    `total(t)` sums a tensor over data-parallel processes, so that the batch is the global one when
+    each process holds some of its groups (default: this process's groups are the batch).
     """
+    total = total or (lambda t: t)
     if group_baseline:
         adv, constant_G_1 = _centered(rewards_G_N, min_samples=2)
     else:
         adv = rewards_G_N if rewards_G_N.is_floating_point() else rewards_G_N.float()
         constant_G_1 = torch.zeros_like(adv[:, :1], dtype=torch.bool)
-    normalized = (adv - adv.mean()) / (adv.std(correction=0) + eps)
+    sum_n = total(torch.stack([adv.sum(), torch.tensor(adv.numel(), dtype=adv.dtype, device=adv.device)]))
+    mean = sum_n[0] / sum_n[1]
+    std = (total((adv - mean).pow(2).sum()) / sum_n[1]).sqrt()
+    normalized = (adv - mean) / (std + eps)
     return torch.where(constant_G_1, 0.0, normalized)

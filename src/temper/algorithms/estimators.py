@@ -39,6 +39,9 @@ class AdvantageInputs:
     """GAE: whiten advantages over the batch's valid tokens."""
     grpo_eps: float = 1e-6
     """GRPO: epsilon added to the group std."""
+    total: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Sums a tensor over data-parallel processes, for batch-wide statistics (GAE whitening,
+    reinforce_pp); None: this process's rows are the batch. Groups are never split across processes."""
 
 
 Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
@@ -77,6 +80,11 @@ def grpo_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     return outcome_estimator(lambda r: grpo(r, eps=x.grpo_eps))(x)
 
 
+def reinforce_pp_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """REINFORCE++-baseline (see `advantages.reinforce_pp`), normalized over the global batch."""
+    return outcome_estimator(lambda r: reinforce_pp(r, total=x.total))(x)
+
+
 def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's per-token advantages: GAE (Schulman et al. 2016) over token rewards that put the
     outcome on the last completion token and -beta k1 on every token (`kl_penalized_rewards`).
@@ -92,7 +100,7 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     token_rewards_R_T = kl_penalized_rewards(x.rewards_G_N.reshape(-1), kl_R_T, x.mask_R_T, beta)
     advantages_R_T, returns_R_T = gae(token_rewards_R_T, x.values_R_T, x.mask_R_T, x.gamma, x.lam)
     if x.whiten:
-        advantages_R_T = masked_whiten(advantages_R_T, x.mask_R_T)
+        advantages_R_T = masked_whiten(advantages_R_T, x.mask_R_T, total=x.total)
     return advantages_R_T, returns_R_T
 
 
@@ -100,7 +108,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo_estimator,
     "dr_grpo": outcome_estimator(dr_grpo),
     "rloo": outcome_estimator(rloo),
-    "reinforce_pp": outcome_estimator(reinforce_pp),
+    "reinforce_pp": reinforce_pp_estimator,
     "gae": gae_estimator,
 }
 """Name -> estimator; the names are `rl_config.Advantage`."""

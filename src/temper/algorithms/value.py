@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from temper.algorithms.policy import masked_mean
@@ -69,19 +71,26 @@ def value_loss(
 
 
 @torch.no_grad()
-def masked_whiten(x_B_T: torch.Tensor, mask_B_T: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    eps: float = 1e-8,
+    total: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Whiten over the valid tokens of the whole batch (verl's verl_F.masked_whiten, as its GAE uses it):
 
         x <- (x - mean) / sqrt(var + eps),   mean and unbiased var (divides by n - 1) over valid tokens
 
     Masked positions are 0. With fewer than two valid tokens the variance is undefined (verl raises);
-    here the values are only centered.
+    here the values are only centered. `total(t)` sums a tensor over data-parallel processes, so that
+    the statistics are the global batch's (default: this process's rows are the batch).
     """
+    total = total or (lambda t: t)
     mask_B_T = mask_B_T.bool()
-    n = mask_B_T.sum()
-    mean = torch.where(mask_B_T, x_B_T, 0.0).sum() / n.clamp_min(1)
+    sum_n = total(torch.stack([torch.where(mask_B_T, x_B_T, 0.0).sum(), mask_B_T.sum().to(x_B_T.dtype)]))
+    mean, n = sum_n[0] / sum_n[1].clamp_min(1), sum_n[1]
     centered = torch.where(mask_B_T, x_B_T - mean, 0.0)
     if n < 2:
         return centered
-    var = centered.pow(2).sum() / (n - 1)
+    var = total(centered.pow(2).sum()) / (n - 1)
     return centered * torch.rsqrt(var + eps)

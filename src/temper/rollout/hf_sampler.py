@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from temper.precision import FP32, PrecisionChoice
 from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
 from temper.rollout.sampler import (
     Sample,
@@ -63,6 +64,7 @@ class HFSampler:
         that a chunk's rows stay under it.
     share_prefill: prefill each distinct prompt once and copy its cache to its samples. False
         prefills every row on its own (the reference path the tests compare against).
+    precision: bf16 decodes under autocast (`temper.precision.resolve_precision(..., "sample")`).
     Sample j of prompt i is reproducible from (its seed, j, the prompt, the model) alone (see the
     module docstring); the global RNG is not touched.
     """
@@ -74,6 +76,7 @@ class HFSampler:
         *,
         max_batch_rows: int = 256,
         share_prefill: bool = True,
+        precision: PrecisionChoice = FP32,
     ):
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
@@ -81,6 +84,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.share_prefill = share_prefill
+        self.precision = precision
 
     def sync(self, model: torch.nn.Module) -> None:
         """Nothing to copy: the sampler reads the trainer's module. Passing another module swaps it in."""
@@ -122,7 +126,8 @@ class HFSampler:
         was_training = model.training
         model.eval()
         try:
-            with torch.inference_mode():
+            # one autocast context for the whole loop: weight casts are cached across decode steps
+            with torch.inference_mode(), self.precision.autocast():
                 for start in range(0, len(jobs), self.max_batch_rows):
                     chunk = jobs[start : start + self.max_batch_rows]
                     outs = self._generate_chunk(

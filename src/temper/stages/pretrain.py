@@ -122,6 +122,7 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         "final_loss": result.final_loss,
         "seconds": result.seconds,
         "tokens": result.tokens,
+        "precision": result.precision,
     }
     if distributed.is_main():
         atomic_write_json(out / "pretrain.json", summary)

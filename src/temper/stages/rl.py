@@ -13,6 +13,7 @@ from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout import HFSampler, Sampler
@@ -165,13 +166,10 @@ class _AdapterDisabled(torch.nn.Module):
         with self.peft_model.disable_adapter():
             return self.peft_model(**kwargs)
 
-    def get_output_embeddings(
-        self,
-    ):  # the RL update projects hidden states itself (rl_update.PolicyWithValue)
+    def get_output_embeddings(self):
+        """lm_head without its adapter, if it has one: the RL update applies it itself (rl_update.PolicyWithValue)."""
         head = self.peft_model.get_output_embeddings()
-        return (
-            head.get_base_layer() if hasattr(head, "get_base_layer") else head
-        )  # lm_head without an adapter
+        return head.get_base_layer() if hasattr(head, "get_base_layer") else head
 
 
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
@@ -185,7 +183,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
         sampler = VLLMSampler(source)
     else:
-        sampler = HFSampler(model, tokenizer)
+        sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
@@ -228,6 +226,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "seconds": result.seconds,
         "sampled_tokens": result.sampled_tokens,
         "trained_tokens": result.trained_tokens,
+        "precision": {"train": result.precision}
+        | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
     }
     if distributed.is_main():

@@ -105,6 +105,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "eval_loss": result.eval_loss,
                 "seconds": result.seconds,
                 "tokens": result.tokens,
+                "precision": result.precision,
             },
         )
     return model_dir

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
 from temper.data.chat import prompt_ids
+from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
@@ -60,6 +61,7 @@ class RLResult:
     seconds: float
     sampled_tokens: int
     trained_tokens: int
+    precision: dict[str, Any] = field(default_factory=dict)  # PrecisionChoice.as_dict() of the update
 
 
 def problems_for_step(
@@ -167,9 +169,8 @@ def train_rl(
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
     step's groups (`sample_share`) and `update` averages the gradients through DDP with every loss
     normalizer summed over processes, so the losses equal one process's at the same global batch
-    (tests/test_distributed.py) for the estimators that are per group or per sequence (grpo,
-    dr_grpo, rloo; gae with whiten_advantages: false). Estimators that normalize over the whole
-    batch (reinforce_pp; gae's whitening) use the statistics of the process's share. The logged
+    (tests/test_distributed.py); `prepare` sums the batch-wide advantage statistics (GAE
+    whitening, reinforce_pp) over processes. The logged
     metrics describe the global batch (the groups are gathered), `evaluate` runs on the main
     process while the others wait, and only the main process writes metrics.jsonl, rollouts.jsonl
     and the checkpoints' shared files. Every process keeps its own sampler. With dynamic sampling
@@ -184,7 +185,9 @@ def train_rl(
         raise ValueError("kl_coef > 0 needs a reference model")
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
-    sampler = sampler or HFSampler(model, tokenizer)
+    sampler = sampler or HFSampler(
+        model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
+    )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
@@ -192,7 +195,8 @@ def train_rl(
     # parameters are the same tensors, so sampling and evaluation run no collective
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
-    log = MetricsLog(out_dir / "metrics.jsonl", enabled=main)
+    precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
     start = 0
     if checkpoints := list_checkpoints(out_dir / "checkpoints"):
@@ -228,7 +232,8 @@ def train_rl(
                     for rec in rollout_record(step + 1, g):
                         rollouts.log(rec)
                 # 2. tensors, reference logprobs and values (no grad), advantages
-                prepared = prepare(to_batch(local), trainable, reference, config)
+                with precision.applied(model, reference):
+                    prepared = prepare(to_batch(local), trainable, reference, config, accelerator)
                 t2 = time.perf_counter()
                 # 3. policy (and value) updates, gradients averaged over processes
                 lr = lr_at(
@@ -238,7 +243,8 @@ def train_rl(
                     warmup_steps=config.warmup_steps,
                     schedule=config.schedule,
                 )
-                stats, tokens = update(trainable, optimizer, prepared, config, step, lr, accelerator)
+                with precision.applied(model):
+                    stats, tokens = update(trainable, optimizer, prepared, config, step, lr, accelerator)
                 trained_tokens += int(
                     accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum")
                 )
@@ -276,7 +282,9 @@ def train_rl(
             if config.save_every and (step + 1) % config.save_every == 0:
                 save_checkpoint(out_dir / "checkpoints", step + 1, accelerator)
     model.eval()
-    return RLResult(config.steps, history, time.perf_counter() - t_start, sampled_tokens, trained_tokens)
+    log.close()
+    seconds = time.perf_counter() - t_start
+    return RLResult(config.steps, history, seconds, sampled_tokens, trained_tokens, precision.as_dict())
 
 
 def _ref_kl_sums(prepared) -> dict[str, float]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from temper.algorithms.policy import Aggregation
+from temper.precision import Precision
+from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
 
 Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
@@ -79,3 +81,8 @@ class RLConfig:
     """Groups per step written to rollouts.jsonl."""
     seed: int = 0
     progress: bool = True
+    precision: Precision = "fp32"
+    """fp32 | bf16 (autocast over fp32 weights) | auto (bf16 only where it measures faster here);
+    training and the hf sampler each decide on their own."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""

@@ -204,9 +204,15 @@ def prepare(
     module: torch.nn.Module,
     reference: torch.nn.Module | None,
     config: RLConfig,
+    accelerator: Accelerator | None = None,
 ) -> Prepared:
     """Tensors on the module's device, reference logprobs and old values (micro-batched, no grad),
-    advantages from the configured estimator."""
+    advantages from the configured estimator.
+
+    Under data parallelism each process prepares its own rows, whole groups: the group estimators
+    need nothing else, and the batch-wide statistics (GAE whitening, reinforce_pp's normalization)
+    are summed over processes through `accelerator`, so every process gets the one-process advantages.
+    """
     device = next(module.parameters()).device
     batch = batch.to(device)
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
@@ -234,6 +240,7 @@ def prepare(
         lam=config.lam,
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
+        total=lambda t: _sum_over_processes(t, accelerator),
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p
@@ -354,12 +361,15 @@ def backward_minibatch(
     Each term adds masked_sum(micro-batch) / size(whole minibatch), so the micro-batch gradients
     sum to the minibatch's. With W > 1 processes, `p` holds this process's rows: the sizes are
     summed over processes and each backward is of loss x W (DDP averages gradients over the W
-    processes), without gradient sync until the last micro-batch.
+    processes), without gradient sync until the last micro-batch. Every process must then run the
+    same number of micro-batches (DDP syncs on the last one): give each process the same row count.
     """
     W = accelerator.num_processes if accelerator is not None else 1
     device = p.mask.device
-    sizes = {
-        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator)
+    sizes = {  # clamped as in masked_mean: a minibatch without completion tokens adds 0, not NaN
+        agg: _sum_over_processes(aggregation_size(p.mask, agg, config.max_new_tokens), accelerator).clamp_min(
+            1
+        )
         for agg in {t.aggregation for t in terms}
     }
     values = torch.zeros(len(terms), device=device)  # each term's minibatch value, for the log

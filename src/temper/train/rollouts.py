@@ -66,9 +66,8 @@ class RolloutBatch:
     prompts: list[list[int]]
     completions_R_T: torch.Tensor  # (R, T) token ids, 0 past each completion's end
     mask_R_T: torch.Tensor  # (R, T) bool: t < length of completion r
-    old_logprobs_R_T: (
-        torch.Tensor
-    )  # (R, T) the sampler's logprobs (the importance-ratio denominator), 0 past the end
+    # (R, T) the sampler's logprobs (the importance-ratio denominator), 0 past the end
+    old_logprobs_R_T: torch.Tensor
     rewards_G_N: torch.Tensor  # (G, N)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
@@ -113,7 +112,8 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
     """Pack B sequences (prompt + completion, minus the last token, which predicts nothing) into rows
     of width W = the longest of them, first-fit by decreasing length. A row never holds more tokens
     than the padded batch's row would, so attention costs no more than the padded batch; the rows
-    hold no padding between sequences and the vocabulary projection is applied at `index_N` only."""
+    hold no padding between sequences and the vocabulary projection is applied at `index_N` only.
+    `mask_B_T` marks a prefix of each row: completion tokens 0 .. length - 1."""
     lengths = mask_B_T.sum(-1).tolist()
     completions = completions_B_T.tolist()
     seqs = [p + c[: max(n - 1, 0)] for p, c, n in zip(prompts, completions, lengths)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,8 +23,9 @@ from accelerate import Accelerator
 from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
+from temper.precision import Precision, resolve_precision
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from temper.train.metrics import MetricsLog, progress_bar
+from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.schedule import lr_at
 
 
@@ -57,6 +58,10 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True
     """Show a rich progress bar on the main process."""
+    precision: Precision = "fp32"
+    """fp32 | bf16 (autocast over fp32 weights) | auto (bf16 only where it measures faster here)."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
 
 
 @dataclass
@@ -67,6 +72,7 @@ class TrainResult:
     tokens: int  # input tokens processed (pads excluded)
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    precision: dict[str, Any] = field(default_factory=dict)  # PrecisionChoice.as_dict()
 
 
 def batch_indices(step: int, n_examples: int, batch_size: int, seed: int) -> list[int]:
@@ -152,9 +158,15 @@ def train_supervised(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
+    precision = resolve_precision(config.precision, unwrapped)
 
     ckpt_root = out_dir / "checkpoints"
-    log = MetricsLog(out_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    log = MetricsLog(
+        out_dir / "metrics.jsonl",
+        accelerator.is_main_process,
+        trackers=config.trackers,
+        config=asdict(config),
+    )
     start = 0
     if checkpoints := list_checkpoints(ckpt_root):
         start = load_checkpoint(checkpoints[-1], accelerator)
@@ -177,7 +189,7 @@ def train_supervised(
     tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
     loss_value, eval_loss = float("nan"), None
     progress = progress_bar(config.progress and accelerator.is_main_process)
-    with progress:
+    with progress, precision.applied(unwrapped):
         bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
         for step in range(start, config.max_steps):
             global_idx = batch_indices(step, len(train), config.batch_size, config.seed)
@@ -227,5 +239,8 @@ def train_supervised(
             if config.save_every and done % config.save_every == 0:
                 save_checkpoint(ckpt_root, done, accelerator)  # every process: its RNG is saved too
 
+    log.close()
     seconds = time.perf_counter() - t_start
-    return TrainResult(config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history)
+    return TrainResult(
+        config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history, precision.as_dict()
+    )
