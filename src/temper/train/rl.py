@@ -167,10 +167,10 @@ def train_rl(
     kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`.
 
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
-    step's groups (`sample_share`) and `update` averages the gradients through DDP with every loss
-    normalizer summed over processes, so the losses equal one process's at the same global batch
-    (tests/test_distributed.py); `prepare` sums the batch-wide advantage statistics (GAE
-    whitening, reinforce_pp) over processes. The logged
+    step's groups (`sample_share`); `prepare` sums the batch-wide advantage statistics (GAE
+    whitening, reinforce_pp) over processes and `update` every loss normalizer, and DDP averages
+    the gradients, so the losses equal one process's at the same global batch (GRPO in
+    tests/test_distributed.py; gae, reinforce_pp, rloo and a KL term checked by hand). The logged
     metrics describe the global batch (the groups are gathered), `evaluate` runs on the main
     process while the others wait, and only the main process writes metrics.jsonl, rollouts.jsonl
     and the checkpoints' shared files. Every process keeps its own sampler. With dynamic sampling
