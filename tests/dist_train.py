@@ -1,16 +1,24 @@
-"""Trained by tests/test_distributed.py under `accelerate launch`: a few steps of the nano model,
-writing the per-step losses to argv[1] (main process only)."""
+"""Trained by tests/test_distributed.py, alone or under torchrun: a few steps of the nano model.
+Every process writes `world-<rank>.json` (the rank and world size it sees); the main process
+writes the per-step losses to `losses.json` and the held-out losses to `eval_losses.json`."""
 
 import json
 import random
 import sys
+from pathlib import Path
 
+from temper import distributed
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset, build_tokenizer
 from temper.train import TrainConfig, train_supervised
 
 
 def main(out: str) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    state = distributed.state()
+    Path(out, f"world-{state.process_index}.json").write_text(
+        json.dumps({"rank": state.process_index, "world": state.num_processes})
+    )
     tokenizer = build_tokenizer()
     rng = random.Random(0)
     rows = [
@@ -18,14 +26,27 @@ def main(out: str) -> None:
         for i, (a, b) in enumerate((rng.randint(0, 99), rng.randint(0, 9)) for _ in range(64))
     ]
     data, _ = build_sequences(tokenizer, rows, max_len=32)
-    config = TrainConfig(max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, progress=False)
-    result = train_supervised(
-        build_preset("nano", tokenizer, seed=0), data, config, out, pad_id=tokenizer.pad_token_id
+    held_out = data[:5]  # an odd count: the processes score unequal shares
+    config = TrainConfig(
+        max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, eval_every=2, progress=False
     )
-    if result.history:
-        with open(f"{out}/losses.json", "w") as f:
-            json.dump([row["loss"] for row in result.history], f)
+    result = train_supervised(
+        build_preset("nano", tokenizer, seed=0),
+        data,
+        config,
+        out,
+        pad_id=tokenizer.pad_token_id,
+        eval_set=held_out,
+    )
+    if state.is_main_process:
+        Path(out, "losses.json").write_text(json.dumps([row["loss"] for row in result.history]))
+        Path(out, "eval_losses.json").write_text(
+            json.dumps([row["eval_loss"] for row in result.history if "eval_loss" in row])
+        )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    finally:
+        distributed.shutdown()

@@ -222,8 +222,12 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     if kind.reads == "models":
         for path in args.model:
             ctx.models[model_label(path, ctx.models)] = path
-    result = kind.run(stage, StageRun(ctx, out, model, source))
-    print(kind.summary(out) if kind.summary else result)
+    from temper import distributed  # under torchrun: main-only stages run once, output printed once
+
+    job = StageRun(ctx, out, model, source)
+    result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
+    if distributed.is_main():
+        print(kind.summary(out) if kind.summary else result)
 
 
 def model_label(path: str, taken: dict[str, Any]) -> str:
@@ -288,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, StageError, ImportError) as err:
         print(f"temper: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit
+            from temper import distributed
+
+            distributed.shutdown()
     return 0
 
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelerate import PartialState
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
@@ -65,9 +65,10 @@ def plan(recipe: Recipe, run_dir: Path) -> list[str]:
 def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str = "") -> Path:
     """Run every stage; return the run folder (which ends with report.html).
 
-    Under `accelerate launch` every process trains; only the main process writes markers,
-    evaluates and reports, and the others wait for it at each stage boundary."""
-    state = PartialState()
+    Under a multi-process launch (see temper.distributed) every process trains; only the main
+    process writes markers, evaluates and reports, and the others wait for it at each stage
+    boundary."""
+    state = distributed.state()
     main = state.is_main_process
     run_dir.mkdir(parents=True, exist_ok=True)
     if recipe_text and main:
@@ -91,8 +92,11 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                 console.rule(f"[bold]{stage.name}[/] ({stage.kind})")
             state.wait_for_everyone()
             start = time.perf_counter()
-            if not kind.main_only or main:
-                kind.run(stage, StageRun(ctx, out, recipe.model, _inputs(recipe, i, ctx)[0]))
+            run = StageRun(ctx, out, recipe.model, _inputs(recipe, i, ctx)[0])
+            if kind.main_only:  # the others wait (and raise if it fails)
+                distributed.on_main(kind.run, stage, run)
+            else:
+                kind.run(stage, run)
             if main:
                 atomic_write_json(
                     marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}

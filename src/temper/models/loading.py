@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import torch
-from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from temper import distributed
 from temper.atomic import atomic_dir
 
 
@@ -21,7 +21,8 @@ class ModelNotFoundError(RuntimeError):
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """This process's device: its own GPU under a multi-GPU launch (cuda:LOCAL_RANK), else cpu."""
+    return distributed.state().device
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -75,8 +76,8 @@ def load_model(
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model.
 
-    Under `accelerate launch` only the main process writes; the others wait for it."""
-    state = PartialState()
+    Under a multi-process launch only the main process writes; the others wait for it."""
+    state = distributed.state()
     if state.is_main_process:
         with atomic_dir(out_dir) as tmp:
             model.save_pretrained(tmp)

@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from accelerate import PartialState
 from pydantic import Field
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_dir, atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
@@ -87,12 +87,12 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
     cache = ctx.resolve(stage.cache) if stage.cache else None
     if cache and _cache_matches(cache, digest):
         console.print(f"[green]pretrain[/]: using the base in {cache} (same settings, hash {digest})")
-        if PartialState().is_main_process:
+        if distributed.is_main():
             shutil.copytree(cache / "model", model_dir, dirs_exist_ok=True)
             for name in ("metrics.jsonl", "pretrain.json"):
                 if (cache / name).exists():
                     shutil.copy(cache / name, out / name)
-        PartialState().wait_for_everyone()
+        distributed.wait()
         return model_dir
     if cache:
         console.print(
@@ -124,7 +124,7 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         "tokens": result.tokens,
         "precision": result.precision,
     }
-    if PartialState().is_main_process:
+    if distributed.is_main():
         atomic_write_json(out / "pretrain.json", summary)
         if cache:
             _fill_cache(cache, out, summary)

@@ -9,6 +9,7 @@ import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
@@ -183,14 +184,19 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler = VLLMSampler(source)
     else:
         sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
+    # The gate and the probe run on the main process (the others wait and get its verdict, or
+    # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
     if stage.gate:
-        summary["gate"] = format_gate(stage.gate, sampler, tokenizer, tasks, config.max_new_tokens)
-    if stage.probe_groups:
-        summary["probe"] = reachability_probe(
-            sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+        summary["gate"] = distributed.on_main(
+            format_gate, stage.gate, sampler, tokenizer, tasks, config.max_new_tokens
         )
-    atomic_write_json(out / "probe.json", summary)
+    if stage.probe_groups:
+        summary["probe"] = distributed.on_main(
+            reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+        )
+    if distributed.is_main():
+        atomic_write_json(out / "probe.json", summary)
 
     reference = None
     if stage.lora:
@@ -224,7 +230,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
     }
-    atomic_write_json(out / "rl.json", summary)
+    if distributed.is_main():
+        atomic_write_json(out / "rl.json", summary)
     return model_dir
 
 

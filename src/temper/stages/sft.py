@@ -6,10 +6,10 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from accelerate import PartialState
 from pydantic import Field
 from rich.console import Console
 
+from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
@@ -94,7 +94,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
         model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set
     )
     model_dir = save_trained(model, tokenizer, out / "model")
-    if PartialState().is_main_process:
+    if distributed.is_main():
         atomic_write_json(
             out / "sft.json",
             {

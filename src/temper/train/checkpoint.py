@@ -1,4 +1,10 @@
-"""Atomic training checkpoints: model + optimizer state + step, enough to resume exactly."""
+"""Atomic training checkpoints through Accelerate's state saving: what the accelerator prepared
+(model, optimizer) plus the RNG state of EVERY process (`random_states_<rank>.pkl`: python,
+numpy, torch, cuda), enough to resume exactly under the same number of processes.
+
+A checkpoint is the folder `step-<step>`; it appears in one rename once every process has
+written its part, so a crash never leaves a checkpoint that looks complete but is not.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +12,27 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
-import torch
+from accelerate import Accelerator
 
-from temper.atomic import atomic_dir
+from temper.distributed import shared_atomic_dir
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: Any, keep: int = 2) -> Path:
-    """Write `root/step-<step>` in one rename; keep the newest `keep` checkpoints."""
+def save_checkpoint(root: Path, step: int, accelerator: Accelerator, keep: int = 2) -> Path:
+    """Write `root/step-<step>` (every process calls this); keep the newest `keep` checkpoints."""
     target = root / f"step-{step:07d}"
-    with atomic_dir(target) as tmp:
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state()}
-        torch.save(rng, tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step}))
-    for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    with shared_atomic_dir(target) as tmp:
+        # safetensors would refuse tied weights (embeddings shared with the LM head) in a raw
+        # state dict; torch.save keeps the sharing.
+        accelerator.save_state(str(tmp), safe_serialization=False)
+        if accelerator.is_main_process:
+            (tmp / "state.json").write_text(json.dumps({"step": step}))
+    if accelerator.is_main_process:
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
     return target
 
 
@@ -36,9 +43,9 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any) -> int:
-    """Restore model and optimizer in place; return the number of completed steps."""
-    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
+def load_checkpoint(path: Path, accelerator: Accelerator) -> int:
+    """Restore what `accelerator` prepared and this process's RNG in place; return the step.
+
+    Prepare the same objects in the same order as the run that saved it."""
+    accelerator.load_state(str(path))
     return json.loads((path / "state.json").read_text())["step"]

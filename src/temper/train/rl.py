@@ -9,11 +9,12 @@ loop, each a small function below:
    recompute "old" logprobs; tests check the sampler matches teacher forcing).
 3. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
 4. Every step logs the zero-variance share by cause, not just the reward.
+5. Data parallel (N processes, see `train_rl`): each process samples, grades and trains on its
+   share of the step's groups; one process gives the same losses at the same global batch.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -22,12 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import Accelerator
+from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
+from temper import distributed
 from temper.data.chat import prompt_ids
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
 from temper.rollout import HFSampler, Sampler
+from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
@@ -36,7 +41,17 @@ from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, grade_group, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
-__all__ = ["RLConfig", "RLResult", "collect_groups", "problems_for_step", "rollout_metrics", "train_rl"]
+__all__ = [
+    "RLConfig",
+    "RLResult",
+    "collect_groups",
+    "problems_for_step",
+    "rollout_metrics",
+    "sample_share",
+    "train_rl",
+]
+
+console = Console(stderr=True)
 
 
 @dataclass
@@ -50,44 +65,58 @@ class RLResult:
 
 
 def problems_for_step(
-    tasks: list[Task], n: int, seed: int, step: int, round_: int = 0
+    tasks: list[Task], n: int, seed: int, step: int, stream: int = 0
 ) -> list[tuple[Task, Problem]]:
-    """n training problems, a pure function of (seed, step, round): resume replays them exactly."""
+    """n training problems, a pure function of (seed, step, stream): resume replays them exactly.
+    Stream 0 is the step's batch; refill rounds of dynamic sampling draw from other streams."""
     out = []
     for i, task in enumerate(tasks):
         k = n // len(tasks) + (i < n % len(tasks))
-        out += [(task, p) for p in task.sample("train", k, seed=(seed * 1_000_003 + step) * 17 + round_)]
+        out += [(task, p) for p in task.sample("train", k, seed=derive_seed(seed, step, stream, i))]
     return out
 
 
-def collect_groups(
+def sample_share(
     sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     tasks: list[Task],
     config: RLConfig,
     step: int,
-) -> tuple[list[Group], dict[str, float]]:
-    """Sample and grade `prompts_per_step` groups; with dynamic sampling, replace constant-reward
-    groups by fresh ones until the batch is full (or the round cap is hit). Like DAPO, a refill
-    round over-samples by the share of groups the previous round kept (at most 4x)."""
+    rank: int = 0,
+    world: int = 1,
+) -> tuple[list[Group], list[str | None], int]:
+    """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
+    cause of every first-round group, sampling rounds).
+
+    Round 0 is the step's global batch of `prompts_per_step` problems; process `rank` takes its
+    contiguous share, and prompt i of the global batch is sampled with the seed of its global
+    index, so a group is the same whichever process draws it (and the run equals one process at
+    the same global batch). With dynamic sampling (DAPO, Yu et al. 2025 §3.2) constant-reward
+    groups are dropped and EACH PROCESS REFILLS ITS OWN SHARE from its own problem stream, so no
+    process waits for another while sampling; like DAPO, a refill round over-samples by the share
+    of groups the previous round kept (at most 4x)."""
+    share = distributed.share(config.prompts_per_step, rank, world)
+    want = share.stop - share.start
     kept: list[Group] = []
     causes: list[str | None] = []
     rounds, keep_rate = 0, 1.0
-    while len(kept) < config.prompts_per_step and rounds < (
-        config.max_sampling_rounds if config.dynamic_sampling else 1
-    ):
-        need = config.prompts_per_step - len(kept)
+    while len(kept) < want and rounds < (config.max_sampling_rounds if config.dynamic_sampling else 1):
+        need = want - len(kept)
         before = len(kept)
-        draw = need if rounds == 0 else min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
-        drawn = problems_for_step(tasks, draw, config.seed, step, rounds)
-        prompts = [prompt_ids(tokenizer, p.messages()) for _, p in drawn]
+        if rounds == 0:
+            stream, index = 0, range(config.prompts_per_step)[share]
+            drawn = problems_for_step(tasks, config.prompts_per_step, config.seed, step)[share]
+        else:
+            stream = rounds * world + rank  # a stream per (round, process): refills never overlap
+            draw = min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
+            index, drawn = range(draw), problems_for_step(tasks, draw, config.seed, step, stream)
         samples = sampler.sample(
-            prompts,
+            [prompt_ids(tokenizer, p.messages()) for _, p in drawn],
             config.group_size,
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             top_p=config.top_p,
-            seed=config.seed * 1_000_003 + step * 97 + rounds,
+            seed=[derive_seed(config.seed, step, stream, i) for i in index],
         )
         for (task, problem), group_samples in zip(drawn, samples):
             group = grade_group(
@@ -99,11 +128,26 @@ def collect_groups(
                 kept.append(group)
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
-    kept = kept[: config.prompts_per_step]
+    return kept[:want], causes, rounds
+
+
+def sampling_stats(causes: list[str | None], rounds: int, kept: int, config: RLConfig) -> dict[str, float]:
     stats = breakdown(causes) | {"sampling_rounds": rounds}
     if config.dynamic_sampling:
-        stats["kept_groups"] = len(kept)
-    return kept, stats
+        stats["kept_groups"] = kept
+    return stats
+
+
+def collect_groups(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: list[Task],
+    config: RLConfig,
+    step: int,
+) -> tuple[list[Group], dict[str, float]]:
+    """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
+    kept, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step)
+    return kept, sampling_stats(causes, rounds, len(kept), config)
 
 
 def train_rl(
@@ -117,95 +161,150 @@ def train_rl(
     reference: torch.nn.Module | None = None,
     evaluate: Callable[[int], dict[str, float]] | None = None,
     callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
+    accelerator: Accelerator | None = None,
 ) -> RLResult:
     """Train `model` in place. `reference` is the frozen model for the KL term (required when
-    kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`."""
+    kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`.
+
+    Under N processes (see temper.distributed) each samples, grades and prepares its share of the
+    step's groups (`sample_share`); `prepare` sums the batch-wide advantage statistics (GAE
+    whitening, reinforce_pp) over processes and `update` every loss normalizer, and DDP averages
+    the gradients, so the losses equal one process's at the same global batch (GRPO in
+    tests/test_distributed.py; gae, reinforce_pp, rloo and a KL term checked by hand). The logged
+    metrics describe the global batch (the groups are gathered), `evaluate` runs on the main
+    process while the others wait, and only the main process writes metrics.jsonl, rollouts.jsonl
+    and the checkpoints' shared files. Every process keeps its own sampler. With dynamic sampling
+    each process refills its own share, and if their kept counts differ all train on the smallest
+    (DDP needs the same collectives in every process)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = accelerator or distributed.make_accelerator()
+    rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     if config.kl_coef > 0 and reference is None:
         raise ValueError("kl_coef > 0 needs a reference model")
+    if config.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
     sampler = sampler or HFSampler(
         model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
     )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    # DDP wraps the one module the update differentiates; the sampler keeps the bare model, whose
+    # parameters are the same tensors, so sampling and evaluation run no collective
+    trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
-    precision = resolve_precision(config.precision, model)
-    log = MetricsLog(out_dir / "metrics.jsonl", trackers=config.trackers, config=asdict(config))
-    rollouts_path = out_dir / "rollouts.jsonl"
+    precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
+    rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
     start = 0
     if checkpoints := list_checkpoints(out_dir / "checkpoints"):
-        start = load_checkpoint(checkpoints[-1], trainable, optimizer)
+        start = load_checkpoint(checkpoints[-1], accelerator)
         log.truncate_after(start)
-        MetricsLog(rollouts_path).truncate_after(start)  # replayed steps are logged again
-    else:
-        for path in (log.path, rollouts_path):
+        rollouts.truncate_after(start)  # replayed steps are logged again
+    elif main:
+        for path in (log.path, rollouts.path):
             path.unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
 
     history: list[dict[str, Any]] = []
     sampled_tokens = trained_tokens = 0
     t_start = time.perf_counter()
-    progress = progress_bar(config.progress)
+    progress = progress_bar(config.progress and main)
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
-            # 1. sample and grade
+            # 1. sample and grade this process's share; metrics describe the gathered global batch
             t0 = time.perf_counter()
             model.eval()
-            groups, zero_var = collect_groups(sampler, tokenizer, tasks, config, step)
+            local, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
+            if world > 1:  # equal shares: every process must run the same collectives below
+                local = local[: min(distributed.gather([len(local)]))]
+                causes, rounds = distributed.gather(causes), max(distributed.gather([rounds]))
+            groups = distributed.gather(local)
             t1 = time.perf_counter()
-            row = {"step": step + 1} | zero_var | rollout_metrics(groups, config, t1 - t0)
-            sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
-            with rollouts_path.open("a") as f:
+            row = {"step": step + 1} | sampling_stats(causes, rounds, len(groups), config)
+            if groups:
+                row |= rollout_metrics(groups, config, t1 - t0)
+                sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
                 for g in groups[: config.log_rollouts]:
-                    f.writelines(json.dumps(rec) + "\n" for rec in rollout_record(step + 1, g))
-            # 2. tensors, reference logprobs and values (no grad), advantages
-            with precision.applied(model, reference):
-                prepared = prepare(to_batch(groups), trainable, reference, config)
-            t2 = time.perf_counter()
-            # 3. policy (and value) updates
-            lr = lr_at(
-                step,
-                lr=config.lr,
-                max_steps=config.steps,
-                warmup_steps=config.warmup_steps,
-                schedule=config.schedule,
-            )
-            with precision.applied(model):
-                stats, tokens = update(trainable, optimizer, prepared, config, step, lr)
-            trained_tokens += tokens
-            sampler.sync(model)
-            t3 = time.perf_counter()
-            row |= {k: sum(v) / len(v) for k, v in stats.items()}
-            if prepared.ref_kl is not None:
-                row["kl_ref"] = float(
-                    (prepared.ref_kl * prepared.mask).sum() / prepared.mask.sum().clamp_min(1)
+                    for rec in rollout_record(step + 1, g):
+                        rollouts.log(rec)
+                # 2. tensors, reference logprobs and values (no grad), advantages
+                with precision.applied(model, reference):
+                    prepared = prepare(to_batch(local), trainable, reference, config, accelerator)
+                t2 = time.perf_counter()
+                # 3. policy (and value) updates, gradients averaged over processes
+                lr = lr_at(
+                    step,
+                    lr=config.lr,
+                    max_steps=config.steps,
+                    warmup_steps=config.warmup_steps,
+                    schedule=config.schedule,
                 )
-            row |= {
-                "lr": lr,
-                "time/prepare": t2 - t1,
-                "time/train": t3 - t2,
-                "train_tokens_per_s": tokens / max(t3 - t2, 1e-9),
-            }
+                with precision.applied(model):
+                    stats, tokens = update(trainable, optimizer, prepared, config, step, lr, accelerator)
+                trained_tokens += int(
+                    accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum")
+                )
+                sampler.sync(model)
+                t3 = time.perf_counter()
+                row |= _mean_over_processes(
+                    {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator
+                )
+                if "kl_ref/sum" in row:
+                    row["kl_ref"] = row.pop("kl_ref/sum") / max(row.pop("kl_ref/tokens"), 1)
+                row |= {
+                    "lr": lr,
+                    "time/prepare": t2 - t1,
+                    "time/train": t3 - t2,
+                    "train_tokens_per_s": tokens * world / max(t3 - t2, 1e-9),
+                }
+            elif main:
+                console.print(f"[yellow]rl[/]: step {step + 1} kept no group with a learning signal")
             if (
                 evaluate is not None
                 and config.eval_every
                 and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps)
             ):
                 model.eval()
-                row |= {f"eval/{k}": v for k, v in evaluate(step + 1).items()}
+                row |= {f"eval/{k}": v for k, v in distributed.on_main(evaluate, step + 1).items()}
             log.log(row)
             history.append(row)
-            progress.update(bar, advance=1, info=f"reward {row['reward']:.3f} acc {row['accuracy']:.3f}")
+            progress.update(
+                bar,
+                advance=1,
+                info=f"reward {row.get('reward', float('nan')):.3f} acc {row.get('accuracy', float('nan')):.3f}",
+            )
             for cb in callbacks:
                 cb(step + 1, row)
             if config.save_every and (step + 1) % config.save_every == 0:
-                save_checkpoint(out_dir / "checkpoints", step + 1, trainable, optimizer)
+                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator)
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start
     return RLResult(config.steps, history, seconds, sampled_tokens, trained_tokens, precision.as_dict())
+
+
+def _ref_kl_sums(prepared) -> dict[str, float]:
+    """k1 to the reference summed over this process's completion tokens, and their count."""
+    if prepared.ref_kl is None:
+        return {}
+    return {
+        "kl_ref/sum": float((prepared.ref_kl * prepared.mask).sum()),
+        "kl_ref/tokens": float(prepared.mask.sum()),
+    }
+
+
+def _mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
+    """Per-process values averaged over processes (sums: `/sum` and `/tokens` keys, added up)."""
+    if accelerator.num_processes == 1:
+        return values
+    keys = sorted(values)
+    t = accelerator.reduce(torch.tensor([values[k] for k in keys], dtype=torch.float64), "sum")
+    world = accelerator.num_processes
+    return {k: float(v) if k.startswith("kl_ref/") else float(v) / world for k, v in zip(keys, t.tolist())}
 
 
 def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:

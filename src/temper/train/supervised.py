@@ -2,8 +2,10 @@
 
 Behaviour comes from what it is given (sequences and a loss), not from subclasses. Batches are a
 pure function of (seed, step), so resuming from a checkpoint replays exactly the batches the
-uninterrupted run would have seen, and `accelerate launch --num_processes N` splits the same
-global batch N ways.
+uninterrupted run would have seen, and N processes (`torchrun --nproc_per_node N`, see
+`temper.distributed`) split the same global batch N ways: each takes a contiguous share of it,
+and the loss is normalized by the global token count, so the DDP-averaged gradient equals one
+process's gradient at the same global batch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Literal
 import torch
 from accelerate import Accelerator
 
+from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
 from temper.precision import Precision, resolve_precision
@@ -88,22 +91,34 @@ def _count_supervised(batch: list[Sequence]) -> int:
 
 
 def evaluate_loss(
-    model: torch.nn.Module, sequences: list[Sequence], pad_id: int, batch_size: int, device
+    model: torch.nn.Module,
+    sequences: list[Sequence],
+    pad_id: int,
+    batch_size: int,
+    device,
+    accelerator: Accelerator | None = None,
 ) -> float:
-    """Token-weighted mean loss over `sequences`."""
+    """Token-weighted mean loss over `sequences`; with an `accelerator`, each process scores its
+    share and the sums are added up. Pass the unwrapped model: no DDP collective may run here."""
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    mine = sequences[distributed.share(len(sequences), rank, world)]
+    was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # (loss x tokens, tokens)
     with torch.no_grad():
-        for i in range(0, len(sequences), batch_size):
-            chunk = sequences[i : i + batch_size]
+        for i in range(0, len(mine), batch_size):
+            chunk = mine[i : i + batch_size]
             batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
             labels = batch.pop("labels")
             n = _count_supervised(chunk)
             logits = model(**batch, use_cache=False).logits
-            total += sft_loss(logits, labels, n).item() * n
-            count += n
-    model.train()
-    return total / max(count, 1)
+            sums += torch.tensor(
+                [sft_loss(logits, labels, n).item() * n, n], dtype=torch.float64, device=device
+            )
+    if accelerator is not None and world > 1:
+        sums = accelerator.reduce(sums, reduction="sum")
+    model.train(was_training)
+    return float(sums[0] / sums[1].clamp_min(1))
 
 
 def train_supervised(
@@ -123,7 +138,7 @@ def train_supervised(
     if not train:
         raise ValueError("no training sequences (every example was empty or dropped)")
     out_dir = Path(out_dir)
-    accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = accelerator or distributed.make_accelerator()
     world, rank = accelerator.num_processes, accelerator.process_index
     if config.batch_size % world:
         raise ValueError(f"batch_size {config.batch_size} is not divisible by {world} processes")
@@ -154,10 +169,11 @@ def train_supervised(
     )
     start = 0
     if checkpoints := list_checkpoints(ckpt_root):
-        start = load_checkpoint(checkpoints[-1], unwrapped, optimizer)
+        start = load_checkpoint(checkpoints[-1], accelerator)
         log.truncate_after(start)
     elif accelerator.is_main_process and log.path.exists():
         log.path.unlink()
+    accelerator.wait_for_everyone()  # nobody reads the checkpoint folder while it changes
 
     def lr_for(step: int) -> float:
         return lr_at(
@@ -209,7 +225,7 @@ def train_supervised(
                 row["grad_norm"] = float(grad_norm)
             is_last = done == config.max_steps
             if eval_set and ((config.eval_every and done % config.eval_every == 0) or is_last):
-                eval_loss = evaluate_loss(model, eval_set, pad_id, micro, accelerator.device)
+                eval_loss = evaluate_loss(unwrapped, eval_set, pad_id, micro, accelerator.device, accelerator)
                 row["eval_loss"] = eval_loss
             if done % config.log_every == 0 or is_last or "eval_loss" in row:
                 now = time.perf_counter()
@@ -220,9 +236,8 @@ def train_supervised(
             progress.update(bar, advance=1, info=f"loss {loss_value:.4f}")
             for cb in callbacks:
                 cb(done, row)
-            if config.save_every and done % config.save_every == 0 and accelerator.is_main_process:
-                save_checkpoint(ckpt_root, done, unwrapped, optimizer)
-            accelerator.wait_for_everyone()
+            if config.save_every and done % config.save_every == 0:
+                save_checkpoint(ckpt_root, done, accelerator)  # every process: its RNG is saved too
 
     log.close()
     seconds = time.perf_counter() - t_start
