@@ -189,3 +189,20 @@ def test_vllm_sampler_without_vllm_is_a_clear_error(tmp_path, capsys):
     ]
     assert main(args) == 2
     assert "VLLMSampler needs vLLM" in capsys.readouterr().err
+
+
+def test_the_shipped_base_matches_the_recipes_that_reuse_it():
+    """`make demo` reuses checkpoints/tiny-base only while the quickstart's pretrain settings hash
+    to what the base records; a new trainer setting must not silently make the demo retrain it."""
+    import json
+
+    from temper.stages.context import StageContext
+    from temper.stages.pretrain import pretrain_hash
+
+    root = Path(__file__).parents[1]
+    shipped = json.loads((root / "checkpoints" / "tiny-base" / "pretrain.json").read_text())["hash"]
+    for name in ("quickstart.yaml", "grpo_quickstart.yaml"):
+        recipe = load_recipe(root / "recipes" / name)
+        stage = recipe.stages[0]
+        ctx = StageContext(run_dir=root, base_dir=root / "recipes", tasks={}, task_options=recipe.tasks)
+        assert stage.cache and pretrain_hash(stage, recipe.model, ctx) == shipped, name

@@ -73,10 +73,14 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     """The settings the recipe states that determine the weights (not the stage name or cache path).
 
     Only explicitly set values count, so a shipped base stays valid when a later version adds a
-    setting with a default; the full resolved settings are recorded beside it for provenance."""
+    setting with a default; the full resolved settings are recorded beside it for provenance.
+    `train` is a dataclass, whose fields pydantic always counts as set: its settings that cannot
+    change the weights (progress bar, trackers) are left out, and so is `precision` at fp32, the
+    only precision before the setting existed (a base trained in bf16 gets its own hash)."""
     tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
+    skip_train = {"progress", "trackers"} | ({"precision"} if stage.train.precision == "fp32" else set())
     settings = stage.model_dump(
-        exclude_unset=True, exclude={"name": True, "cache": True, "train": {"progress"}}
+        exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
     return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
 
