@@ -143,6 +143,11 @@ def test_fast_decode_step_only_where_exact(tokenizer):
     place of a Linear)."""
     model = build_preset("nano", tokenizer, seed=0)
     assert LlamaDecodeStep.build(model) is not None
+    # a forward asking for hidden states (the RL update's) leaves transformers' passive
+    # output-capturing hooks on the layers: they must not turn the fast path off
+    model(input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    assert any(m._forward_hooks for m in model.modules())
+    assert LlamaDecodeStep.build(model) is not None
     handle = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
     assert LlamaDecodeStep.build(model) is None
     handle.remove()

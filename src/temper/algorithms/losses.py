@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100
+from temper.data.chat import IGNORE  # the label the data layer gives tokens that are not trained on
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,15 @@ def _linear(x_A_I: torch.Tensor, w_I_O: torch.Tensor, b_O: torch.Tensor | None) 
     return torch.mm(x_A_I, w_I_O) if b_O is None else torch.addmm(b_O, x_A_I, w_I_O)
 
 
+def _acting_hooks(module: nn.Module) -> list:
+    """The module's forward (pre-)hooks, less transformers' output-capturing hooks: a forward with
+    `output_hidden_states=True` (the RL update's) installs those on every layer for good, and they
+    do nothing unless that forward asks for outputs, which the decode step never does. Matched by
+    their function's name, so a renamed one in a later transformers only costs the fast path."""
+    hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+    return [h for h in hooks if not getattr(h, "__qualname__", "").startswith("install_output_capuring_hook.")]
+
+
 class LlamaDecodeStep:
     """Logits of the next token for one new token per row, reading and extending a `SlabCache`.
 
@@ -136,7 +145,7 @@ class LlamaDecodeStep:
                     known = expected.get(leaf) == type(module).__name__
                 if not known:
                     return None  # an adapter (LoRA), an extra norm (Qwen3's q_norm) or a new module
-        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        if any(_acting_hooks(m) for m in model.modules()):
             return None
         return cls(model)
 
