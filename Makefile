@@ -36,9 +36,14 @@ lint: setup
 # run on a quiet machine: timings are the point, and a second busy process halves them
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]"
-	PYTHONPATH=. $(BIN)/python benchmarks/sft_throughput.py
+	PYTHONPATH=. $(BIN)/python benchmarks/sft_throughput.py --presets nano,tiny,small
 	PYTHONPATH=. $(BIN)/python benchmarks/sampler_speed.py
 	PYTHONPATH=. $(BIN)/python benchmarks/grpo_step.py
+	# the RL-realistic shape needs a model that stops at EOS: the demo's SFT stage (make demo)
+	if [ -d runs/quickstart/02-sft/model ]; then PYTHONPATH=. $(BIN)/python benchmarks/grpo_step.py \
+		--presets runs/quickstart/02-sft/model --prompts 16 --group 8 --tokens 128; \
+	else echo "bench: run 'make demo' first for the 16 x 8 x 128 GRPO shape"; fi
+	PYTHONPATH=. $(BIN)/python benchmarks/dist_rl.py
 
 clean:
 	rm -rf $(VENV) runs
