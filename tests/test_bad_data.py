@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from temper.data import DataError, build_sequences, load_jsonl, parse_row, tokenize_example
 from temper.data.chat import IGNORE, prompt_ids
 from temper.data.dataset import require_sequences
-from temper.data.formats import NoUsableRowsError
+from temper.data.formats import Example, NoUsableRowsError
 
 GOOD = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
 U, A = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
@@ -21,7 +21,7 @@ def _line(row) -> bytes:
     return row if isinstance(row, bytes) else json.dumps(row).encode()
 
 
-# (name, bad line as a row or raw bytes, field the error must name)
+# (name, bad line as a row or raw bytes, field the error must name[, the file's good rows])
 CASES = [
     ("empty assistant", {"messages": [U, {"role": "assistant", "content": ""}]}, "messages[1].content"),
     ("blank assistant", {"messages": [U, {"role": "assistant", "content": " \n"}]}, "messages[1].content"),
@@ -57,15 +57,23 @@ CASES = [
     ("latin-1 text", '{"text": "caf\u00e9"}'.encode("latin-1"), "<bytes>"),
     ("invalid JSON", b'{"messages": [', "<json>"),
     ("not an object", b"[1, 2]", "<row>"),
-    ("empty text row after text", None, "text"),  # written below: a text file with an empty row
+    ("empty text row", {"text": ""}, "text", {"text": "abc"}),
+    ("blank text row", {"text": "  "}, "text", {"text": "abc"}),
+    (
+        "chat completion among text completions",
+        {"prompt": [U], "completion": [A]},
+        "<row>",
+        {"prompt": "q", "completion": "a"},
+    ),
+    ("messages among text rows", GOOD, "<row>", {"text": "abc"}),
 ]
 
 
-@pytest.mark.parametrize(("name", "bad", "field"), CASES, ids=[c[0] for c in CASES])
-def test_bad_row_names_file_line_field_and_is_skippable(tmp_path, name, bad, field):
+@pytest.mark.parametrize(
+    ("name", "bad", "field", "first"), [(*c, GOOD)[:4] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_row_names_file_line_field_and_is_skippable(tmp_path, name, bad, field, first):
     path = tmp_path / "data.jsonl"
-    first = {"text": "abc"} if bad is None else GOOD
-    bad = {"text": ""} if bad is None else bad
     path.write_bytes(b"\n".join([_line(first), b"", _line(bad), _line(first)]) + b"\n")
     with pytest.raises(DataError) as err:
         load_jsonl(path)
@@ -131,6 +139,13 @@ def test_zero_usable_rows_names_files_and_where_rows_went(tmp_path, tokenizer):
     assert isinstance(err.value, DataError)  # the CLI prints it as one line, no traceback
     seqs, stats = build_sequences(tokenizer, rows, max_len=64)
     require_sequences(seqs, stats, [str(path)], report.skipped, max_len=64)  # usable: no error
+    # a row built in code (as a task's demonstration is) can still be empty: counted apart
+    seqs, stats = build_sequences(tokenizer, [Example("task:t:train", 1, text="")], max_len=16)
+    with pytest.raises(
+        NoUsableRowsError,
+        match=r"in task:t: 1 rows read: 0 malformed \(skipped\), 1 with nothing to train on, 0 longer",
+    ):
+        require_sequences(seqs, stats, ["task:t"], 0, max_len=16)
 
 
 # A "user's" BPE tokenizer, trained here (no download), and a plain template whose assistant
