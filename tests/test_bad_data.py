@@ -204,3 +204,22 @@ def test_bpe_template_with_a_token_boundary_supervises_exactly_the_answer():
     assert supervised == ["3", "3", "<eos>", "Ċ"]  # the answer, its end and the turn's newline
     prompt = prompt_ids(tok, ex.messages[:1])  # what a policy continues at inference
     assert t.input_ids[: len(prompt)] == prompt and all(lab == IGNORE for lab in t.labels[: len(prompt)])
+
+
+def test_sft_with_zero_usable_rows_stops_before_training_with_one_line(tmp_path, tokenizer, nano, capsys):
+    from temper.cli import main
+
+    model = tmp_path / "model"
+    nano.save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    data = tmp_path / "d.jsonl"
+    long = {"messages": [{"role": "user", "content": "x" * 40}, {"role": "assistant", "content": "y"}]}
+    data.write_text(json.dumps(long) + '\n{"messages": [{"role": "assistant", "content": "hi"}]}\n')
+    out = tmp_path / "out"
+    argv = ["sft", "--model", str(model), "--out", str(out), "--data.files", str(data)]
+    code = main([*argv, "--data.skip_bad_rows", "true", "--max_len", "16", "--train.max_steps", "2"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert f"no usable training rows in {data}: 2 rows read: 1 malformed (skipped)" in err
+    assert "1 longer than max_len=16" in err
+    assert not (out / "model").exists()
