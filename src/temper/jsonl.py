@@ -2,26 +2,57 @@
 
 Each caller decides what a bad line means (the data loader names file, line and field, the report
 notes it and goes on, a resumed metrics log drops the torn last row), so the reader hands the
-decode error back in place of the row instead of raising.
+error back in place of the row instead of raising. Three kinds of bad line come back:
+`json.JSONDecodeError` (not JSON), `UnicodeDecodeError` (not UTF-8: the file is read as bytes
+and decoded line by line, so one bad byte costs one line, not the file) and `DuplicateKeyError`
+(an object naming a key twice, where `json.loads` would silently keep the last value).
+A UTF-8 byte-order mark at the start of the file, which many editors write, is dropped.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, str, Any | json.JSONDecodeError]]:
-    """(1-based line number, the line without its newline, parsed value or its `JSONDecodeError`)
-    per non-blank line."""
-    with Path(path).open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            text = line.rstrip("\r\n")
-            try:
-                yield line_no, text, json.loads(text)
-            except json.JSONDecodeError as err:
-                yield line_no, text, err
+class DuplicateKeyError(ValueError):
+    """A JSON object that names the same key twice."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"duplicate key {key!r}")
+
+
+def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def iter_jsonl(
+    path: str | Path,
+) -> Iterator[tuple[int, str, Any | json.JSONDecodeError | UnicodeDecodeError | DuplicateKeyError]]:
+    """(1-based line number, the line without its newline, parsed value or the error) per
+    non-blank line."""
+    data = Path(path).read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield line_no, raw.decode("utf-8", errors="replace").rstrip("\r"), err
+            continue
+        if not line.strip():
+            continue
+        text = line.rstrip("\r")
+        try:
+            yield line_no, text, json.loads(text, object_pairs_hook=_strict_object)
+        except (json.JSONDecodeError, DuplicateKeyError) as err:
+            yield line_no, text, err

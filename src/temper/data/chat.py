@@ -4,6 +4,14 @@ Why not `apply_chat_template(return_assistant_tokens_mask=True)`: it needs `{% g
 markers that most hub templates (Qwen, Llama) lack. Instead each assistant turn's tokens are
 found by rendering the conversation up to that turn with and without it; this works for any
 template whose renderings are prefixes of each other, and fails loudly for one that is not.
+
+Being a text prefix is not enough: the TOKENS of the prompt must be a prefix of the tokens of the
+prompt with the answer. A BPE tokenizer with a template whose assistant header ends in a space
+(`...\nAssistant: `) merges that space into the answer's first token (`Ġ33`), so the prompt's
+last token (`Ġ`) is not in the full rendering and the answer's first token would sit before
+`start`, never trained. Training it instead as the full rendering has it would teach a token
+sequence the model never sees at inference (there the prompt ends in `Ġ`), so such a template is
+refused, naming the boundary, as TRL refuses it ("not training-compatible").
 """
 
 from __future__ import annotations
@@ -13,9 +21,13 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from temper.data.formats import Example
+from temper.data.formats import DataError, Example
 
 IGNORE = -100
+
+
+class TemplateError(ValueError):
+    """A chat template whose renderings do not let assistant tokens be located exactly."""
 
 
 @dataclass(frozen=True)
@@ -50,32 +62,56 @@ def tokenize_messages(
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        start = len(render_ids(tokenizer, messages[:i], add_generation_prompt=True)) if i else 0
+        prompt = render_ids(tokenizer, messages[:i], add_generation_prompt=True) if i else []
         upto = render_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
-        if full[: len(upto)] != upto or start > len(upto):
-            raise ValueError(
+        if upto[: len(prompt)] != prompt and tokenizer.decode(upto).startswith(tokenizer.decode(prompt)):
+            raise TemplateError(_merge_message(tokenizer, prompt, upto, i))
+        if full[: len(upto)] != upto or upto[: len(prompt)] != prompt:
+            raise TemplateError(
                 "the chat template does not render conversations as prefixes of each other, so "
                 "assistant tokens cannot be located; use a template without history rewriting"
             )
-        labels[start : len(upto)] = full[start : len(upto)]
+        labels[len(prompt) : len(upto)] = full[len(prompt) : len(upto)]
     return full, labels
+
+
+def _merge_message(tokenizer: PreTrainedTokenizerBase, prompt: list[int], upto: list[int], i: int) -> str:
+    """Name the boundary where the assistant header and the answer's first token merge."""
+    k = next((j for j, (a, b) in enumerate(zip(prompt, upto, strict=False)) if a != b), len(prompt))
+    header = prompt[k:]
+    end = k + 1  # the answer's tokens from k up to the first that covers the whole header
+    while end < len(upto) and len(tokenizer.decode(upto[k:end])) < len(tokenizer.decode(header)):
+        end += 1
+    merged = upto[k:end]
+    return (
+        "the chat template is not training-compatible with this tokenizer: the assistant prompt "
+        f"before message {i} ends in {tokenizer.decode(prompt[max(k - 3, 0) :])!r}, whose last "
+        f"{tokenizer.decode(header)!r} (tokens {tokenizer.convert_ids_to_tokens(header)}) merges with the answer into "
+        f"{tokenizer.convert_ids_to_tokens(merged)}, so the answer's first token would never be "
+        "trained; end the template's assistant header at a token boundary (a newline or a special "
+        "token, not a trailing space)"
+    )
 
 
 def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_len: int) -> Tokenized:
     """Tokenize any supported row; truncation (right side) is flagged, never silent."""
-    if example.messages is not None:
-        ids, labels = tokenize_messages(tokenizer, example.messages)
-    elif isinstance(example.prompt, list):
-        ids, labels = tokenize_messages(tokenizer, example.prompt + example.completion)
-        prompt_len = len(render_ids(tokenizer, example.prompt, add_generation_prompt=True))
-        labels[:prompt_len] = [IGNORE] * prompt_len  # only the completion is trained on
-    elif example.prompt is not None:
-        prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
-        completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
-        completion = completion + [tokenizer.eos_token_id]
-        ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
-    else:
-        ids = tokenizer(example.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        labels = list(ids)
+    try:
+        if example.messages is not None:
+            ids, labels = tokenize_messages(tokenizer, example.messages)
+        elif isinstance(example.prompt, list):
+            ids, labels = tokenize_messages(tokenizer, example.prompt + example.completion)
+            prompt_len = len(render_ids(tokenizer, example.prompt, add_generation_prompt=True))
+            labels[:prompt_len] = [IGNORE] * prompt_len  # only the completion is trained on
+        elif example.prompt is not None:
+            prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
+            completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
+            completion = completion + [tokenizer.eos_token_id]
+            ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
+        else:
+            ids = tokenizer(example.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            labels = list(ids)
+    except TemplateError as err:
+        # every row would hit it; the first one locates it for the user
+        raise DataError(example.source, example.line, "<chat_template>", str(err)) from None
     truncated = len(ids) > max_len
     return Tokenized(ids[:max_len], labels[:max_len], truncated)

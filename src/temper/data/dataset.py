@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from temper.data.chat import IGNORE, tokenize_example
-from temper.data.formats import Example
+from temper.data.formats import Example, NoUsableRowsError
 
 
 @dataclass
@@ -23,6 +23,7 @@ class DatasetStats:
     examples: int = 0
     truncated: int = 0  # examples cut at max_len (kept if anything supervised remains)
     dropped: int = 0  # examples with no supervised token left after truncation
+    empty: int = 0  # examples with no supervised token at all (not counted in `dropped`)
     sequences: int = 0
     tokens: int = 0
     supervised_tokens: int = 0
@@ -46,7 +47,10 @@ def build_sequences(
         tok = tokenize_example(tokenizer, ex, max_len)
         stats.truncated += tok.truncated
         if all(label == IGNORE for label in tok.labels[1:]):
-            stats.dropped += 1
+            if tok.truncated:
+                stats.dropped += 1
+            else:
+                stats.empty += 1
             continue
         labels = [IGNORE] + tok.labels[1:]
         items.append(Sequence(tok.input_ids, labels, list(range(len(tok.input_ids)))))
@@ -55,6 +59,21 @@ def build_sequences(
     stats.tokens = sum(len(s.input_ids) for s in sequences)
     stats.supervised_tokens = sum(sum(label != IGNORE for label in s.labels) for s in sequences)
     return sequences, stats
+
+
+def require_sequences(
+    sequences: list[Sequence], stats: DatasetStats, sources: list[str], malformed: int, max_len: int
+) -> None:
+    """Refuse a data set left with nothing to train on, saying where every row went, before
+    training starts (an empty set would fail deep in the loop with a traceback naming neither)."""
+    if sequences:
+        return
+    read = stats.examples + malformed
+    raise NoUsableRowsError(
+        sources,
+        f"{read} rows read: {malformed} malformed (skipped), {stats.empty} with nothing to train on, "
+        f"{stats.dropped} longer than max_len={max_len} (nothing supervised left after truncation)",
+    )
 
 
 def _pack(items: list[Sequence], max_len: int) -> list[Sequence]:

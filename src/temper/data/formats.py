@@ -6,18 +6,24 @@ Formats (https://huggingface.co/docs/trl/dataset_formats):
 - language modeling: {"text": str} (pre-training corpora; a plain .txt file is one row per line).
 
 A malformed row raises `DataError` naming file, line and field; with `skip_bad_rows=True` it is
-counted and skipped instead, and the count is reported.
+counted and skipped instead, and the count is reported. Beyond types, a row is refused when it
+would train on nothing or on nonsense: an assistant turn with empty content (it trains on the end
+token alone), a conversation that opens with an assistant turn (nothing to condition on), a `tool`
+result that answers no assistant turn, a JSON object with a duplicate key (the last value would
+silently win), a line that is not UTF-8, and a row whose format differs from the file's first row
+(one file, one format, as in TRL's datasets).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.jsonl import iter_jsonl
+from temper.jsonl import DuplicateKeyError, iter_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 """The chat roles a row may use; the built-in tokenizer has a special token and template case for each."""
@@ -29,6 +35,16 @@ class DataError(ValueError):
     def __init__(self, source: str, line: int, field: str, problem: str):
         self.source, self.line, self.field, self.problem = source, line, field, problem
         super().__init__(f"{source}:{line}: field {field!r}: {problem}")
+
+
+class NoUsableRowsError(DataError):
+    """A data set with nothing left to train on, naming its sources and why each row went."""
+
+    def __init__(self, sources: list[str], reason: str):
+        self.source, self.line, self.field, self.problem = ", ".join(sources), 0, "<data>", reason
+        ValueError.__init__(
+            self, f"no usable training rows in {', '.join(sources) or 'no sources'}: {reason}"
+        )
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,15 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)  # the first few messages, for the report
 
 
-def _check_messages(value: Any, where: str, source: str, line: int, need_assistant: bool) -> None:
+def _check_messages(
+    value: Any,
+    where: str,
+    source: str,
+    line: int,
+    need_assistant: bool,
+    prior: list[dict[str, Any]] | None = None,
+) -> None:
+    """`prior`: the already checked messages this list continues (a completion's prompt)."""
     if not isinstance(value, list) or not value:
         raise DataError(source, line, where, "must be a non-empty list of {role, content} messages")
     for i, msg in enumerate(value):
@@ -64,6 +88,40 @@ def _check_messages(value: Any, where: str, source: str, line: int, need_assista
             raise DataError(
                 source, line, f"{where}[{i}].content", f"must be a string, got {type(content).__name__}"
             )
+        if role == "assistant":
+            calls = msg.get("tool_calls")
+            if calls is not None and not (isinstance(calls, list) and calls):
+                raise DataError(source, line, f"{where}[{i}].tool_calls", "must be a non-empty list")
+            if not content.strip() and not calls:
+                raise DataError(
+                    source,
+                    line,
+                    f"{where}[{i}].content",
+                    "is empty: an assistant turn with no content and no tool_calls trains on the end token alone",
+                )
+        if role == "tool":
+            # A tool result answers the assistant turn just before it (a call in `tool_calls` or
+            # written inline in the content, as many templates do) or follows another result
+            # of the same call; anywhere else nothing asked for it.
+            before = value[i - 1]["role"] if i else (prior[-1]["role"] if prior else None)
+            if before not in ("assistant", "tool"):
+                raise DataError(
+                    source,
+                    line,
+                    f"{where}[{i}].role",
+                    f"a 'tool' message must follow the assistant turn that called the tool, not {before or 'nothing'!r}",
+                )
+    # (the prompt of a completion was checked first, so an opening assistant turn is in `value`)
+    whole = (prior or []) + value
+    opening = next((j for j, m in enumerate(whole) if m["role"] != "system"), None)
+    if opening is not None and whole[opening]["role"] == "assistant":
+        raise DataError(
+            source,
+            line,
+            f"{where}[{opening - len(prior or [])}].role",
+            "the conversation opens with an assistant turn, which has nothing to condition on; "
+            "add the user turn it answers",
+        )
     if need_assistant and not any(m["role"] == "assistant" for m in value):
         raise DataError(source, line, where, "has no assistant turn to train on")
 
@@ -92,25 +150,61 @@ def parse_row(row: Any, source: str, line: int) -> Example:
                 raise DataError(source, line, "completion", "is empty")
         else:
             _check_messages(prompt, "prompt", source, line, need_assistant=False)
-            _check_messages(completion, "completion", source, line, need_assistant=True)
+            _check_messages(completion, "completion", source, line, need_assistant=True, prior=prompt)
         return Example(source, line, prompt=prompt, completion=completion)
     if "text" in row:
         if not isinstance(row["text"], str):
             raise DataError(source, line, "text", f"must be a string, got {type(row['text']).__name__}")
+        if not row["text"].strip():
+            raise DataError(source, line, "text", "is empty")
         return Example(source, line, text=row["text"])
     raise DataError(
         source, line, "<row>", f"has none of 'messages', 'prompt'/'completion', 'text' (keys: {sorted(row)})"
     )
 
 
+def _format(row: Any) -> str | None:
+    """The TRL format a decoded row claims by its keys (None: no known format)."""
+    if not isinstance(row, dict):
+        return None
+    if "messages" in row:
+        return "messages"
+    if "prompt" in row or "completion" in row:
+        chat = isinstance(row.get("prompt"), list) or isinstance(row.get("completion"), list)
+        return "prompt/completion (messages)" if chat else "prompt/completion (text)"
+    return "text" if "text" in row else None
+
+
+def _decode_error(source: str, line: int, err: Exception) -> DataError:
+    if isinstance(err, UnicodeDecodeError):
+        return DataError(
+            source, line, "<bytes>", f"not UTF-8: byte {err.object[err.start]:#04x} at column {err.start + 1}"
+        )
+    if isinstance(err, DuplicateKeyError):
+        return DataError(
+            source, line, err.key, "appears twice in the object; the last value would silently win"
+        )
+    assert isinstance(err, json.JSONDecodeError)
+    return DataError(source, line, "<json>", f"invalid JSON: {err.msg} at column {err.colno}")
+
+
 def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
     if path.suffix == ".txt":
-        with path.open(encoding="utf-8") as f:
-            yield from ((i, {"text": line.rstrip("\n")}) for i, line in enumerate(f, start=1) if line.strip())
+        data = path.read_bytes()
+        if data.startswith(codecs.BOM_UTF8):
+            data = data[len(codecs.BOM_UTF8) :]
+        for line_no, raw in enumerate(data.split(b"\n"), start=1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r")
+            except UnicodeDecodeError as err:
+                yield line_no, _decode_error(str(path), line_no, err)
+                continue
+            if text.strip():
+                yield line_no, {"text": text}
         return
     for line_no, _, row in iter_jsonl(path):
-        if isinstance(row, json.JSONDecodeError):
-            row = DataError(str(path), line_no, "<json>", f"invalid JSON: {row.msg} at column {row.colno}")
+        if isinstance(row, (json.JSONDecodeError, UnicodeDecodeError, DuplicateKeyError)):
+            row = _decode_error(str(path), line_no, row)
         yield line_no, row
 
 
@@ -118,12 +212,24 @@ def validate_rows(
     rows: Iterable[tuple[int, Any]], source: str, skip_bad_rows: bool = False
 ) -> tuple[list[Example], LoadReport]:
     examples, report = [], LoadReport()
+    first: tuple[str, int] | None = None  # the format of the source's first good row, and its line
     for line_no, row in rows:
         report.rows += 1
         try:
             if isinstance(row, DataError):
                 raise row
-            examples.append(parse_row(row, source, line_no))
+            example = parse_row(row, source, line_no)
+            kind = _format(row)
+            if first is None:
+                first = (kind, line_no)
+            elif kind != first[0]:
+                raise DataError(
+                    source,
+                    line_no,
+                    "<row>",
+                    f"is a {kind} row but line {first[1]} is a {first[0]} row; keep one format per file",
+                )
+            examples.append(example)
         except DataError as err:
             if not skip_bad_rows:
                 raise

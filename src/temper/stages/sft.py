@@ -11,7 +11,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
-from temper.data.dataset import build_sequences
+from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_jsonl
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.stages.base import LoraSpec, StageKind, Strict, lazy
@@ -84,6 +84,8 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
     tokenizer, model = load_tokenizer(source), load_model(source)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
+    sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
+    require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
     console.print(
         f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
