@@ -14,10 +14,10 @@ tasks:
 stages:
   - kind: pretrain
     corpus: {tasks: [arithmetic], problems_per_task: 100}
-    train: {max_steps: 2, batch_size: 4}
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
   - kind: sft
     data: {tasks: [arithmetic], problems_per_task: 10}
-    train: {max_steps: 2, batch_size: 4}
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
   - kind: eval
     n_problems: 4
 """
@@ -31,8 +31,8 @@ def test_valid_recipe_parses_with_defaults():
 
 def test_unknown_key_names_line_path_and_nearest_key():
     bad = GOOD.replace(
-        "train: {max_steps: 2, batch_size: 4}\n  - kind: eval",
-        "train: {max_steps: 2, batch_sise: 4}\n  - kind: eval",
+        "train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n  - kind: eval",
+        "train: {max_steps: 2, batch_sise: 4, warmup_steps: 0}\n  - kind: eval",
     )
     with pytest.raises(RecipeError) as err:
         parse_recipe(bad, "r.yaml")
@@ -54,7 +54,8 @@ def test_unknown_stage_key_and_bad_value():
 
 def test_a_misspelled_choice_suggests_the_nearest_valid_value():
     bad = GOOD.replace(
-        "train: {max_steps: 2, batch_size: 4}\n  - kind: sft", "train: {schedule: cosin}\n  - kind: sft"
+        "train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n  - kind: sft",
+        "train: {schedule: cosin}\n  - kind: sft",
     )
     bad = bad.replace("kind: eval\n", "kind: eval\n    splits: [tset, ood]\n")
     with pytest.raises(RecipeError) as err:
@@ -97,7 +98,7 @@ def test_unknown_stage_kind_and_task_references():
 
 def test_preset_needs_pretrain_first_and_references_must_exist():
     no_pretrain = GOOD.replace(
-        "  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4}\n",
+        "  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n",
         "",
     )
     with pytest.raises(RecipeError, match="first stage must be 'pretrain'"):

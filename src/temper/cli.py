@@ -170,7 +170,10 @@ def _validate(cls: type, data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        lines = [f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}" for e in expand_errors(err.errors())]
+        lines = [
+            f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}"
+            for e in expand_errors(err.errors())
+        ]
         raise RecipeError("invalid options:\n  " + "\n  ".join(lines)) from None
 
 

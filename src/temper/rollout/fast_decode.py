@@ -53,7 +53,9 @@ def _acting_hooks(module: nn.Module) -> list:
     do nothing unless that forward asks for outputs, which the decode step never does. Matched by
     their function's name, so a renamed one in a later transformers only costs the fast path."""
     hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
-    return [h for h in hooks if not getattr(h, "__qualname__", "").startswith("install_output_capuring_hook.")]
+    return [
+        h for h in hooks if not getattr(h, "__qualname__", "").startswith("install_output_capuring_hook.")
+    ]
 
 
 class LlamaDecodeStep:

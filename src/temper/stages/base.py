@@ -74,7 +74,7 @@ def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
         out.append(
             (
                 ("warmup_steps",),
-                f"must be below max_steps ({config.max_steps}): the lr would never leave warm-up",
+                f"{config.warmup_steps} (default 20) must be below max_steps ({config.max_steps}): the lr would never reach its peak",
             )
         )
     if config.micro_batch_size and config.batch_size % config.micro_batch_size:
@@ -105,7 +105,10 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
         )
     if config.warmup_steps >= config.steps:
         out.append(
-            (("warmup_steps",), f"must be below steps ({config.steps}): the lr would never leave warm-up")
+            (
+                ("warmup_steps",),
+                f"{config.warmup_steps} must be below steps ({config.steps}): the lr would never reach its peak",
+            )
         )
     rows = config.prompts_per_step * config.group_size
     if config.minibatches > rows:
