@@ -139,6 +139,28 @@ def test_stage_flags_are_validated(tmp_path, capsys):
     assert "--train.schedule: unknown value 'wsdd'; did you mean 'wsd'?" in capsys.readouterr().err
 
 
+def test_stage_flags_meet_the_cross_field_rules_at_their_flag(tmp_path, capsys):
+    """A rule across fields (here: a group-relative estimator needs 2 samples per prompt) names
+    the flag, as a range error does, before the model is loaded."""
+    out = tmp_path / "o"
+    args = [
+        "rl",
+        "--model",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--tasks",
+        "arithmetic",
+        "--train.group_size",
+        "1",
+    ]
+    assert main(args) == 2
+    assert "--train.group_size: must be at least 2 with advantage 'grpo'" in capsys.readouterr().err
+    assert main(args[:-4] + ["--train.steps", "0"]) == 2
+    assert "--train.steps: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_rl_command_stops_at_the_format_gate(tmp_path, capsys):
     base = Path(__file__).parents[1] / "checkpoints" / "tiny-base" / "model"  # never saw `Answer:`
     args = [
