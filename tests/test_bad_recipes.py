@@ -209,6 +209,14 @@ BAD = [
     ("rl-without-tasks", {16: "    tasks: []"}, 16, "stages[2].tasks", "at least one task"),
     ("eval-k-0", {22: "    k: 0"}, 22, "stages[3].k", "greater than 0"),
     (
+        "negative-problems-per-task",
+        {12: "    data: {tasks: [arithmetic], problems_per_task: {arithmetic: -1}}"},
+        12,
+        "stages[1].data.problems_per_task.arithmetic",
+        "at least 0, got -1",
+    ),
+    ("lora-dropout-of-1", {17: "    lora: {dropout: 1.0}"}, 17, "stages[2].lora.dropout", "less than 1"),
+    (
         "unknown-task-in-sft",
         {12: "    data: {tasks: [arithmetic, nope]}"},
         12,

@@ -45,8 +45,8 @@ class LoraSpec(Strict):
     """A PEFT LoRA adapter; the field names are `temper.models.apply_lora`'s arguments."""
 
     r: int = Field(16, gt=0)
-    alpha: int = 32
-    dropout: float = 0.0
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
 
 
@@ -74,7 +74,8 @@ def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
         out.append(
             (
                 ("warmup_steps",),
-                f"{config.warmup_steps} (default 20) must be below max_steps ({config.max_steps}): the lr would never reach its peak",
+                f"{config.warmup_steps} must be below max_steps ({config.max_steps}): the lr would never reach its peak "
+                "(the default warm-up is 20 steps)",
             )
         )
     if config.micro_batch_size and config.batch_size % config.micro_batch_size:

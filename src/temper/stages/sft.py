@@ -48,7 +48,15 @@ class SFTStage(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> SFTStage:
-        raise_located([(("train", *loc), msg) for loc, msg in train_rules(self.train)])
+        errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
+        counts = self.data.problems_per_task
+        # checked here, not as `Annotated` ranges: a range inside the union would report the
+        # error once per union member, under pydantic's member names
+        per_task = [((k,), n) for k, n in counts.items()] if isinstance(counts, dict) else [((), counts)]
+        errors += [
+            (("data", "problems_per_task", *k), f"must be at least 0, got {n}") for k, n in per_task if n < 0
+        ]
+        raise_located(errors)
         return self
 
 

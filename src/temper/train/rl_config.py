@@ -54,7 +54,7 @@ class RLConfig:
     """PPO clip range above 1 (epsilon_high; DAPO clip-higher uses 0.28)."""
     dual_clip: Annotated[float, Field(gt=1)] | None = 3.0
     """Dual-clip PPO: the loss of a token with negative advantage is capped at dual_clip x |A|
-    (verl's clip_ratio_c default 3; null disables). Inactive on the first epoch over fresh samples."""
+    (verl's clip_ratio_c default 3, which verl requires > 1; null disables). Inactive on the first epoch over fresh samples."""
     aggregation: Aggregation = "token"
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
