@@ -14,10 +14,10 @@ tasks:
 stages:
   - kind: pretrain
     corpus: {tasks: [arithmetic], problems_per_task: 100}
-    train: {max_steps: 2, batch_size: 4}
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
   - kind: sft
     data: {tasks: [arithmetic], problems_per_task: 10}
-    train: {max_steps: 2, batch_size: 4}
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
   - kind: eval
     n_problems: 4
 """
@@ -31,8 +31,8 @@ def test_valid_recipe_parses_with_defaults():
 
 def test_unknown_key_names_line_path_and_nearest_key():
     bad = GOOD.replace(
-        "train: {max_steps: 2, batch_size: 4}\n  - kind: eval",
-        "train: {max_steps: 2, batch_sise: 4}\n  - kind: eval",
+        "train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n  - kind: eval",
+        "train: {max_steps: 2, batch_sise: 4, warmup_steps: 0}\n  - kind: eval",
     )
     with pytest.raises(RecipeError) as err:
         parse_recipe(bad, "r.yaml")
@@ -54,7 +54,8 @@ def test_unknown_stage_key_and_bad_value():
 
 def test_a_misspelled_choice_suggests_the_nearest_valid_value():
     bad = GOOD.replace(
-        "train: {max_steps: 2, batch_size: 4}\n  - kind: sft", "train: {schedule: cosin}\n  - kind: sft"
+        "train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n  - kind: sft",
+        "train: {schedule: cosin}\n  - kind: sft",
     )
     bad = bad.replace("kind: eval\n", "kind: eval\n    splits: [tset, ood]\n")
     with pytest.raises(RecipeError) as err:
@@ -97,7 +98,7 @@ def test_unknown_stage_kind_and_task_references():
 
 def test_preset_needs_pretrain_first_and_references_must_exist():
     no_pretrain = GOOD.replace(
-        "  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4}\n",
+        "  - kind: pretrain\n    corpus: {tasks: [arithmetic], problems_per_task: 100}\n    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n",
         "",
     )
     with pytest.raises(RecipeError, match="first stage must be 'pretrain'"):
@@ -136,6 +137,28 @@ def test_stage_flags_are_validated(tmp_path, capsys):
     code = main(["sft", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--train.schedule", "wsdd"])
     assert code == 2
     assert "--train.schedule: unknown value 'wsdd'; did you mean 'wsd'?" in capsys.readouterr().err
+
+
+def test_stage_flags_meet_the_cross_field_rules_at_their_flag(tmp_path, capsys):
+    """A rule across fields (here: a group-relative estimator needs 2 samples per prompt) names
+    the flag, as a range error does, before the model is loaded."""
+    out = tmp_path / "o"
+    args = [
+        "rl",
+        "--model",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--tasks",
+        "arithmetic",
+        "--train.group_size",
+        "1",
+    ]
+    assert main(args) == 2
+    assert "--train.group_size: must be at least 2 with advantage 'grpo'" in capsys.readouterr().err
+    assert main(args[:-4] + ["--train.steps", "0"]) == 2
+    assert "--train.steps: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_rl_command_stops_at_the_format_gate(tmp_path, capsys):

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from temper.recipe import ModelSpec, RecipeError, describe_error, load_recipe
+from temper.recipe import ModelSpec, RecipeError, describe_error, expand_errors, load_recipe
 from temper.stages import registry
 from temper.stages.base import StageError, StageKind, StageRun
 
@@ -170,7 +170,10 @@ def _validate(cls: type, data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        lines = [f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}" for e in err.errors()]
+        lines = [
+            f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}"
+            for e in expand_errors(err.errors())
+        ]
         raise RecipeError("invalid options:\n  " + "\n  ".join(lines)) from None
 
 

@@ -7,6 +7,7 @@ stage `kind`). The stages are the registered stage kinds' specs (`temper.stages.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model, model_vali
 
 from temper.models.presets import PRESETS
 from temper.stages import registry
-from temper.stages.base import Strict
+from temper.stages.base import Loc, Located, Strict, raise_located
 from temper.tasks import TASKS, make_recipe_task
 
 
@@ -61,32 +62,59 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
-        names = [s.name for s in self.stages]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stage names must be unique, got {names}")
+        raise_located(self._reference_errors())
+        return self
+
+    def _reference_errors(self) -> list[tuple[Loc, str]]:
+        """Rules across blocks, each located at the offending key (the second of two equal stage
+        names, the stage's entry naming an unknown task or a later stage, the bad task option)."""
+        errors: list[tuple[Loc, str]] = []
+        if not self.stages:
+            errors.append((("stages",), "a recipe needs at least one stage"))
         for name, options in self.tasks.items():
-            make_recipe_task(name, options)
+            try:
+                make_recipe_task(name, options or {})
+            except (ValueError, TypeError) as err:
+                errors.append((_task_loc(name, options or {}), str(err)))
+        names: list[str] = []
         seen: list[str] = []
-        for stage in self.stages:
+        for i, stage in enumerate(self.stages):
+            if stage.name in names:
+                errors.append(
+                    (
+                        ("stages", i, "name"),
+                        f"stage name {stage.name!r} is already used by stages[{names.index(stage.name)}]",
+                    )
+                )
+            names.append(stage.name)
             kind = registry.get(stage.kind)
             for task in kind.tasks(stage):
                 if task not in self.tasks:
-                    raise ValueError(
-                        f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}"
+                    errors.append(
+                        (
+                            ("stages", i, *_value_loc(stage, "tasks", task)),
+                            f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}",
+                        )
                     )
-            for ref in model_refs(stage):
+            for loc, ref in _ref_locs(stage):
                 if ref not in seen:
-                    raise ValueError(
-                        f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}"
+                    errors.append(
+                        (
+                            ("stages", i, *loc),
+                            f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}",
+                        )
                     )
             if kind.produces_model:
                 seen.append(stage.name)
         if self.model.preset and self.stages and registry.get(self.stages[0].kind).reads != "base":
             first = [k.name for k in registry.kinds().values() if k.reads == "base"]
-            raise ValueError(
-                f"a preset model starts untrained: the first stage must be {' or '.join(map(repr, first))}"
+            errors.append(
+                (
+                    ("stages", 0, "kind"),
+                    f"a preset model starts untrained: the first stage must be {' or '.join(map(repr, first))}",
+                )
             )
-        return self
+        return errors
 
     def run_dir(self, base: Path) -> Path:
         return (base / (self.output_dir or f"runs/{self.name}")).resolve()
@@ -98,6 +126,41 @@ def model_refs(stage: Any) -> list[str]:
     if reads == "model":
         return [stage.source] if stage.source else []
     return list(stage.models) if reads == "models" else []
+
+
+def _ref_locs(stage: Any) -> list[tuple[Loc, str]]:
+    """`model_refs` with the key path of each reference inside the stage."""
+    reads = registry.get(stage.kind).reads
+    if reads == "model":
+        return [(("source",), stage.source)] if stage.source else []
+    return [(("models", j), ref) for j, ref in enumerate(stage.models)] if reads == "models" else []
+
+
+def _value_loc(node: Any, field: str, value: Any) -> Loc:
+    """Key path, inside a spec, of the first `field` list (at any depth) holding `value`: where a
+    stage names a task (`tasks`, `data.tasks`, `corpus.tasks`). () if not found."""
+    if isinstance(node, BaseModel):
+        items: list[tuple[str, Any]] = [(k, getattr(node, k)) for k in type(node).model_fields]
+    else:
+        return ()
+    for key, child in items:
+        if key == field and isinstance(child, list) and value in child:
+            return (key, child.index(value))
+        sub = _value_loc(child, field, value)
+        if sub:
+            return (key, *sub)
+    return ()
+
+
+def _task_loc(name: str, options: dict[str, Any]) -> Loc:
+    """Where a task entry goes wrong: its `task:` (or its name) when the built-in is unknown,
+    else the first unknown option, else the entry."""
+    base = options.get("task", name)
+    if base not in TASKS:
+        return ("tasks", name, "task") if "task" in options else ("tasks", name)
+    fields = {f.name for f in dataclasses.fields(TASKS[base].config_type)}
+    unknown = [o for o in options if o != "task" and o not in fields]
+    return ("tasks", name, unknown[0]) if unknown else ("tasks", name)
 
 
 def schema() -> type[Recipe]:
@@ -184,6 +247,22 @@ def describe_error(err: Mapping[str, Any]) -> str:
     )
 
 
+def expand_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    """pydantic's errors with each `Located` validator error split into one error per key path,
+    its `loc` extended by the path below the validated model (so it can be put at its line)."""
+    out: list[dict[str, Any]] = []
+    for err in errors:
+        located = (err.get("ctx") or {}).get("error")
+        if isinstance(located, Located):
+            out += [
+                {**err, "type": "located", "loc": (*err["loc"], *loc), "msg": msg}
+                for loc, msg in located.errors
+            ]
+        else:
+            out.append(dict(err))
+    return out
+
+
 def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
     loc = tuple(err["loc"])
     if len(loc) > 2 and loc[0] == "stages" and loc[2] in registry.kinds():
@@ -218,7 +297,7 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     try:
         return schema().model_validate(data)
     except ValidationError as err:
-        lines = [_format_error(e, text, data, source) for e in err.errors()]
+        lines = [_format_error(e, text, data, source) for e in expand_errors(err.errors())]
         raise RecipeError("invalid recipe:\n  " + "\n  ".join(lines)) from None
 
 
@@ -229,4 +308,13 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(path.read_text(), str(path))
 
 
-__all__ = ["TASKS", "ModelSpec", "Recipe", "RecipeError", "load_recipe", "parse_recipe", "schema"]
+__all__ = [
+    "TASKS",
+    "ModelSpec",
+    "Recipe",
+    "RecipeError",
+    "expand_errors",
+    "load_recipe",
+    "parse_recipe",
+    "schema",
+]

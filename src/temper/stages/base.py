@@ -45,9 +45,83 @@ class LoraSpec(Strict):
     """A PEFT LoRA adapter; the field names are `temper.models.apply_lora`'s arguments."""
 
     r: int = Field(16, gt=0)
-    alpha: int = 32
-    dropout: float = 0.0
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
+
+
+Loc = tuple[str | int, ...]
+
+
+class Located(ValueError):
+    """Errors of a validator, each at a key path below the validated model: the recipe formats
+    them at that key's line (`temper.recipe.expand_errors`) instead of at the whole block."""
+
+    def __init__(self, errors: list[tuple[Loc, str]]):
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
+        self.errors = errors
+
+
+def raise_located(errors: list[tuple[Loc, str]]) -> None:
+    if errors:
+        raise Located(errors)
+
+
+def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
+    """Cross-field rules of a supervised `train:` block (the ranges are on the fields)."""
+    out: list[tuple[Loc, str]] = []
+    if config.warmup_steps >= config.max_steps:
+        out.append(
+            (
+                ("warmup_steps",),
+                f"{config.warmup_steps} must be below max_steps ({config.max_steps}): the lr would never reach its peak "
+                "(the default warm-up is 20 steps)",
+            )
+        )
+    if config.micro_batch_size and config.batch_size % config.micro_batch_size:
+        out.append(
+            (
+                ("micro_batch_size",),
+                f"must divide batch_size ({config.batch_size}): the trainer splits each batch into equal micro-batches",
+            )
+        )
+    return out
+
+
+# estimators whose baseline is the other samples of the prompt's group: with one sample the
+# advantage is 0 and nothing is learned (`temper.algorithms.advantages`)
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+
+
+def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
+    """Cross-field rules of an RL `train:` block (the ranges are on the fields)."""
+    out: list[tuple[Loc, str]] = []
+    if config.advantage in GROUP_ESTIMATORS and config.group_size < 2:
+        out.append(
+            (
+                ("group_size",),
+                f"must be at least 2 with advantage {config.advantage!r}: its baseline is the other samples "
+                "of the group, so a group of 1 has advantage 0 and learns nothing",
+            )
+        )
+    if config.warmup_steps >= config.steps:
+        out.append(
+            (
+                ("warmup_steps",),
+                f"{config.warmup_steps} must be below steps ({config.steps}): the lr would never reach its peak",
+            )
+        )
+    rows = config.prompts_per_step * config.group_size
+    if config.minibatches > rows:
+        out.append(
+            (
+                ("minibatches",),
+                f"must be at most prompts_per_step x group_size ({rows}): each minibatch needs a sample",
+            )
+        )
+    if config.overlong_buffer >= config.max_new_tokens:
+        out.append((("overlong_buffer",), f"must be below max_new_tokens ({config.max_new_tokens})"))
+    return out
 
 
 class StageError(RuntimeError):

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 
 from temper import distributed
@@ -20,7 +20,7 @@ from temper.atomic import atomic_dir, atomic_write_json
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, load_jsonl
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
-from temper.stages.base import StageKind, Strict, lazy
+from temper.stages.base import StageKind, Strict, lazy, raise_located, train_rules
 from temper.stages.context import StageContext, settings_hash
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -49,6 +49,11 @@ class PretrainStage(Strict):
     cache: str | None = None
     """Directory of a previously produced base (e.g. the one shipped in checkpoints/); used
     instead of training when its recorded settings equal this stage's, filled otherwise."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainStage:
+        raise_located([(("train", *loc), msg) for loc, msg in train_rules(self.train)])
+        return self
 
 
 def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:

@@ -17,7 +17,7 @@ from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout import HFSampler, Sampler
-from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy
+from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, raise_located, rl_rules
 from temper.stages.context import StageContext
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, train_rl
@@ -53,11 +53,15 @@ class RLStage(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> RLStage:
-        unknown = [name for name in self.train.rewards if name not in COMPONENTS]
-        if unknown:
-            raise ValueError(f"unknown reward components {unknown}; valid: {', '.join(COMPONENTS)}")
+        errors = [(("train", *loc), msg) for loc, msg in rl_rules(self.train)]
+        errors += [
+            (("train", "rewards", name), f"unknown reward component {name!r}; valid: {', '.join(COMPONENTS)}")
+            for name in self.train.rewards
+            if name not in COMPONENTS
+        ]
         if not self.tasks:
-            raise ValueError("an rl stage needs at least one task")
+            errors.append((("tasks",), "an rl stage needs at least one task"))
+        raise_located(errors)
         return self
 
 

@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 
 from temper import distributed
@@ -14,7 +14,7 @@ from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_jsonl
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
-from temper.stages.base import LoraSpec, StageKind, Strict, lazy
+from temper.stages.base import LoraSpec, StageKind, Strict, lazy, raise_located, train_rules
 from temper.stages.context import StageContext
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -45,6 +45,19 @@ class SFTStage(Strict):
     """Train a PEFT LoRA adapter and merge it into the saved model."""
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SFTStage:
+        errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
+        counts = self.data.problems_per_task
+        # checked here, not as `Annotated` ranges: a range inside the union would report the
+        # error once per union member, under pydantic's member names
+        per_task = [((k,), n) for k, n in counts.items()] if isinstance(counts, dict) else [((), counts)]
+        errors += [
+            (("data", "problems_per_task", *k), f"must be at least 0, got {n}") for k, n in per_task if n < 0
+        ]
+        raise_located(errors)
+        return self
 
 
 def demonstrations(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
@@ -17,67 +19,69 @@ KLMode = Literal["loss", "reward"]
 
 @dataclass
 class RLConfig:
-    """Settings of one RL stage."""
+    """Settings of one RL stage. The `Annotated` ranges are checked when a recipe or a CLI flag sets
+    a field (plain construction does not check them); cross-field rules are in
+    `temper.stages.base.rl_rules`."""
 
-    steps: int = 50
+    steps: Annotated[int, Field(ge=1)] = 50
     """RL steps (one rollout batch and its updates each)."""
-    prompts_per_step: int = 16
-    group_size: int = 8
+    prompts_per_step: Annotated[int, Field(ge=1)] = 16
+    group_size: Annotated[int, Field(ge=1)] = 8
     """Samples per prompt (G in GRPO)."""
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: Annotated[int, Field(ge=1)] = 48
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     advantage: Advantage = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative) | gae (PPO with a value head)."""
-    grpo_eps: float = 1e-6
+    grpo_eps: Annotated[float, Field(ge=0)] = 1e-6
     """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
     whiten_advantages: bool = True
     """gae: whiten advantages over the batch's completion tokens (verl's default)."""
-    epochs: int = 1
+    epochs: Annotated[int, Field(ge=1)] = 1
     """Optimizer passes over each rollout batch."""
-    minibatches: int = 1
+    minibatches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per epoch."""
-    micro_batch_size: int = 0
+    micro_batch_size: Annotated[int, Field(ge=0)] = 0
     """Sequences per forward pass (packed into rows without padding); 0 = the whole minibatch."""
-    lr: float = 1e-4
-    warmup_steps: int = 0
+    lr: Annotated[float, Field(gt=0)] = 1e-4
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
     schedule: Schedule = "constant"
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    clip_low: float = 0.2
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0
+    clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """PPO clip range below 1 (epsilon_low)."""
-    clip_high: float = 0.2
+    clip_high: Annotated[float, Field(ge=0)] = 0.2
     """PPO clip range above 1 (epsilon_high; DAPO clip-higher uses 0.28)."""
-    dual_clip: float | None = 3.0
+    dual_clip: Annotated[float, Field(gt=1)] | None = 3.0
     """Dual-clip PPO: the loss of a token with negative advantage is capped at dual_clip x |A|
-    (verl's clip_ratio_c default 3; null disables). Inactive on the first epoch over fresh samples."""
+    (verl's clip_ratio_c default 3, which verl requires > 1; null disables). Inactive on the first epoch over fresh samples."""
     aggregation: Aggregation = "token"
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
     """beta of the KL to the frozen reference; 0 = no reference model."""
     kl_mode: KLMode = "loss"
     """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
     """Weight of the entropy bonus (subtracted from the loss, reduced like the policy loss)."""
     dropout: bool = False
     """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
     """Reward components and their weights (outcome, format, overlong)."""
-    overlong_buffer: int = 0
+    overlong_buffer: Annotated[int, Field(ge=0)] = 0
     """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
     dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
-    vf_coef: float = 0.5
+    max_sampling_rounds: Annotated[int, Field(ge=1)] = 4
+    vf_coef: Annotated[float, Field(ge=0)] = 0.5
     """Weight of the value loss (gae); the value loss is always a token mean."""
-    value_clip: float = 0.2
-    gamma: float = 1.0
-    lam: float = 0.95
-    eval_every: int = 0
+    value_clip: Annotated[float, Field(ge=0)] = 0.2
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    eval_every: Annotated[int, Field(ge=0)] = 0
     """Steps between greedy evals on the test split (0: none)."""
-    eval_problems: int = 64
-    save_every: int = 0
-    log_rollouts: int = 2
+    eval_problems: Annotated[int, Field(ge=1)] = 64
+    save_every: Annotated[int, Field(ge=0)] = 0
+    log_rollouts: Annotated[int, Field(ge=0)] = 2
     """Groups per step written to rollouts.jsonl."""
     seed: int = 0
     progress: bool = True

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from accelerate import Accelerator
+from pydantic import Field
 
 from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
@@ -28,33 +29,38 @@ from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_chec
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.schedule import lr_at
 
+# Ranges pydantic checks when a recipe or a CLI flag sets a field (`Annotated` metadata is inert
+# in plain Python, so tests and benchmarks still construct these directly); cross-field rules are
+# in `temper.stages.base.train_rules`.
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
 
 @dataclass
 class TrainConfig:
     """Optimizer-step-level settings shared by every supervised stage."""
 
-    max_steps: int = 500
+    max_steps: Annotated[int, Field(ge=1)] = 500
     """Optimizer steps."""
-    batch_size: int = 16
+    batch_size: Annotated[int, Field(ge=1)] = 16
     """Sequences per optimizer step, over all processes."""
-    micro_batch_size: int = 0
+    micro_batch_size: Annotated[int, Field(ge=0)] = 0
     """Sequences per forward pass; 0 = the whole per-process batch."""
-    lr: float = 1e-3
+    lr: Annotated[float, Field(gt=0)] = 1e-3
     """Peak learning rate."""
     schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1
+    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Final lr as a fraction of the peak."""
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0
     """Max global grad norm; 0 disables."""
-    eval_every: int = 0
+    eval_every: Annotated[int, Field(ge=0)] = 0
     """Steps between eval-loss passes; 0 = only at the end."""
-    save_every: int = 0
+    save_every: Annotated[int, Field(ge=0)] = 0
     """Steps between checkpoints; 0 = none."""
-    log_every: int = 10
+    log_every: Annotated[int, Field(ge=1)] = 10
     seed: int = 0
     progress: bool = True
     """Show a rich progress bar on the main process."""
