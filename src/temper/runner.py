@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from temper import distributed
-from temper.atomic import atomic_write_json, atomic_write_text
+from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
 from temper.stages.base import StageRun
@@ -87,6 +87,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                 if out.exists() and _read_hash(out / "stage.started.json") != digest:
                     shutil.rmtree(out)  # settings changed: old checkpoints must not be resumed
                 out.mkdir(parents=True, exist_ok=True)
+                remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
                 marker.unlink(missing_ok=True)
                 atomic_write_json(out / "stage.started.json", {"hash": digest})
                 console.rule(f"[bold]{stage.name}[/] ({stage.kind})")
