@@ -68,7 +68,10 @@ def source(tmp_path: Path) -> Path:
 
 
 def _cli(capsys, *args: str) -> tuple[int, str]:
-    code = main(list(args))
+    try:
+        code = main(list(args))
+    except KeyboardInterrupt:  # would stop pytest itself rather than fail the test
+        pytest.fail("KeyboardInterrupt escaped temper.cli.main")
     return code, capsys.readouterr().err
 
 
@@ -183,6 +186,19 @@ def test_torch_saves_iostream_error_on_a_full_disk_is_called_a_full_disk(
     assert code == 2
     _one_clean_line(err, "disk is full", out / "checkpoints" / "step-0000002")
     assert _scratch(out) == [] and not (out / "checkpoints" / "step-0000002").exists()
+
+
+def test_a_full_disk_outside_an_atomic_write_names_the_output_folder(stage, source, tmp_path, capsys):
+    def full(spec, job):
+        with open(job.out / "metrics.jsonl", "a") as f:  # an append, as the metrics log does
+            f.write("x")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    stage(full)
+    out = tmp_path / "out"
+    code, err = _cli(capsys, "fault", "--model", str(source), "--out", str(out))
+    assert code == 2
+    assert _one_clean_line(err) == f"temper: error: the disk is full while writing under {out}"
 
 
 def test_a_full_disk_during_a_file_write_names_the_file(tmp_path, monkeypatch):
@@ -439,3 +455,36 @@ def test_a_bug_keeps_its_traceback(stage, source, tmp_path):
     stage(bug)
     with pytest.raises(KeyError):  # propagates: Python prints the traceback, exit 1
         main(["fault", "--model", str(source), "--out", str(tmp_path / "out")])
+
+
+# --- a real stage -------------------------------------------------------------------------
+
+
+def test_pretrain_interrupted_in_its_final_save_resumes_cleanly(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the final save of a real stage: 130 and the step, then the same command
+    resumes from that checkpoint, finishes, and leaves no scratch folder behind."""
+    import temper.stages.pretrain as pretrain
+
+    out = tmp_path / "base"
+    command = ["pretrain", "--preset", "nano", "--out", str(out), "--corpus.tasks", "arithmetic"]
+    command += ["--corpus.problems_per_task", "40", "--max_len", "32", "--train.max_steps", "4"]
+    command += ["--train.save_every", "2", "--train.batch_size", "2", "--train.warmup_steps", "0"]
+    real_save = pretrain.save_model
+
+    def killed(model, tokenizer, target):
+        with atomic_dir(target) as tmp:
+            model.save_pretrained(tmp)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain, "save_model", killed)
+    code, err = _cli(capsys, *command)
+    assert code == 130 and "Traceback" not in err
+    assert "rerun the same command to resume from step 4" in err
+    assert not (out / "model").exists() and _scratch(out) == []
+
+    (out / "checkpoints" / ".step-0000006.tmp-x").mkdir()  # as a kill -9 in a checkpoint leaves it
+    monkeypatch.setattr(pretrain, "save_model", real_save)
+    assert main(command) == 0
+    assert json.loads((out / "pretrain.json").read_text())["steps"] == 4
+    load_model(out / "model")
+    assert _scratch(out) == []

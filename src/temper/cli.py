@@ -308,11 +308,15 @@ _FILE_ERRORS = {  # errno -> (what happened to the path, the hint)
 }
 
 
-def _expected(err: BaseException) -> tuple[str, str | None] | None:
-    """(one-line message, hint) for an error the user can act on; None for a bug."""
+def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | None] | None:
+    """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
+    output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
     from temper.models import ModelNotFoundError
 
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
+        what, hint = _FILE_ERRORS[err.errno]
+        return f"{what} {'under ' + str(out) if out else 'output'}", hint
     if isinstance(err, OSError) and err.errno in _FILE_ERRORS and err.filename is not None:
         what, hint = _FILE_ERRORS[err.errno]
         path = err.filename
@@ -377,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"temper: interrupted; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
         return 130
     except Exception as err:
-        said = _expected(err)
+        out = getattr(args, "out", None) or getattr(args, "run_folder", None)
+        said = _expected(err, Path(out) if out else None)
         if said is None:
             raise
         if debug:
