@@ -388,6 +388,15 @@ def test_a_stage_command_removes_what_a_killed_run_left(stage, source, tmp_path,
     assert (out / "model" / "weights.txt").read_text() == "ok"
 
 
+def test_stale_removal_stays_near_the_folder(tmp_path):
+    deep = tmp_path / "a" / "b" / ".x.tmp-1"  # two levels down: not the stage's scratch
+    deep.mkdir(parents=True)
+    (tmp_path / ".report.html.tmp-2").write_text("")
+    (tmp_path / ".notes.tmp").write_text("")  # not our pattern
+    assert remove_stale(tmp_path) == [tmp_path / ".report.html.tmp-2"]
+    assert deep.exists() and (tmp_path / ".notes.tmp").exists()
+
+
 def test_a_recipe_stage_removes_what_a_killed_run_left(stage, source, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: toy\nmodel: {{path: {source}}}\nstages:\n  - kind: fault\n")
@@ -395,6 +404,7 @@ def test_a_recipe_stage_removes_what_a_killed_run_left(stage, source, tmp_path):
     assert main(["run", str(recipe), "--output-dir", str(run)]) == 0
     (run / "01-fault" / "stage.json").unlink()  # killed: started with these settings, not finished
     _killed_run(run / "01-fault")
+    (run / ".report.html.tmp-k").write_text("<html")
     assert main(["run", str(recipe), "--output-dir", str(run)]) == 0
     assert (run / "01-fault" / "checkpoints" / "step-0000010").exists()  # resumed, not started over
     assert _scratch(run) == [] and (run / "01-fault" / "stage.json").exists()
@@ -405,7 +415,7 @@ def test_a_kill_during_the_final_save_does_not_break_the_next_save(saved, tmp_pa
 
     out = tmp_path / "out"
     _killed_run(out)  # killed between the two renames: no model, the old one aside
-    assert [p.name for p in remove_stale(out)] == [
+    assert sorted(p.name for p in remove_stale(out)) == [
         ".metrics.jsonl.tmp-x1",
         ".model.old-4242",
         ".model.tmp-abc123",

@@ -114,20 +114,22 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def remove_stale(folder: str | Path, recursive: bool = True) -> list[Path]:
+def remove_stale(folder: str | Path, depth: int = 1) -> list[Path]:
     """Remove the scratch files and folders (`.<name>.tmp-*`, `.<name>.old-*`) a killed run left
-    in `folder` (and in its sub-folders); return what was removed. Call it only where no other
+    in `folder` and in its sub-folders down to `depth` (1: e.g. `checkpoints/`); return what was
+    removed. Not deeper: `--out .` must not walk a whole project. Call it only where no other
     process is writing, i.e. when the stage that owns the folder starts."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     removed = []
-    for p in sorted(folder.rglob(".*") if recursive else folder.glob(".*")):
-        if not _SCRATCH.match(p.name) or not p.exists():
-            continue  # already gone with a removed parent
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        removed.append(p)
+    for p in sorted(folder.iterdir()):
+        if _SCRATCH.match(p.name):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+        elif depth > 0 and p.is_dir() and not p.is_symlink():
+            removed += remove_stale(p, depth - 1)
     return removed

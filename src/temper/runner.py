@@ -71,6 +71,8 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     state = distributed.state()
     main = state.is_main_process
     run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        remove_stale(run_dir, depth=0)  # e.g. a report whose writing was killed
     if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
     tasks = {name: make_recipe_task(name, opts) for name, opts in recipe.tasks.items()}
