@@ -217,7 +217,19 @@ def test_sft_with_zero_usable_rows_stops_before_training_with_one_line(tmp_path,
     data.write_text(json.dumps(long) + '\n{"messages": [{"role": "assistant", "content": "hi"}]}\n')
     out = tmp_path / "out"
     argv = ["sft", "--model", str(model), "--out", str(out), "--data.files", str(data)]
-    code = main([*argv, "--data.skip_bad_rows", "true", "--max_len", "16", "--train.max_steps", "2"])
+    code = main(
+        [
+            *argv,
+            "--data.skip_bad_rows",
+            "true",
+            "--max_len",
+            "16",
+            "--train.max_steps",
+            "2",
+            "--train.warmup_steps",
+            "0",
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err
     assert f"no usable training rows in {data}: 2 rows read: 1 malformed (skipped)" in err

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import functools
+import json
+import os
 import sys
+import traceback
 import types
 import typing
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from temper.atomic import remove_stale
 from temper.recipe import ModelSpec, RecipeError, describe_error, expand_errors, load_recipe
 from temper.stages import registry
 from temper.stages.base import StageError, StageKind, StageRun
@@ -205,6 +210,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     recipe = load_recipe(args.recipe)
     base = Path(args.recipe).resolve().parent
     run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd())
+    args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
     if args.dry_run:
         print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
         print("\n".join(plan(recipe, run_dir)))
@@ -220,12 +226,16 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from temper import distributed  # under torchrun: main-only stages run once, output printed once
+
+    if distributed.is_main():
+        remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
+    distributed.wait()
     ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
     source = args.model if kind.reads == "model" else None
     if kind.reads == "models":
         for path in args.model:
             ctx.models[model_label(path, ctx.models)] = path
-    from temper import distributed  # under torchrun: main-only stages run once, output printed once
 
     job = StageRun(ctx, out, model, source)
     result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
@@ -285,15 +295,105 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+_FILE_ERRORS = {  # errno -> (what happened to the path, the hint)
+    errno.ENOSPC: ("the disk is full while writing", "free space on that disk, then rerun the same command"),
+    errno.EDQUOT: ("the disk quota is exceeded while writing", "free space, then rerun the same command"),
+    errno.EACCES: ("permission denied", "choose a folder you can write (e.g. --out) or fix its permissions"),
+    errno.EPERM: (
+        "operation not permitted",
+        "choose a folder you can write (e.g. --out) or fix its permissions",
+    ),
+    errno.EROFS: ("read-only file system", "choose a folder on a writable disk"),
+    errno.EEXIST: ("is a file where a folder is needed", "--out and the run folder must name folders"),
+    errno.ENOTDIR: ("is a file where a folder is needed", "--out and the run folder must name folders"),
+    errno.EISDIR: ("is a folder where a file is needed", None),
+    errno.ENOENT: ("no such file or directory", None),
+}
+
+
+def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | None] | None:
+    """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
+    output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
     from temper.models import ModelNotFoundError
 
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
+        what, hint = _FILE_ERRORS[err.errno]
+        return f"{what} {'under ' + str(out) if out else 'output'}", hint
+    if isinstance(err, OSError) and err.errno in _FILE_ERRORS and err.filename is not None:
+        what, hint = _FILE_ERRORS[err.errno]
+        path = err.filename
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{what} {path}", hint
+        if err.errno in (errno.EEXIST, errno.ENOTDIR):
+            file = _the_file_in(path)
+            return (f"{file} {what}", hint) if file else (f"{path} already exists", None)
+        if err.errno == errno.EISDIR:
+            return f"{path} {what}", hint
+        return f"{what}: {path}", hint
+    if isinstance(
+        err, RecipeError | ModelNotFoundError | DataError | StageError | FileNotFoundError | ImportError
+    ):
+        return str(err), None
+    return None
+
+
+def _the_file_in(path: str) -> str | None:
+    """EEXIST/ENOTDIR name the folder being made; this names the file in its way, if one is."""
+    for p in [Path(path), *Path(path).parents]:
+        if p.exists() and not p.is_dir():
+            return str(p)
+    return None
+
+
+def _resume_point(args: argparse.Namespace) -> str:
+    """The text ' from step N (its checkpoint)' when the interrupted stage's folder has one."""
+    from temper.train.checkpoint import list_checkpoints
+
+    out = getattr(args, "out", None)
+    folders = [Path(out)] if out else []
+    run_dir = getattr(args, "run_folder", None)
+    if run_dir is not None and Path(run_dir).is_dir():  # `temper run`: the stage that was running
+        folders = [
+            d
+            for d in sorted(Path(run_dir).iterdir())
+            if (d / "stage.started.json").exists() and not (d / "stage.json").exists()
+        ]
+    for folder in reversed(folders):
+        if found := list_checkpoints(folder / "checkpoints"):
+            try:
+                step = json.loads((found[-1] / "state.json").read_text())["step"]
+            except (OSError, ValueError, KeyError):  # the hint must not turn Ctrl-C into a traceback
+                return ""
+            return f" from step {step} ({found[-1]})"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `temper` command. Errors the user can act on (a bad recipe or input, a model that cannot
+    be read, a full disk, a permission, Ctrl-C) end in one line and a hint, exit 2 (130 for
+    Ctrl-C, as a shell does); anything else is a bug and keeps its traceback. TEMPER_DEBUG=1
+    prints the traceback of every error."""
+    args = build_parser().parse_args(argv)
+    debug = os.environ.get("TEMPER_DEBUG", "") not in ("", "0")
     try:
         args.func(args)
-    except (RecipeError, ModelNotFoundError, DataError, FileNotFoundError, StageError, ImportError) as err:
-        print(f"temper: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"temper: interrupted; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        out = getattr(args, "out", None) or getattr(args, "run_folder", None)
+        said = _expected(err, Path(out) if out else None)
+        if said is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        message, hint = said
+        print(f"temper: error: {message}", file=sys.stderr)
+        if hint:
+            print(f"temper: hint: {hint}", file=sys.stderr)
         return 2
     finally:
         if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit

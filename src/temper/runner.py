@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from temper import distributed
-from temper.atomic import atomic_write_json, atomic_write_text
+from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
 from temper.stages.base import StageRun
@@ -71,6 +71,8 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     state = distributed.state()
     main = state.is_main_process
     run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        remove_stale(run_dir, depth=0)  # e.g. a report whose writing was killed
     if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
     tasks = {name: make_recipe_task(name, opts) for name, opts in recipe.tasks.items()}
@@ -87,6 +89,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                 if out.exists() and _read_hash(out / "stage.started.json") != digest:
                     shutil.rmtree(out)  # settings changed: old checkpoints must not be resumed
                 out.mkdir(parents=True, exist_ok=True)
+                remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
                 marker.unlink(missing_ok=True)
                 atomic_write_json(out / "stage.started.json", {"hash": digest})
                 console.rule(f"[bold]{stage.name}[/] ({stage.kind})")

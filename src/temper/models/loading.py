@@ -6,10 +6,12 @@ presets are created with `temper pretrain` (or `build_preset`) and saved like an
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from temper import distributed
@@ -30,10 +32,20 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def _whole_sentences(text: str, limit: int = 400) -> str:
+    """`text` on one line, cut (if too long) after its last full sentence that fits: transformers'
+    messages run over many lines (one lists every model type it knows)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    end = text.rfind(". ", 0, limit)
+    return text[: end + 1] if end > 0 else text[:limit] + " ..."
+
+
 def _not_found(name: str, err: Exception) -> ModelNotFoundError:
     if Path(name).expanduser().is_dir():
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return ModelNotFoundError(f"directory {name!r} holds no loadable model or tokenizer: {first}")
+        why = _whole_sentences(str(err)) or type(err).__name__
+        return ModelNotFoundError(f"directory {name!r} holds no loadable model or tokenizer: {why}")
     return ModelNotFoundError(
         f"cannot load model {name!r}: it is not a local directory and the hub could not provide it "
         f"({type(err).__name__}). Pass a local path (e.g. the output of `temper pretrain`) "
@@ -41,11 +53,46 @@ def _not_found(name: str, err: Exception) -> ModelNotFoundError:
     )
 
 
-def _check_local(name: str) -> None:
-    """A name that is clearly a path must exist: do not send it to the hub (and wait on retries)."""
+def _check_files(folder: Path, weights: bool) -> None:
+    """Refuse a model directory whose files cannot be read, naming the file: every JSON file must
+    parse, and (for a model) each safetensors file must have a whole header and the data it
+    declares. Only headers are read (safetensors maps the file), so this costs milliseconds."""
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ModelNotFoundError(
+                f"{path} is not a text file (config and tokenizer files are JSON)"
+            ) from None
+        except json.JSONDecodeError as err:
+            raise ModelNotFoundError(
+                f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+            ) from None
+    if not weights:
+        return
+    if not (folder / "config.json").exists():
+        raise ModelNotFoundError(f"model directory {str(folder)!r} has no config.json")
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as err:  # SafetensorError: header too small/large, incomplete metadata
+            size = path.stat().st_size
+            state = "empty" if size == 0 else f"truncated or not safetensors ({size} bytes)"
+            why = str(err).removeprefix("Error while deserializing header: ")
+            raise ModelNotFoundError(f"{path} is unreadable: {state}; {why}") from None
+
+
+def _check_local(name: str, weights: bool = False) -> None:
+    """A name that is clearly a path must exist: do not send it to the hub (and wait on retries);
+    a local directory must hold readable files."""
     looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
-    if looks_like_path and not Path(name).expanduser().is_dir():
-        raise ModelNotFoundError(f"model directory {name!r} does not exist")
+    folder = Path(name).expanduser()
+    if looks_like_path and not folder.is_dir():
+        what = "is a file, not a directory" if folder.exists() else "does not exist"
+        raise ModelNotFoundError(f"model directory {name!r} {what}")
+    if folder.is_dir():
+        _check_files(folder, weights)
 
 
 def load_tokenizer(name: str | os.PathLike) -> PreTrainedTokenizerBase:
@@ -65,10 +112,10 @@ def load_model(
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
     device = device or default_device()
-    _check_local(str(name))
+    _check_local(str(name), weights=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(name), dtype=dtype or default_dtype(device))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         raise _not_found(str(name), err) from err
     return model.to(device)
 
