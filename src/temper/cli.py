@@ -20,7 +20,9 @@ import errno
 import functools
 import json
 import os
+import shutil
 import sys
+import time
 import traceback
 import types
 import typing
@@ -30,10 +32,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from temper.atomic import remove_stale
+from temper.atomic import atomic_write_json, remove_stale
 from temper.recipe import ModelSpec, RecipeError, describe_error, expand_errors, load_recipe
 from temper.stages import registry
 from temper.stages.base import StageError, StageKind, StageRun
+from temper.stages.context import settings_hash
 
 _REQUIRED = object()
 
@@ -219,28 +222,86 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
-    """One stage on its own, into --out: from --model (or, for a "base" stage, --preset/--path)."""
+    """One stage on its own, into --out: from --model (or, for a "base" stage, --preset/--path).
+
+    Guarded by the markers `temper run` writes (`temper.stages.markers`): the same settings into a
+    complete folder do nothing, other settings into a started or complete one are refused (naming
+    the changed keys) unless --overwrite, and the same settings into an unfinished one resume."""
+    from temper import distributed  # under torchrun: main-only stages run once, output printed once
+    from temper.stages.markers import COMPLETE, STARTED, as_json, read_marker, stage_settings
+
     stage = _validate(kind.spec, config_from_args(args, kind.spec, {"kind": kind.name}))
     model = None
     if kind.reads == "base":
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from temper import distributed  # under torchrun: main-only stages run once, output printed once
-
-    if distributed.is_main():
-        remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
-    distributed.wait()
     ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
-    source = args.model if kind.reads == "model" else None
+    settings = as_json(
+        {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
+    )
+    digest = settings_hash(stage.kind, settings)
+    started, complete = read_marker(out / STARTED), read_marker(out / COMPLETE)
+    ours = [m for m in (started, complete) if m is not None]
+    if ours and not args.overwrite:
+        if all(m.get("hash") == digest for m in ours) and complete is not None:
+            if distributed.is_main():
+                print(f"temper {kind.name}: complete, nothing to do ({out})", file=sys.stderr)
+                if kind.summary:
+                    print(kind.summary(out))
+            return
+        if any(m.get("hash") != digest for m in ours):
+            raise StageError(_other_settings(kind.name, out, started, settings))
+    if distributed.is_main():
+        if ours and args.overwrite:
+            shutil.rmtree(out)  # its checkpoints were trained with other settings: never resume them
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
+        atomic_write_json(out / STARTED, {"hash": digest, "settings": settings})
+    distributed.wait()
     if kind.reads == "models":
         for path in args.model:
             ctx.models[model_label(path, ctx.models)] = path
 
+    start = time.perf_counter()
+    source = args.model if kind.reads == "model" else None
     job = StageRun(ctx, out, model, source)
     result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
     if distributed.is_main():
+        atomic_write_json(
+            out / COMPLETE, {"hash": digest, "kind": kind.name, "seconds": time.perf_counter() - start}
+        )
         print(kind.summary(out) if kind.summary else result)
+
+
+def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
+    """What a stage command starts from, as its settings hash covers it: the recipe model of a
+    "base" stage; else each --model as given (a hub id) or, for a local folder, its absolute path
+    and the hash of the stage that wrote it (so retraining that stage makes this one stale)."""
+    from temper.stages.markers import COMPLETE, read_hash
+
+    if kind.reads == "base":
+        return model.model_dump()
+
+    def one(ref: str) -> Any:
+        p = Path(ref).expanduser()
+        if not p.exists():
+            return ref  # a hub id
+        found = [read_hash(d / COMPLETE) for d in (p, p.parent) if (d / COMPLETE).exists()]
+        return {"path": str(p.resolve()), "stage_hash": found[0] if found else None}
+
+    return one(args.model) if kind.reads == "model" else [one(m) for m in args.model]
+
+
+def _other_settings(name: str, out: Path, started: dict[str, Any] | None, settings: dict[str, Any]) -> str:
+    from temper.stages.markers import changed_keys
+
+    before = (started or {}).get("settings")
+    what = "; ".join(changed_keys(before, settings)) if isinstance(before, dict) else ""
+    return (
+        f"{out} holds a {name} stage started with other settings"
+        + (f" ({what})" if what else " (they were not recorded: it was written by `temper run`?)")
+        + "; pass --overwrite to replace it, or choose another --out"
+    )
 
 
 def model_label(path: str, taken: dict[str, Any]) -> str:
@@ -270,6 +331,11 @@ def add_stage_command(sub: Any, kind: StageKind) -> None:
             "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
         )
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what --out holds from a run with other settings (default: refuse)",
+    )
     p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
     chosen_by_flags = {"base": (), "model": ("source",), "models": ("models",)}[kind.reads]
     add_config_flags(p, kind.spec, skip=("kind", "name", *chosen_by_flags))

@@ -7,7 +7,6 @@ checkpoint.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from temper.recipe import Recipe, model_refs
 from temper.stages import registry
 from temper.stages.base import StageRun
 from temper.stages.context import StageContext, settings_hash
+from temper.stages.markers import read_hash, stage_settings
 from temper.tasks import make_recipe_task
 
 console = Console(stderr=True)
@@ -43,8 +43,7 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
 
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
-    settings = stage.model_dump(exclude={"train": {"progress"}} if hasattr(stage, "train") else None)
-    return settings_hash(stage.kind, settings, _inputs(recipe, index, ctx)[1], ctx.task_options)
+    return settings_hash(stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options)
 
 
 def stage_dir(run_dir: Path, index: int, name: str) -> Path:
@@ -82,11 +81,11 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
         out = stage_dir(run_dir, i, stage.name)
         digest = _stage_hash(recipe, i, ctx)
         marker = out / "stage.json"
-        if marker.exists() and _read_hash(marker) == digest:
+        if marker.exists() and read_hash(marker) == digest:
             console.print(f"[dim]{stage.name}: complete, skipped ({out})[/]")
         else:
             if main:
-                if out.exists() and _read_hash(out / "stage.started.json") != digest:
+                if out.exists() and read_hash(out / "stage.started.json") != digest:
                     shutil.rmtree(out)  # settings changed: old checkpoints must not be resumed
                 out.mkdir(parents=True, exist_ok=True)
                 remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
@@ -115,10 +114,3 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
 
         console.print(f"report: {write_report(run_dir)}")
     return run_dir
-
-
-def _read_hash(path: Path) -> str | None:
-    try:
-        return json.loads(path.read_text()).get("hash")
-    except (OSError, ValueError):
-        return None

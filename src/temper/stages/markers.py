@@ -1,0 +1,66 @@
+"""The markers a stage folder holds, shared by `temper run` and the stand-alone stage commands.
+
+`stage.started.json` is written when a stage starts: the hash of its settings and inputs (and, from
+the stage commands, those settings themselves, so a refused rerun can name what changed);
+`stage.json` when it completes, with the same hash. A folder whose `stage.json` hash matches is
+complete; one whose started hash differs was trained with other settings and must not be resumed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+STARTED, COMPLETE = "stage.started.json", "stage.json"
+
+
+def stage_settings(stage: Any) -> dict[str, Any]:
+    """A stage spec's settings as its hash covers them: `train.progress` (how the bar is drawn)
+    changes no output, so it is left out."""
+    return stage.model_dump(exclude={"train": {"progress"}} if hasattr(stage, "train") else None)
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """A marker's contents; None when it is missing or unreadable (a half-written one counts as absent)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def read_hash(path: Path) -> str | None:
+    return (read_marker(path) or {}).get("hash")
+
+
+def as_json(value: Any) -> Any:
+    """`value` as it reads back from a marker (tuples become lists, paths strings), to compare."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+_MISSING = object()
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key.path: old -> new` for each setting that differs (keys present on one side only too)."""
+    before, after = _flat(as_json(old)), _flat(as_json(new))
+    lines = []
+    for key in sorted(before.keys() | after.keys()):
+        a, b = before.get(key, _MISSING), after.get(key, _MISSING)
+        if a != b:
+            shown = [
+                "(unset)" if v is _MISSING else json.dumps(v) if isinstance(v, str) else str(v)
+                for v in (a, b)
+            ]
+            lines.append(f"{key}: {shown[0]} -> {shown[1]}")
+    return lines
