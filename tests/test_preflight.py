@@ -73,9 +73,9 @@ BAD = [
         [(2, "model.path", "'./no-such-model' does not exist")],
     ),
     (
-        "model-dir-without-config",
+        "model-dir-with-a-broken-config",
         {2: "model: {path: ./folder}", 6: "#", 7: "#", 8: "#", 9: "#"},
-        [(2, "model.path", "has no config.json")],
+        [(2, "model.path", "config.json is not valid JSON")],
     ),
     (
         "eval-split-with-no-problems",
@@ -97,6 +97,7 @@ def _write(tmp_path: Path, edits: dict[int, str]) -> Path:
     (tmp_path / "corpus.txt").write_text("one document\n")
     (tmp_path / "chat.jsonl").write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
     (tmp_path / "folder").mkdir(exist_ok=True)
+    (tmp_path / "folder" / "config.json").write_text("{")  # a model folder whose config is cut off
     path = tmp_path / "recipe.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -63,7 +63,7 @@ def _check_model(name: str, errors: list[tuple[Loc, str]]) -> str | None:
     """A local model directory must hold readable files; a hub id must be fetchable now."""
     if looks_like_path(name) or Path(name).expanduser().is_dir():
         try:
-            _check_local(name, weights=True)
+            _check_local(name)  # exists, JSON files parse; weights are checked as they load
         except ModelNotFoundError as err:
             errors.append((("model", "path"), str(err)))
         return None
