@@ -32,6 +32,7 @@ stages:
     n_problems: 4
 """
 
+NO_SFT_EVAL = "    data: {tasks: [arithmetic], problems_per_task: 10, eval_problems: 0}"
 EMPTY_TEST = "  arithmetic: {max_digits: 1, ood_digits: 2, ops: ['+'], test_fraction: 0.01}"
 
 # (id, {line: new text}, [(line, key path, part of the message)]): every problem of a case is listed
@@ -79,13 +80,47 @@ BAD = [
     ),
     (
         "eval-split-with-no-problems",
-        {4: EMPTY_TEST},
+        {4: EMPTY_TEST, 12: NO_SFT_EVAL},
         [(4, "tasks.arithmetic", "task 'arithmetic' yields no test problems")],
+    ),
+    (
+        "eval-split-named-with-its-stage",
+        {4: EMPTY_TEST, 12: NO_SFT_EVAL},
+        [(4, "tasks.arithmetic", "which stage 'eval' uses")],
     ),
     (
         "sft-eval-split-with-no-problems",
         {4: EMPTY_TEST, 16: "    splits: [ood]"},
         [(4, "tasks.arithmetic", "no test problems (no test problem found")],
+    ),
+    (
+        "sft-eval-split-named-with-its-stage",
+        {4: EMPTY_TEST, 16: "    splits: [ood]"},
+        [(4, "tasks.arithmetic", "which stage 'sft' uses")],
+    ),
+    (
+        "rl-gate-split-with-no-problems",
+        {
+            4: EMPTY_TEST,
+            12: NO_SFT_EVAL,
+            14: "  - kind: rl",
+            15: "    tasks: [arithmetic]",
+            16: "    gate: {n_problems: 4}",
+            17: "#",
+        },
+        [(4, "tasks.arithmetic", "which stage 'rl' uses")],
+    ),
+    (
+        "rl-periodic-eval-split-with-no-problems",
+        {
+            4: EMPTY_TEST,
+            12: NO_SFT_EVAL,
+            14: "  - kind: rl",
+            15: "    tasks: [arithmetic]",
+            16: "    train: {eval_every: 2}",
+            17: "#",
+        },
+        [(4, "tasks.arithmetic", "which stage 'rl' uses")],
     ),
 ]
 
@@ -172,14 +207,23 @@ def test_a_reachable_hub_id_is_planned_as_fetched(tmp_path, capsys, monkeypatch)
 
 
 def test_the_network_probe_gives_up_within_its_timeout(monkeypatch):
-    """An endpoint that never answers (a non-routable address) costs the timeout, not a minute."""
+    """A request that hangs past its own timeout (name resolution ignores socket timeouts) costs the
+    probe's timeout, not a minute; the answer is remembered, not asked again."""
     import time
 
-    monkeypatch.setenv("HF_ENDPOINT", "https://10.255.255.1:81")
+    calls = []
+
+    def hang(*args, **kwargs):
+        calls.append(1)
+        time.sleep(3)
+
+    monkeypatch.setattr(preflight.urllib.request, "urlopen", hang)
     monkeypatch.setattr(preflight, "_reachable", None)
     start = time.perf_counter()
-    assert preflight.hub_reachable(timeout=0.5) is False
-    assert time.perf_counter() - start < 2
+    assert preflight.hub_reachable(timeout=0.3) is False
+    assert preflight.hub_reachable(timeout=0.3) is False
+    assert time.perf_counter() - start < 1.5 and len(calls) == 1
+    monkeypatch.setattr(preflight, "_reachable", None)
 
 
 def test_an_eval_only_recipe_evaluates_the_recipe_model(tmp_path, capsys, tokenizer, nano):
