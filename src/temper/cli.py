@@ -208,17 +208,20 @@ def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    from temper.preflight import check_inputs
     from temper.runner import plan, run_recipe
 
     recipe = load_recipe(args.recipe)
     base = Path(args.recipe).resolve().parent
     run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd())
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
+    text = Path(args.recipe).read_text()
+    notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
     if args.dry_run:
         print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
-        print("\n".join(plan(recipe, run_dir)))
+        print("\n".join(plan(recipe, run_dir) + notes))
         return
-    run_recipe(recipe, base, run_dir, Path(args.recipe).read_text())
+    run_recipe(recipe, base, run_dir, text)
 
 
 def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:

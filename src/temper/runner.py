@@ -79,6 +79,10 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     for i, stage in enumerate(recipe.stages):
         kind = registry.get(stage.kind)
         out = stage_dir(run_dir, i, stage.name)
+        if kind.reads == "models" and not ctx.models and recipe.model.path:
+            # no model stage before it (an eval-only recipe): it reads the recipe's own model
+            ctx.models[recipe.model.path] = recipe.model.path  # type: ignore[assignment]  # a hub id stays a str
+            ctx.model_hashes[recipe.model.path] = settings_hash(recipe.model.model_dump())
         digest = _stage_hash(recipe, i, ctx)
         marker = out / "stage.json"
         if marker.exists() and read_hash(marker) == digest:

@@ -83,12 +83,16 @@ def _check_files(folder: Path, weights: bool) -> None:
             raise ModelNotFoundError(f"{path} is unreadable: {state}; {why}") from None
 
 
+def looks_like_path(name: str) -> bool:
+    """A name a hub id cannot be (`org/name` has one slash, no leading dot, slash or tilde)."""
+    return name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
+
+
 def _check_local(name: str, weights: bool = False) -> None:
     """A name that is clearly a path must exist: do not send it to the hub (and wait on retries);
     a local directory must hold readable files."""
-    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
     folder = Path(name).expanduser()
-    if looks_like_path and not folder.is_dir():
+    if looks_like_path(name) and not folder.is_dir():
         what = "is a file, not a directory" if folder.exists() else "does not exist"
         raise ModelNotFoundError(f"model directory {name!r} {what}")
     if folder.is_dir():

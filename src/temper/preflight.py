@@ -1,0 +1,206 @@
+"""Plan-time checks of a recipe's external inputs, run before any stage (and by `--dry-run`).
+
+What a schema cannot see is checked here, so that a mistake surfaces in a second instead of after
+earlier stages have trained for hours: local model directories and data files exist and can be
+read, every task configuration yields problems for each split a stage will draw from, and a hub
+id that cannot be fetched (HF_HUB_OFFLINE=1 and not cached, or no network) is refused at once
+instead of after a minute of retries. Every problem is reported together, each at its recipe
+line and key path, in the form recipe validation uses.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from temper.models.loading import ModelNotFoundError, _check_local, looks_like_path
+from temper.recipe import Recipe, RecipeError, _format_error
+from temper.stages import registry
+from temper.stages.base import Loc
+from temper.tasks import make_recipe_task
+
+SAMPLE = 3  # problems drawn per (task, split): enough to find an empty split, cheap for any task
+
+
+def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list[str]:
+    """Raise `RecipeError` listing every input problem at its line; else return notes for the
+    plan (e.g. which model will be fetched from the hub)."""
+    errors: list[tuple[Loc, str]] = []
+    notes: list[str] = []
+    if recipe.model.path:
+        note = _check_model(recipe.model.path, errors)
+        if note:
+            notes.append(note)
+    for i, stage in enumerate(recipe.stages):
+        for loc, path in _files(stage):
+            errors += [(("stages", i, *loc), msg) for msg in _check_file(_resolve(base_dir, path))]
+        cache = getattr(stage, "cache", None)
+        if stage.kind == "pretrain" and cache:
+            errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
+    errors += _check_splits(recipe)
+    if errors:
+        lines = [
+            _format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
+            for loc, msg in errors
+        ]
+        raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(lines))
+    return notes
+
+
+def _resolve(base_dir: Path, path: str) -> Path:
+    """As `StageContext.resolve`: relative to the recipe's folder."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base_dir / p).resolve()
+
+
+def _check_model(name: str, errors: list[tuple[Loc, str]]) -> str | None:
+    """A local model directory must hold readable files; a hub id must be fetchable now."""
+    if looks_like_path(name) or Path(name).expanduser().is_dir():
+        try:
+            _check_local(name)  # exists, JSON files parse; weights are checked as they load
+        except ModelNotFoundError as err:
+            errors.append((("model", "path"), str(err)))
+        return None
+    if _hub_cached(name):
+        return f"model {name!r}: from the hub cache"
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        errors.append(
+            (
+                ("model", "path"),
+                f"{name!r} is not a local directory and is not in the hub cache, and HF_HUB_OFFLINE is set",
+            )
+        )
+    elif not hub_reachable():
+        errors.append(
+            (
+                ("model", "path"),
+                f"{name!r} is not a local directory and the hub ({_endpoint()}) cannot be reached",
+            )
+        )
+    else:
+        return f"model {name!r}: will be fetched from the hub"
+    return None
+
+
+def _hub_cached(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the hub library refuses (bad characters) is not cached
+        return False
+
+
+def _endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+_reachable: bool | None = None
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub answers one HTTP request (any status) within `timeout` seconds; asked once
+    per process. A thread bounds the wait, as name resolution ignores socket timeouts; urllib
+    goes through the same proxy settings (HTTPS_PROXY) the hub client does."""
+    global _reachable
+    if _reachable is None:
+        result: list[bool] = []
+
+        def probe() -> None:
+            request = urllib.request.Request(_endpoint(), method="HEAD")
+            try:
+                urllib.request.urlopen(request, timeout=timeout).close()
+                result.append(True)
+            except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
+                result.append(True)
+            except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint
+                result.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        _reachable = bool(result and result[0])
+    return _reachable
+
+
+def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
+    """Every entry of a `files` list at any depth of a stage spec (`data.files`, `corpus.files`)."""
+    if not isinstance(node, BaseModel):
+        return []
+    out: list[tuple[Loc, str]] = []
+    for key in type(node).model_fields:
+        child = getattr(node, key)
+        if key == "files" and isinstance(child, list):
+            out += [((*loc, key, j), path) for j, path in enumerate(child) if isinstance(path, str)]
+        else:
+            out += _files(child, (*loc, key))
+    return out
+
+
+def _check_file(path: Path) -> list[str]:
+    if not path.exists():
+        return [f"file {str(path)!r} does not exist"]
+    if not path.is_file():
+        return [f"{str(path)!r} is not a file"]
+    if not os.access(path, os.R_OK):
+        return [f"file {str(path)!r} is not readable (permission denied)"]
+    return []
+
+
+def _check_cache(path: Path) -> list[str]:
+    """The cache is read if present, else filled: it must be a directory, under one that can be
+    created and written."""
+    if path.exists() and not path.is_dir():
+        return [f"cache {str(path)!r} is a file, not a directory"]
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return [f"cache {str(path)!r} cannot be created: {parent} is not a directory"]
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        return [f"cache {str(path)!r} cannot be created: {parent} is not writable"]
+    return []
+
+
+def stage_splits(stage: Any, recipe: Recipe) -> list[tuple[str, str]]:
+    """(task, split) pairs a stage draws problems from."""
+    if stage.kind == "eval":
+        return [(t, s) for t in stage.tasks or list(recipe.tasks) for s in stage.splits]
+    if stage.kind == "rl":
+        held_out = stage.gate is not None or stage.train.eval_every > 0  # gate and periodic evals
+        return [(t, s) for t in stage.tasks for s in ("train", "test")[: 2 if held_out else 1]]
+    if stage.kind == "sft":
+        splits = ("train", "test") if stage.data.eval_problems else ("train",)
+        return [(t, s) for t in stage.data.tasks for s in splits]
+    return [(t, "train") for t in registry.get(stage.kind).tasks(stage)]  # pretrain, plugins
+
+
+def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
+    """Each task configuration must yield problems for every split a stage uses: sample a few."""
+    errors: list[tuple[Loc, str]] = []
+    users: dict[tuple[str, str], list[str]] = {}
+    for stage in recipe.stages:
+        for pair in stage_splits(stage, recipe):
+            users.setdefault(pair, []).append(stage.name)
+    for (name, split), stages in users.items():
+        if name not in recipe.tasks:
+            continue  # already refused by the recipe's reference rules
+        task = make_recipe_task(name, recipe.tasks[name] or {})
+        try:
+            found = task.sample(split, SAMPLE, 0)
+        except Exception as err:  # a configuration whose split is empty raises in its sampler
+            found, why = [], f" ({err})"
+        else:
+            why = ""
+        if not found:
+            errors.append(
+                (
+                    ("tasks", name),
+                    f"task {name!r} yields no {split} problems{why}, which stage {', '.join(map(repr, stages))} uses",
+                )
+            )
+    return errors
