@@ -197,13 +197,37 @@ def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _data_task(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
+    """`--task-data FILE [--reward SPEC ...] [--prompt-column COL]` as a recipe's dataset task
+    entry, named after the file (or hub id); None without --task-data."""
+    source = getattr(args, "task_data", None)
+    if not source:
+        if getattr(args, "reward", None) or getattr(args, "prompt_column", None):
+            raise RecipeError(
+                "--reward and --prompt-column describe a --task-data task: give --task-data too"
+            )
+        return None
+    name = Path(source.rstrip("/")).name.split(".")[0] or "data"
+    options: dict[str, Any] = {"task": "dataset", "data": source}
+    if args.reward:
+        options["rewards"] = list(args.reward)
+    if args.prompt_column:
+        options["prompt"] = args.prompt_column
+    return name, options
+
+
 def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
     from temper.stages.context import StageContext
-    from temper.tasks import make_recipe_task
+    from temper.tasks import TaskOptionError, make_recipe_task
 
     names = list(dict.fromkeys(tasks + list(options)))
     task_options = {n: options.get(n, {}) for n in names}
-    made = {n: make_recipe_task(n, task_options[n]) for n in names}
+    made = {}
+    for n in names:
+        try:
+            made[n] = make_recipe_task(n, task_options[n], Path.cwd())
+        except TaskOptionError as err:  # an unknown column or reward function: a usage error, no traceback
+            raise RecipeError(f"task {n!r}: {'.'.join(map(str, err.option))}: {err}") from None
     return StageContext(run_dir=out, base_dir=Path.cwd(), tasks=made, task_options=task_options)
 
 
@@ -232,16 +256,29 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     the changed keys) unless --overwrite, and the same settings into an unfinished one resume."""
     from temper import distributed  # under torchrun: main-only stages run once, output printed once
     from temper.stages.markers import COMPLETE, STARTED, as_json, read_marker, stage_settings
+    from temper.tasks import task_fingerprints
 
-    stage = _validate(kind.spec, config_from_args(args, kind.spec, {"kind": kind.name}))
+    options = _task_options(args.task_option)
+    fixed: dict[str, Any] = {"kind": kind.name}
+    if data_task := _data_task(args):
+        name, entry = data_task
+        options[name] = entry | options.get(name, {})
+        if "tasks" in kind.spec.model_fields and "cfg:tasks" not in vars(args):
+            fixed["tasks"] = [name]  # the stage's tasks default to the data task
+    stage = _validate(kind.spec, config_from_args(args, kind.spec, fixed))
     model = None
     if kind.reads == "base":
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
     out = Path(args.out)
-    ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
-    settings = as_json(
-        {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
-    )
+    ctx = _context(out, kind.tasks(stage), options)
+    settings = {
+        **stage_settings(stage),
+        "input": _stage_input(kind, args, model),
+        "task_options": ctx.task_options,
+    }
+    if fingerprints := task_fingerprints(ctx.tasks):
+        settings["task_fingerprints"] = fingerprints  # data tasks: their rows and reward code
+    settings = as_json(settings)
     digest = settings_hash(stage.kind, settings)
     started, complete = read_marker(out / STARTED), read_marker(out / COMPLETE)
     ours = [m for m in (started, complete) if m is not None]
@@ -339,7 +376,32 @@ def add_stage_command(sub: Any, kind: StageKind) -> None:
         action="store_true",
         help="replace what --out holds from a run with other settings (default: refuse)",
     )
-    p.add_argument("--task-option", action="append", default=[], metavar="TASK.OPTION=VALUE")
+    p.add_argument(
+        "--task-option",
+        action="append",
+        default=[],
+        metavar="TASK.OPTION=VALUE",
+        help="set an option of a task, as in a recipe's task entry (repeatable)",
+    )
+    data = p.add_argument_group(
+        "a task from your data (a recipe's `task: dataset` entry, named after the file; more options "
+        "with --task-option NAME.OPTION=VALUE, e.g. NAME.answer=label, NAME.format='Answer: (.+)')"
+    )
+    data.add_argument(
+        "--task-data",
+        metavar="SOURCE",
+        help="JSONL, JSON or parquet file, save_to_disk folder or hub id whose rows are the problems; "
+        "the stage's tasks default to it",
+    )
+    data.add_argument(
+        "--reward",
+        action="append",
+        metavar="SPEC",
+        help="reward function, repeatable: module:function or file.py:function (TRL's signature, "
+        "importable from the working directory) or a built-in grader: exact_match, numeric_match, "
+        "math_verify, regex (default: exact_match against the `answer` column)",
+    )
+    data.add_argument("--prompt-column", metavar="COL", help="column holding the prompt (default: prompt)")
     chosen_by_flags = {"base": (), "model": ("source",), "models": ("models",)}[kind.reads]
     add_config_flags(p, kind.spec, skip=("kind", "name", *chosen_by_flags))
     p.set_defaults(func=functools.partial(cmd_stage, kind))

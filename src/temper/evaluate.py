@@ -2,7 +2,7 @@
 each with a 95% confidence interval; in-distribution (test) vs out-of-distribution (ood).
 
 The one evaluation path. Completions come from any `Sampler` (the in-process `HFSampler` or
-vLLM) and grading goes through `temper.tasks.base.grade`, the task's scorer with a verifier
+vLLM) and grading goes through `temper.tasks.base.grade_batch`, the task's scorer with a verifier
 exception caught, exactly as RL grades. The eval stage, `temper eval` and the RL stage's format
 gate and periodic evals all call `evaluate`, and the CLI table and the HTML report both render
 `table_rows`, so they cannot disagree on a number or on how it is written.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from temper.atomic import atomic_write_json
 from temper.stats import mean_ci, pass_at_k, wilson_interval
-from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade
+from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade_batch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -117,7 +117,7 @@ def evaluate(
     prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
     gen = dict(max_new_tokens=max_new_tokens, seed=seed)
     greedy = [c[0] for c in sampler.sample(prompts, 1, temperature=0.0, **gen)]
-    scores = [grade(task, p, c.text) for p, c in zip(problems, greedy, strict=True)]
+    scores = grade_batch(task, problems, [c.text for c in greedy], [c.token_ids for c in greedy])
     graded = list(scores)
 
     metrics = {
@@ -131,7 +131,7 @@ def evaluate(
         sampled = sampler.sample(prompts, k, temperature=temperature, **gen)
         correct_P = []
         for p, cs in zip(problems, sampled, strict=True):
-            sampled_scores = [grade(task, p, c.text) for c in cs]
+            sampled_scores = grade_batch(task, [p] * len(cs), [c.text for c in cs], [c.token_ids for c in cs])
             graded += sampled_scores
             correct_P.append(sum(s.correct for s in sampled_scores))
         metrics |= {

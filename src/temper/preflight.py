@@ -43,7 +43,7 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         cache = getattr(stage, "cache", None)
         if stage.kind == "pretrain" and cache:
             errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
-    errors += _check_splits(recipe)
+    errors += _check_splits(recipe, base_dir)
     if errors:
         lines = [
             _format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
@@ -179,7 +179,7 @@ def stage_splits(stage: Any, recipe: Recipe) -> list[tuple[str, str]]:
     return [(t, "train") for t in registry.get(stage.kind).tasks(stage)]  # pretrain, plugins
 
 
-def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
+def _check_splits(recipe: Recipe, base_dir: Path | None = None) -> list[tuple[Loc, str]]:
     """Each task configuration must yield problems for every split a stage uses: sample a few."""
     errors: list[tuple[Loc, str]] = []
     users: dict[tuple[str, str], list[str]] = {}
@@ -189,7 +189,7 @@ def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
     for (name, split), stages in users.items():
         if name not in recipe.tasks:
             continue  # already refused by the recipe's reference rules
-        task = make_recipe_task(name, recipe.tasks[name] or {})
+        task = make_recipe_task(name, recipe.tasks[name] or {}, base_dir)
         try:
             found = task.sample(split, SAMPLE, 0)
         except Exception as err:  # a configuration whose split is empty raises in its sampler

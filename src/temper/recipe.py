@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
 from temper.models.presets import PRESETS
 from temper.stages import registry
@@ -61,11 +61,11 @@ class Recipe(Strict):
     """Each a registered stage kind's spec, chosen by its `kind` (see `schema()`)."""
 
     @model_validator(mode="after")
-    def _check_references(self) -> Recipe:
-        raise_located(self._reference_errors())
+    def _check_references(self, info: ValidationInfo) -> Recipe:
+        raise_located(self._reference_errors((info.context or {}).get("base_dir")))
         return self
 
-    def _reference_errors(self) -> list[tuple[Loc, str]]:
+    def _reference_errors(self, base_dir: Path | None = None) -> list[tuple[Loc, str]]:
         """Rules across blocks, each located at the offending key (the second of two equal stage
         names, the stage's entry naming an unknown task or a later stage, the bad task option)."""
         errors: list[tuple[Loc, str]] = []
@@ -73,9 +73,11 @@ class Recipe(Strict):
             errors.append((("stages",), "a recipe needs at least one stage"))
         for name, options in self.tasks.items():
             try:
-                make_recipe_task(name, options or {})
+                make_recipe_task(name, options or {}, base_dir)
             except (ValueError, TypeError) as err:
-                errors.append((_task_loc(name, options or {}), str(err)))
+                option = getattr(err, "option", None)  # TaskOptionError: the option it concerns
+                loc = ("tasks", name, *option) if option else _task_loc(name, options or {})
+                errors.append((loc, str(err)))
         names: list[str] = []
         seen: list[str] = []
         for i, stage in enumerate(self.stages):
@@ -285,7 +287,9 @@ def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str
     return f"{where}: {path or '<recipe>'}: {message}"
 
 
-def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
+def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    """Validate a recipe's text; `base_dir` (default: the working directory) is where its task
+    entries' relative paths resolve (`load_recipe` passes the recipe file's folder)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -295,7 +299,7 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping with name, model and stages")
     try:
-        return schema().model_validate(data)
+        return schema().model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
         lines = [_format_error(e, text, data, source) for e in expand_errors(err.errors())]
         raise RecipeError("invalid recipe:\n  " + "\n  ".join(lines)) from None
@@ -305,7 +309,7 @@ def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
-    return parse_recipe(path.read_text(), str(path))
+    return parse_recipe(path.read_text(), str(path), path.resolve().parent)
 
 
 __all__ = [

@@ -21,7 +21,7 @@ from temper.stages import registry
 from temper.stages.base import StageRun
 from temper.stages.context import StageContext, settings_hash
 from temper.stages.markers import read_hash, stage_settings
-from temper.tasks import make_recipe_task
+from temper.tasks import make_recipe_task, task_fingerprints
 
 console = Console(stderr=True)
 
@@ -43,7 +43,9 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
 
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
-    return settings_hash(stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options)
+    parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
+    fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
+    return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
 
 def stage_dir(run_dir: Path, index: int, name: str) -> Path:
@@ -74,7 +76,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
         remove_stale(run_dir, depth=0)  # e.g. a report whose writing was killed
     if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
-    tasks = {name: make_recipe_task(name, opts) for name, opts in recipe.tasks.items()}
+    tasks = {name: make_recipe_task(name, opts, base_dir) for name, opts in recipe.tasks.items()}
     ctx = StageContext(run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks)
     for i, stage in enumerate(recipe.stages):
         kind = registry.get(stage.kind)

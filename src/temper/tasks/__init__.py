@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from pathlib import Path
 from typing import Any
 
 from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from temper.tasks.base import Problem, Score, Task
+from temper.tasks.base import Problem, Score, Task, TaskOptionError
+from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
 
-TASKS: dict[str, type] = {"arithmetic": Arithmetic, "general_points": GeneralPoints}
+TASKS: dict[str, type] = {"arithmetic": Arithmetic, "general_points": GeneralPoints, "dataset": DataTask}
 
 __all__ = [
     "TASKS",
     "make_recipe_task",
     "Arithmetic",
     "ArithmeticConfig",
+    "DataTask",
+    "DataTaskConfig",
     "GeneralPoints",
     "GeneralPointsConfig",
     "Problem",
     "Score",
     "Task",
+    "TaskOptionError",
     "make_task",
+    "task_fingerprints",
 ]
 
 
-def make_task(name: str, **options: Any) -> Task:
-    """The task `name` configured by `options` (its config's fields); errors suggest the nearest."""
+def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
+    """The task `name` configured by `options` (its config's fields); errors suggest the nearest.
+    A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
+    `label` and the folder its relative paths resolve against."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}{_hint(name, TASKS)}; valid tasks: {', '.join(TASKS)}")
     cls = TASKS[name]
@@ -38,15 +46,25 @@ def make_task(name: str, **options: Any) -> Task:
                 f"unknown option {option!r} for task {name!r}{_hint(option, fields)}; "
                 f"valid options: {', '.join(fields)}"
             )
-    return cls(cls.config_type(**options))
+    config = cls.config_type(**options)
+    if hasattr(cls, "build"):
+        return cls.build(config, name=label or name, base_dir=base_dir)
+    return cls(config)
 
 
-def make_recipe_task(name: str, options: dict[str, Any]) -> Task:
+def make_recipe_task(name: str, options: dict[str, Any], base_dir: Path | None = None) -> Task:
     """A recipe's task entry. The key is the task's name in the recipe; `task:` picks the
     built-in it configures, so one recipe can hold variants (`add_sub: {task: arithmetic,
-    ops: [+, -]}`) next to the task itself."""
+    ops: [+, -]}`) next to the task itself. `base_dir` (the recipe's folder; default the working
+    directory) is where a task's relative paths (`data:`, a reward module) resolve."""
     options = dict(options)
-    return make_task(options.pop("task", name), **options)
+    return make_task(options.pop("task", name), label=name, base_dir=base_dir, **options)
+
+
+def task_fingerprints(tasks: dict[str, Task]) -> dict[str, str]:
+    """name -> digest of what a task reads beyond its options (data rows, reward code), for the
+    tasks that have one: a stage's settings hash covers it, so editing the data reruns the stage."""
+    return {name: t.fingerprint() for name, t in tasks.items() if hasattr(t, "fingerprint")}
 
 
 def _hint(word: str, choices) -> str:

@@ -7,6 +7,7 @@ its `evaluate()` in the same way).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,9 +35,14 @@ class Problem:
     id: str
     prompt: str  # the user turn's text
     data: dict[str, Any] = field(default_factory=dict)
+    chat: list[dict[str, Any]] | None = None
+    """A whole chat prompt (system turn, earlier turns) when the task has one; `prompt` is then
+    its last user turn, for tables and logs."""
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         """The chat prompt the policy sees (no assistant turn)."""
+        if self.chat is not None:
+            return [dict(m) for m in self.chat]
         return [{"role": "user", "content": self.prompt}]
 
 
@@ -79,6 +85,16 @@ class Task(Protocol):
         ...
 
 
+class TaskOptionError(ValueError):
+    """A task option that cannot be used (a data column that is not there, a reward function that
+    cannot be imported); `option` is its key path inside the task entry, so a recipe error points
+    at that key's line."""
+
+    def __init__(self, option: tuple[str | int, ...], message: str):
+        self.option = option
+        super().__init__(message)
+
+
 VERIFIER_ERROR = "verifier_error"
 
 
@@ -90,4 +106,31 @@ def grade(task: Task, problem: Problem, completion: str) -> Score:
     try:
         return task.score(problem, completion)
     except Exception as err:  # any verifier failure; KeyboardInterrupt and the like still stop the run
-        return Score(0.0, False, False, {"reason": VERIFIER_ERROR, "error": repr(err)})
+        return verifier_error(err)
+
+
+def verifier_error(err: BaseException) -> Score:
+    return Score(0.0, False, False, {"reason": VERIFIER_ERROR, "error": repr(err)})
+
+
+def grade_batch(
+    task: Task,
+    problems: Sequence[Problem],
+    completions: Sequence[str],
+    completion_ids: Sequence[Sequence[int]] | None = None,
+) -> list[Score]:
+    """Grade many completions at once: through the task's `score_batch` when it has one (reward
+    functions that take a whole batch, as TRL calls them: one call per group, not per sample),
+    else `grade` one by one. A `score_batch` that raises grades every completion as a
+    verifier_error (a task that can tell which completion broke it catches that itself)."""
+    batch = getattr(task, "score_batch", None)
+    if batch is None:
+        return [grade(task, p, c) for p, c in zip(problems, completions, strict=True)]
+    try:
+        scores = list(batch(list(problems), list(completions), completion_ids))
+    except Exception as err:
+        return [verifier_error(err) for _ in completions]
+    if len(scores) != len(completions):
+        err = ValueError(f"score_batch returned {len(scores)} scores for {len(completions)} completions")
+        return [verifier_error(err) for _ in completions]
+    return scores

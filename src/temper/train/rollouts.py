@@ -14,7 +14,7 @@ import torch
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rollout.sampler import Sample
-from temper.tasks.base import Problem, Score, Task, grade
+from temper.tasks.base import Problem, Score, Task, grade_batch
 
 
 @dataclass
@@ -44,8 +44,12 @@ def grade_group(
     overlong_buffer: int,
 ) -> Group:
     rollouts = []
-    for s in samples:
-        score = grade(task, problem, s.text)  # a verifier exception becomes a "verifier_error" row
+    # the group in one call (a data task's reward functions take a batch, as TRL calls them);
+    # a verifier exception becomes a "verifier_error" row
+    scores = grade_batch(
+        task, [problem] * len(samples), [s.text for s in samples], [s.token_ids for s in samples]
+    )
+    for s, score in zip(samples, scores, strict=True):
         x = RewardInput(score, len(s.token_ids), max_new_tokens, s.stop_reason == "length", overlong_buffer)
         total, parts = combine(x, weights)
         rollouts.append(Rollout(problem, s, score, total, parts))

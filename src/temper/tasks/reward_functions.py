@@ -1,0 +1,387 @@
+"""Reward functions as TRL calls them, and the built-in graders a data task can name.
+
+A user's reward function is named `module:function` (a module importable from the recipe's
+folder, or an installed one) or `path/to/file.py:function`, and is called exactly as TRL 1.16's
+`GRPOTrainer._calculate_rewards` calls `reward_funcs`, so a TRL user's functions work unchanged:
+
+    fn(prompts=[...], completions=[...], completion_ids=[...], **columns) -> list[float | None]
+
+one call per batch (a group of samples of one prompt in RL), every list as long as the batch.
+`prompts` holds each row's prompt as the data set gives it: a string ("standard" format) or a
+list of chat messages ("conversational"); the completions follow the prompt's format: strings, or
+`[{"role": "assistant", "content": text}]` (TRL `is_conversational` on the prompt). `columns` are
+every column of the row except "prompt", "completion" and "completion_ids", one value per
+completion (TRL repeats the row's values for each generation). None means "not applicable" and
+counts as 0 in the weighted sum (TRL's nan + nansum). A coroutine function is awaited (TRL runs
+async reward functions concurrently; so does `call_all`). Unlike TRL, `trainer_state`,
+`log_extra` and `log_metric` are not passed.
+
+Built-in graders (`GRADERS`) follow the same signature and also say whether they could extract
+an answer (the task's `parsed`): exact_match, numeric_match, math_verify (the `math-verify`
+package: LaTeX, fractions, \\boxed{}), regex (a format check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from temper.tasks.expression import ANSWER_PREFIX, END_MARKERS
+
+EXCLUDED_COLUMNS = ("prompt", "completion", "completion_ids")  # as TRL: passed as arguments, not columns
+
+
+@dataclass
+class RewardFunction:
+    """A reward function and what it is called in logs and errors."""
+
+    name: str
+    fn: Callable[..., Any]
+    source: str = ""  # the code it was loaded from (its file's text), for the stage's settings hash
+    extract: Callable[[str], str | None] | None = None  # built-in graders: the answer they read
+
+
+def is_conversational(prompt: Any) -> bool:
+    """TRL's test: a prompt given as a list of chat messages."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def completions_as_trl(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any]:
+    """Completion texts in the format TRL passes them: conversational when the prompt is."""
+    return [
+        [{"role": "assistant", "content": t}] if is_conversational(p) else t
+        for p, t in zip(prompts, texts, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------- loading user functions
+
+
+def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunction:
+    """`module:function` or `path/file.py:function`, relative to `base_dir` (the recipe's folder).
+
+    A module whose file lies under `base_dir` is loaded from that file under a name of its own
+    (so two recipes' `rewards.py` never share sys.modules), with `base_dir` on sys.path while it
+    runs so its own imports of neighbouring modules work; any other name is imported normally."""
+    module_name, colon, fn_name = spec.rpartition(":")
+    if not colon or not module_name or not fn_name:
+        raise ValueError(
+            f"reward {spec!r}: expected module:function or path/to/file.py:function, "
+            f"or a built-in grader ({', '.join(GRADERS)})"
+        )
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    if module_name.endswith(".py") or "/" in module_name:
+        file = Path(module_name).expanduser()
+        file = file if file.is_absolute() else base / file
+        if not file.is_file():
+            raise ValueError(f"reward {spec!r}: no file {str(file)!r}")
+        module = _load_file(file, base)
+    else:
+        local = base / (module_name.replace(".", "/") + ".py")
+        if local.is_file():
+            module = _load_file(local, base)
+        else:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as err:
+                raise ValueError(
+                    f"reward {spec!r}: cannot import module {module_name!r}: no {local.name} in {base} "
+                    f"and no installed module ({err})"
+                ) from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        functions = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and not isinstance(v, type)
+        )
+        raise ValueError(
+            f"reward {spec!r}: module {module_name!r} has no function {fn_name!r}"
+            + (f"; its functions: {', '.join(functions)}" if functions else "")
+        )
+    file = getattr(module, "__file__", None)
+    source = Path(file).read_text(errors="replace") if file and Path(file).is_file() else ""
+    return RewardFunction(spec, fn, source)
+
+
+def _load_file(file: Path, base: Path) -> Any:
+    file = file.resolve()
+    name = f"temper_rewards_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None  # a .py file always has a loader
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(base))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ValueError(f"reward module {str(file)!r} raised on import: {err!r}") from None
+    finally:
+        sys.path.remove(str(base))
+    sys.modules[name] = module  # pickling and `inspect` find it again
+    return module
+
+
+# ---------------------------------------------------------------- calling them
+
+
+@dataclass
+class Outcome:
+    """What the reward functions said about a batch: values[f][i] (None: not applicable or the
+    function raised on completion i), and errors[i] the first exception raised on completion i."""
+
+    values: list[list[float | None]]
+    errors: list[BaseException | None] = field(default_factory=list)
+
+
+def call_all(
+    functions: Sequence[RewardFunction],
+    prompts: Sequence[Any],
+    texts: Sequence[str],
+    completion_ids: Sequence[Sequence[int]] | None,
+    columns: Sequence[dict[str, Any]],
+) -> Outcome:
+    """Every function on the whole batch, TRL's way (async ones awaited together). A function
+    that raises on the batch, or returns the wrong number of rewards, is called again one
+    completion at a time, so only the completions it cannot grade become verifier errors."""
+    n = len(texts)
+    completions = completions_as_trl(prompts, texts)
+    ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in texts]
+    keys = [k for k in (columns[0] if columns else {}) if k not in EXCLUDED_COLUMNS]
+    kwargs = {k: [row.get(k) for row in columns] for k in keys}
+    batch = {"prompts": list(prompts), "completions": completions, "completion_ids": ids, **kwargs}
+    results = _run([f.fn for f in functions], [batch] * len(functions))
+    values: list[list[float | None]] = []
+    errors: list[BaseException | None] = [None] * n
+    for f, result in zip(functions, results, strict=True):
+        checked = _checked(f.name, result, n)
+        if isinstance(checked, BaseException):  # one at a time, to find the completions it fails on
+            rows = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n)]
+            singles = [_checked(f.name, r, 1) for r in _run([f.fn] * n, rows)]
+            checked = []
+            for i, single in enumerate(singles):
+                if isinstance(single, BaseException):
+                    errors[i] = errors[i] or single
+                    checked.append(None)
+                else:
+                    checked.append(single[0])
+        values.append(checked)
+    return Outcome(values, errors)
+
+
+def _checked(name: str, result: Any, n: int) -> list[float | None] | BaseException:
+    if isinstance(result, BaseException):
+        return result
+    try:
+        out = [None if r is None else float(r) for r in result]
+    except (TypeError, ValueError) as err:
+        return TypeError(f"reward function {name!r} must return a list of floats or None: {err}")
+    if len(out) != n:  # TRL's message
+        return ValueError(
+            f"The reward function {name!r} returned {len(out)} rewards, but {n} were expected "
+            "(one per prompt-completion pair)."
+        )
+    if any(r is not None and math.isnan(r) for r in out):
+        out = [None if r is not None and math.isnan(r) else r for r in out]  # TRL's None is its nan
+    return out
+
+
+def _run(fns: Sequence[Callable[..., Any]], kwargs: Sequence[dict[str, Any]]) -> list[Any]:
+    """Call each fn with its kwargs; exceptions are returned in place of the result. Coroutines
+    (async functions) are gathered on one event loop, in a thread of their own when the caller
+    is already inside a running loop."""
+    results: list[Any] = []
+    pending: dict[int, Any] = {}
+    for i, (fn, kw) in enumerate(zip(fns, kwargs, strict=True)):
+        try:
+            out = fn(**kw)
+        except Exception as err:
+            out = err
+        if inspect.isawaitable(out):
+            pending[i] = out
+        results.append(out)
+    if pending:
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*pending.values(), return_exceptions=True)
+
+        done = _run_coroutine(gather)
+        for i, out in zip(pending, done, strict=True):
+            results[i] = out
+    return results
+
+
+def _run_coroutine(make: Callable[[], Any]) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(asyncio.run(make())))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+# ---------------------------------------------------------------- built-in graders
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}`, braces balanced; None if there is none."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    depth, start = 1, starts[-1]
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i].strip()
+    return None
+
+
+def _strip_end(text: str) -> str:
+    text = text.strip()
+    for marker in END_MARKERS:
+        if text.endswith(marker):
+            return _strip_end(text[: -len(marker)])
+    return text
+
+
+def extract_final(text: str, pattern: re.Pattern[str] | None = None) -> str | None:
+    """The final answer of a completion: the first group (or whole match) of `pattern` when one is
+    given (the task's `format`), else the last \\boxed{}, else the text after the last `Answer:`,
+    else None. Graders that read a bare number fall back further (see `numeric_match`)."""
+    text = _strip_end(text)
+    if pattern is not None:
+        m = pattern.search(text)
+        if m is None:
+            return None
+        return (m.group(1) if m.groups() else m.group(0)).strip() or None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed or None
+    at = text.rfind(ANSWER_PREFIX)
+    if at >= 0:
+        return text[at + len(ANSWER_PREFIX) :].strip() or None
+    return None
+
+
+def parse_number(text: str) -> Fraction | None:
+    """A number written as an integer, decimal, `a/b`, `\\frac{a}{b}`, with `,` thousands
+    separators, a trailing `%` or `$`; None otherwise. Exact (Fraction), so 0.1 + 0.2 is 0.3."""
+    t = text.strip().strip("$").replace("\\!", "").replace(",", "").rstrip(".").strip()
+    m = re.fullmatch(r"\\d?frac\{\s*([-+]?\d+)\s*\}\{\s*([-+]?\d+)\s*\}", t)
+    if m:
+        t = f"{m.group(1)}/{m.group(2)}"
+    t = t.removesuffix("\\%").removesuffix("%").strip()
+    try:
+        value = Fraction(t)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Grader:
+    """A built-in grader: `__call__` has TRL's reward signature and scores the answer it extracts
+    against the row's `column`; `extract` says what it read (None: nothing, so not parsed)."""
+
+    name: str
+    column: str = "answer"
+    tolerance: float = 1e-6
+    pattern: str | None = None  # regex: the format to match; others: where the answer is (group 1)
+
+    def extract(self, text: str) -> str | None:
+        compiled = re.compile(self.pattern) if self.pattern else None
+        if self.name == "regex":
+            return text if compiled is not None and compiled.search(text) else None
+        found = extract_final(text, compiled)
+        if found is None and self.name == "numeric_match" and compiled is None:
+            numbers = _NUMBER.findall(_strip_end(text))  # a bare number: the last one written
+            found = numbers[-1] if numbers else None
+        if found is None and self.name == "math_verify" and compiled is None:
+            found = _strip_end(text) or None  # math-verify finds the answer itself
+        return found
+
+    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), **columns: Any) -> list[float]:
+        references = columns.get(self.column, [None] * len(completions))
+        return [self.grade(_text(c), r) for c, r in zip(completions, references, strict=True)]
+
+    def grade(self, text: str, reference: Any) -> float:
+        answer = self.extract(text)
+        if answer is None:
+            return 0.0
+        if self.name == "regex":
+            return 1.0
+        if reference is None:
+            raise ValueError(f"{self.name}: the row has no {self.column!r} column to compare with")
+        if self.name == "exact_match":
+            return float(_normalize(answer) == _normalize(str(reference)))
+        if self.name == "numeric_match":
+            got, want = parse_number(answer), parse_number(str(reference))
+            if want is None:
+                raise ValueError(f"numeric_match: reference {reference!r} is not a number")
+            if got is None:
+                return 0.0
+            return float(abs(got - want) <= self.tolerance * max(1.0, abs(float(want))))
+        return float(_math_equal(answer, str(reference)))
+
+
+def _text(completion: Any) -> str:
+    """A completion's text in either TRL format."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.strip().split()).rstrip(".").lower()
+
+
+def _math_equal(answer: str, reference: str) -> bool:
+    """math-verify's verify(gold, answer) on both parsed. Its timeouts use SIGALRM, which only the
+    main thread may set, so elsewhere it runs without them."""
+    from math_verify import parse, verify  # imported on use: sympy takes a second to load
+
+    main = threading.current_thread() is threading.main_thread()
+    timeout = {"parsing_timeout": 5} if main else {"parsing_timeout": None}
+    gold, got = parse(reference, **timeout), parse(answer, **timeout)
+    if not gold or not got:
+        return False
+    return bool(verify(gold, got, timeout_seconds=5 if main else None))
+
+
+GRADERS = ("exact_match", "numeric_match", "math_verify", "regex")
+GRADER_OPTIONS = ("grader", "column", "tolerance", "pattern")
+
+
+def make_grader(spec: str | dict[str, Any], answer_column: str, format_pattern: str | None) -> Grader:
+    """A built-in grader from its name or a mapping `{grader: NAME, column:, tolerance:, pattern:}`;
+    its answer column defaults to the task's `answer`, its pattern to the task's `format`."""
+    options = {"grader": spec} if isinstance(spec, str) else dict(spec)
+    unknown = [k for k in options if k not in GRADER_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown grader option {unknown[0]!r}; valid: {', '.join(GRADER_OPTIONS)}")
+    name = options.get("grader")
+    if name not in GRADERS:
+        raise ValueError(f"unknown grader {name!r}; built-in graders: {', '.join(GRADERS)}")
+    pattern = options.get("pattern", format_pattern)
+    if name == "regex" and not pattern:
+        raise ValueError("the regex grader needs a pattern (its own `pattern:` or the task's `format:`)")
+    if pattern:
+        re.compile(pattern)  # a bad pattern is a recipe error, not a verifier error later
+    return Grader(name, options.get("column", answer_column), float(options.get("tolerance", 1e-6)), pattern)
