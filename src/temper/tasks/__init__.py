@@ -11,8 +11,14 @@ from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from temper.tasks.base import Problem, Score, Task, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
+from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
 
-TASKS: dict[str, type] = {"arithmetic": Arithmetic, "general_points": GeneralPoints, "dataset": DataTask}
+TASKS: dict[str, type] = {
+    "arithmetic": Arithmetic,
+    "general_points": GeneralPoints,
+    "dataset": DataTask,  # the user's rows and reward functions
+    "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
+}
 
 __all__ = [
     "TASKS",
@@ -24,6 +30,8 @@ __all__ = [
     "GeneralPoints",
     "GeneralPointsConfig",
     "Problem",
+    "ReasoningGym",
+    "ReasoningGymConfig",
     "Score",
     "Task",
     "TaskOptionError",
