@@ -132,7 +132,7 @@ class DataTask:
             )
         self.weights = weights
         self.format = re.compile(c.format) if c.format else None
-        main = _rows(c.data, self.base_dir, c.data_split)
+        main = _rows(c.data, self.base_dir, c.data_split, "data_split" if c.data_split else "data")
         columns = list(main[0].values) if main else []
         self._check_column("prompt", c.prompt, main)
         for key in ("split_column", "id"):
@@ -161,7 +161,12 @@ class DataTask:
         elif c.test_data or c.test_split:
             for row in main:
                 self._add("train", row)
-            test = _rows(c.test_data or c.data, self.base_dir, c.test_split if not c.test_data else None)
+            test = _rows(
+                c.test_data or c.data,
+                self.base_dir,
+                c.test_split if not c.test_data else None,
+                "test_data" if c.test_data else "test_split",
+            )
             self._check_column("prompt", c.prompt, test)
             for row in test:
                 self._add("test", row)
@@ -169,7 +174,7 @@ class DataTask:
             for row in main:
                 self._add(split_of(self._key(row), c.test_fraction), row)
         if c.ood_data:
-            ood = _rows(c.ood_data, self.base_dir, None)
+            ood = _rows(c.ood_data, self.base_dir, None, "ood_data")
             self._check_column("prompt", c.prompt, ood)
             for row in ood:
                 self._add("ood", row)
@@ -242,7 +247,7 @@ class DataTask:
                 self.config.prompt,
                 "a prompt is a string or a list of {role, content} messages",
             )
-        pid = str(row.values[self.config.id]) if self.config.id else f"{row.source}:{row.line}"
+        pid = str(row.values[self.config.id]) if self.config.id else f"{Path(row.source).name}:{row.line}"
         data = {"prompt": value, "row": row.values, "source": row.source, "line": row.line}
         self._splits[split].append(Problem(self.name, split, pid, text, data, chat))
 
@@ -348,22 +353,21 @@ class DataTask:
         return names
 
 
-def _rows(spec: str, base_dir: Path, split: str | None) -> list[_Row]:
-    """The rows of a data source as (source label, 1-based row, values)."""
-    return [_Row(source, line, values) for source, line, values in _read_rows(spec, base_dir, split)]
+def _rows(spec: str, base_dir: Path, split: str | None, option: str = "data") -> list[_Row]:
+    """The rows of a data source as (source label, 1-based row, values). A source that cannot be
+    read at all is an error of the task option naming it; a bad row stays a DataError at its row."""
+    from temper.data.sources import SourceError
+
+    try:
+        return [_Row(source, line, values) for source, line, values in _read_rows(spec, base_dir, split)]
+    except SourceError as err:
+        raise TaskOptionError((option,), str(err)) from None
 
 
 def _read_rows(spec: str, base_dir: Path, split: str | None):
-    from temper.jsonl import iter_jsonl
+    from temper.data.sources import read_rows  # imports `datasets` only for tables and hub ids
 
-    path = Path(spec).expanduser()
-    path = path if path.is_absolute() else base_dir / path
-    if not path.is_file():
-        raise DataError(spec, 0, "data", f"no file {str(path)!r}")
-    label = path.name
-    for line, _, value in iter_jsonl(path):
-        if isinstance(value, Exception):
-            raise DataError(label, line, "<line>", f"not a JSON object: {value}")
-        if not isinstance(value, dict):
-            raise DataError(label, line, "<line>", "must be a JSON object")
-        yield label, line, value
+    for source, line, values in read_rows(spec, base_dir, split):
+        if not isinstance(values, dict):
+            raise DataError(source, line, "<row>", "must be an object (a mapping of column to value)")
+        yield source, line, values

@@ -117,8 +117,13 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunct
 
 
 def _load_file(file: Path, base: Path) -> Any:
+    """The module of `file`, executed once per content: recipe validation, the plan check and the
+    run share it (and its state), and an edited file is loaded afresh."""
     file = file.resolve()
-    name = f"temper_rewards_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}_{file.stem}"
+    digest = hashlib.sha256(str(file).encode() + b"\0" + file.read_bytes()).hexdigest()[:12]
+    name = f"temper_rewards_{digest}_{file.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
     assert spec is not None and spec.loader is not None  # a .py file always has a loader
     module = importlib.util.module_from_spec(spec)
@@ -309,12 +314,13 @@ class Grader:
         compiled = re.compile(self.pattern) if self.pattern else None
         if self.name == "regex":
             return text if compiled is not None and compiled.search(text) else None
+        if self.name == "math_verify" and compiled is None:  # math-verify finds the answer itself
+            parsed = _math_parse(_strip_end(text))
+            return parsed[-1] if parsed else None
         found = extract_final(text, compiled)
         if found is None and self.name == "numeric_match" and compiled is None:
             numbers = _NUMBER.findall(_strip_end(text))  # a bare number: the last one written
             found = numbers[-1] if numbers else None
-        if found is None and self.name == "math_verify" and compiled is None:
-            found = _strip_end(text) or None  # math-verify finds the answer itself
         return found
 
     def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), **columns: Any) -> list[float]:
@@ -352,17 +358,32 @@ def _normalize(text: str) -> str:
     return " ".join(text.strip().split()).rstrip(".").lower()
 
 
-def _math_equal(answer: str, reference: str) -> bool:
-    """math-verify's verify(gold, answer) on both parsed. Its timeouts use SIGALRM, which only the
-    main thread may set, so elsewhere it runs without them."""
-    from math_verify import parse, verify  # imported on use: sympy takes a second to load
+def _main_thread() -> bool:
+    """math-verify's timeouts use SIGALRM, which only the main thread may set: elsewhere it runs
+    without them."""
+    return threading.current_thread() is threading.main_thread()
 
-    main = threading.current_thread() is threading.main_thread()
-    timeout = {"parsing_timeout": 5} if main else {"parsing_timeout": None}
-    gold, got = parse(reference, **timeout), parse(answer, **timeout)
+
+def _math_parse(text: str) -> list[Any]:
+    """math-verify's parse (LaTeX anywhere in the text, \\boxed{} first, or a plain expression);
+    bare LaTeX without $ delimiters (a reference column's `\\frac{1}{2}`) is parsed as math."""
+    from math_verify import parse  # imported on use: sympy takes a second to load
+
+    timeout = 5 if _main_thread() else None
+    found = parse(text, parsing_timeout=timeout)
+    if not found and "$" not in text:
+        found = parse(f"${text}$", parsing_timeout=timeout)
+    return found
+
+
+def _math_equal(answer: str, reference: str) -> bool:
+    """math-verify's verify(gold, answer), both parsed by `_math_parse`."""
+    from math_verify import verify
+
+    gold, got = _math_parse(reference), _math_parse(answer)
     if not gold or not got:
         return False
-    return bool(verify(gold, got, timeout_seconds=5 if main else None))
+    return bool(verify(gold, got, timeout_seconds=5 if _main_thread() else None))
 
 
 GRADERS = ("exact_match", "numeric_match", "math_verify", "regex")
