@@ -34,7 +34,10 @@ def _task(tmp_path, rows, **options):
 
 
 def test_hash_split_is_deterministic_disjoint_and_keeps_equal_prompts_together(tmp_path):
-    rows = _rows(300) + [{"q": "what is 5 plus 5?", "answer": "10", "sol": "x"}] * 3  # a repeated prompt
+    repeated = [
+        {"q": f"twice {j}?", "answer": str(2 * j), "sol": "x"} for j in range(20)
+    ] * 5  # equal prompts
+    rows = _rows(300) + repeated
     task = _task(tmp_path, rows, test_fraction=0.25)
     train, test = task.sample("train", 1000, 0), task.sample("test", 1000, 0)
     assert len(test) == len({p.id for p in test}) < 1000  # held out: every row once, never repeated
@@ -138,6 +141,8 @@ def test_a_jsonl_task_goes_through_rl_and_eval_from_the_command_line(nano_dir, t
     assert len(rollouts) == 2 * 2 * 4 and rollouts[0]["prompt"].startswith(
         ("Tom", "Ann", "Bo", "Eve", "Max", "Ida", "Sam", "Lu")
     )
+    metrics = [json.loads(line) for line in (work / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert {"reward_fn/correct", "reward_fn/formatted"} <= set(metrics[0])  # each function logged on its own
     probe = json.loads((work / "rl" / "probe.json").read_text())["probe"]
     assert probe["groups"] == 2 and "zero_variance/all_wrong" in probe
     args = ["eval", "--model", str(work / "rl" / "model"), "--out", "ev", *data]
@@ -191,3 +196,26 @@ stages:
     assert "rl" in results  # (and the starting model, where the eval stage adds it)
     assert all(r["test"]["n_problems"] == 6 and r["test"]["verifier_errors"] == 0 for r in results.values())
     assert (run / "report.html").exists()
+
+
+def test_a_reasoning_gym_data_set_is_a_task_graded_by_its_own_verifier(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    task = make_recipe_task(
+        "legs", {"task": "reasoning_gym", "dataset": "leg_counting", "size": 60, "seed": 1}
+    )
+    train, test = task.sample("train", 100, 0), task.sample("test", 100, 0)
+    assert len(train) == 100 and 0 < len(test) < 60 and not {p.id for p in train} & {p.id for p in test}
+    p = test[0]
+    right = task.score(p, f"Count them.\nAnswer: {p.data['entry']['answer']}")
+    assert (right.reward, right.correct, right.parsed) == (1.0, True, True)
+    wrong = task.score(p, "<answer>-1</answer>")
+    assert (wrong.correct, wrong.parsed) == (False, True)
+    assert not task.score(p, "many legs").parsed
+    assert task.score(p, task.demonstration(p)).correct
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {preset: nano}\ntasks:\n  legs:\n    task: reasoning_gym\n    dataset: leg_countin\n"
+        "stages:\n  - {kind: pretrain, corpus: {tasks: [legs]}}\n"
+    )
+    with pytest.raises(RecipeError, match="r.yaml:6: tasks.legs.dataset: .*did you mean 'leg_counting'"):
+        load_recipe(recipe)

@@ -135,10 +135,7 @@ def test_trl_documented_reward_functions_work_unchanged_and_match_trl(tmp_path):
     conversational = [[{"role": "assistant", "content": t}] for t in texts]  # as TRL passes them
     module = load_reward_function("my_rewards:recording", tmp_path).fn.__globals__
     want = _trl_rewards([format_reward_func, module["recording"]], rows, conversational, ids)
-    got = [
-        [s.details["rewards"]["my_rewards:format_reward_func"], s.details["rewards"]["my_rewards:recording"]]
-        for s in scores
-    ]
+    got = [[s.details["rewards"]["format_reward_func"], s.details["rewards"]["recording"]] for s in scores]
     assert got == want
     assert got[2][0] == 1.0 and got[0][0] == 0.0
     # what the function saw from temper is what it saw from TRL (less TRL's trainer hooks)
@@ -173,7 +170,7 @@ def test_async_rewards_are_awaited_and_weights_and_none_apply(tmp_path):
     scores = task.score_batch([p, p], ["abcd", "skip"])
     # TRL: nansum of weight x reward, None counting as nan
     assert [s.reward for s in scores] == [0.5 * 4 + 3.0 * 2, 0.5 * 4]
-    assert scores[1].details["rewards"]["my_rewards:abstains"] is None
+    assert scores[1].details["rewards"]["abstains"] is None
     assert [s.correct for s in scores] == [True, True]  # the first reward (4) reaches the threshold
 
 

@@ -344,11 +344,14 @@ class DataTask:
         return h.hexdigest()[:16]
 
     def _names(self) -> list[str]:
+        """Each reward function's name in `details["rewards"]` and the RL metrics: its Python name,
+        as TRL logs it (`rewards/<name>/mean`), or the grader's; repeats numbered."""
         names: list[str] = []
         for f in self.rewards:
-            name, k = f.name, 2
+            base = f.name.rpartition(":")[2]
+            name, k = base, 2
             while name in names:
-                name, k = f"{f.name}#{k}", k + 1
+                name, k = f"{base}#{k}", k + 1
             names.append(name)
         return names
 

@@ -321,4 +321,10 @@ def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> di
         "rollout_tokens_per_s": new_tokens / max(seconds, 1e-9),
         "time/sample": seconds,
     }
-    return row | {f"reward/{name}": sum(r.parts[name] for r in rollouts) / n for name in config.rewards}
+    row |= {f"reward/{name}": sum(r.parts[name] for r in rollouts) / n for name in config.rewards}
+    functions: dict[str, list[float]] = {}  # a data task's reward functions, each on its own (as TRL
+    for r in rollouts:  # logs rewards/<name>/mean), over the samples each one graded (None: not applicable)
+        for name, value in (r.score.details.get("rewards") or {}).items():
+            if value is not None:
+                functions.setdefault(name, []).append(value)
+    return row | {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
