@@ -136,7 +136,18 @@ def test_a_jsonl_task_goes_through_rl_and_eval_from_the_command_line(nano_dir, t
     monkeypatch.chdir(work)  # the reward module is importable from the working directory
     data = ["--task-data", "problems.jsonl", "--prompt-column", "question", "--reward", "rewards:correct"]
     data += ["--reward", "rewards:formatted", "--task-option", "problems.test_fraction=0.2"]
-    assert main(["rl", "--model", str(nano_dir), "--out", "rl", *data, *RL_FLAGS]) == 0
+    gate = [
+        "--task-option",
+        r"problems.format=Answer: (-?\d+)$",
+        "--gate.min_parse_rate",
+        "0",
+        "--gate.n_problems",
+        "4",
+    ]
+    assert main(["rl", "--model", str(nano_dir), "--out", "rl", *data, *gate, *RL_FLAGS]) == 0
+    assert json.loads((work / "rl" / "rl.json").read_text())["gate"]["parse_rates"] == {
+        "problems/parse_rate": 0.0
+    }
     rollouts = [json.loads(line) for line in (work / "rl" / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 2 * 2 * 4 and rollouts[0]["prompt"].startswith(
         ("Tom", "Ann", "Bo", "Eve", "Max", "Ida", "Sam", "Lu")

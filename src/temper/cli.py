@@ -193,7 +193,10 @@ def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
         task, dot, option = key.partition(".")
         if not sep or not dot:
             raise RecipeError(f"--task-option {pair!r}: expected TASK.OPTION=VALUE")
-        out.setdefault(task, {})[option] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
+            parsed = value  # `format=Answer: (.+)` is text; a mapping is written {a: 1}
+        out.setdefault(task, {})[option] = parsed
     return out
 
 
@@ -385,7 +388,7 @@ def add_stage_command(sub: Any, kind: StageKind) -> None:
     )
     data = p.add_argument_group(
         "a task from your data (a recipe's `task: dataset` entry, named after the file; more options "
-        "with --task-option NAME.OPTION=VALUE, e.g. NAME.answer=label, NAME.format='Answer: (.+)')"
+        "with --task-option NAME.OPTION=VALUE, e.g. NAME.answer=label, NAME.format='Answer: (.+)$')"
     )
     data.add_argument(
         "--task-data",
