@@ -203,3 +203,22 @@ def test_a_hub_id_offline_and_not_cached_fails_at_once(monkeypatch, tmp_path):
     with pytest.raises(SourceNotFoundError, match="not in the local cache while HF_HUB_OFFLINE is set"):
         list(read_rows("someone/no-such-dataset-xyz", base_dir=tmp_path))
     assert time.perf_counter() - start < 10
+
+
+def test_every_format_through_the_sft_loader_gives_the_same_examples(tmp_path):
+    from temper.stages.context import StageContext
+    from temper.stages.sft import SFTStage, sft_examples
+
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={}, task_options={})
+    rows = CHAT * 3  # enough rows that the seeded shuffle moves them
+    seen = []
+    for fmt in FORMATS:
+        folder = tmp_path / fmt
+        folder.mkdir()
+        spec = write(fmt, rows, folder)
+        stage = SFTStage(kind="sft", data={"files": [spec], "eval_files": [spec]})
+        train, held_out, _ = sft_examples(stage, ctx)
+        seen.append((fmt, strip(train), strip(held_out)))
+    for fmt, train, held_out in seen[1:]:
+        assert (train, held_out) == seen[0][1:], fmt
+    assert len(seen[0][1]) == len(seen[0][2]) == 9
