@@ -115,8 +115,8 @@ def test_recipe_paths_resolve_against_the_recipe_folder_from_any_directory(
     tmp_path, model, monkeypatch, capsys
 ):
     recipe = _project(tmp_path, model)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    elsewhere = tmp_path / "a" / "b"  # where ../models, ../data and ../runs are not the recipe's
+    elsewhere.mkdir(parents=True)
     monkeypatch.chdir(elsewhere)
     assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
     stage = tmp_path / "runs" / "paths" / "01-sft"  # output_dir too is relative to the recipe

@@ -52,6 +52,11 @@ def write(fmt, rows, folder, name="d"):
         table = pa.Table.from_pylist(rows)
         with pa.ipc.new_file(path, table.schema) as writer:
             writer.write_table(table)
+    elif fmt == "arrow_stream":  # the IPC stream format, as `datasets` writes its .arrow files
+        path = folder / f"{name}.arrow"
+        table = pa.Table.from_pylist(rows)
+        with pa.ipc.new_stream(path, table.schema) as writer:
+            writer.write_table(table)
     elif fmt == "disk":
         path = folder / name
         datasets.Dataset.from_list(rows).save_to_disk(str(path))
@@ -65,7 +70,7 @@ def write(fmt, rows, folder, name="d"):
     return str(path)
 
 
-FORMATS = ["jsonl", "json", "json_indented", "parquet", "arrow", "disk", "disk_dict"]
+FORMATS = ["jsonl", "json", "json_indented", "parquet", "arrow", "arrow_stream", "disk", "disk_dict"]
 
 
 def strip(examples):
