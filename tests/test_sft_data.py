@@ -173,3 +173,14 @@ def test_the_sft_from_parquet_recipe_validates_and_its_data_loads(capsys):
     shipped = json.loads((ROOT / "checkpoints" / "tiny-base" / "pretrain.json").read_text())["hash"]
     ctx = StageContext(run_dir=ROOT, base_dir=recipe.parent, tasks={}, task_options=parsed.tasks)
     assert pretrain_hash(parsed.stages[0], parsed.model, ctx) == shipped
+
+
+def test_a_bad_source_with_epochs_is_one_plan_error(tmp_path, capsys):
+    (tmp_path / "d.json").write_text("[{not json")
+    (tmp_path / "r.yaml").write_text(
+        RECIPE.replace("d.jsonl", "d.json").replace("files: [d.json]", "files: [d.json, gone.parquet]")
+    )
+    assert main(["run", str(tmp_path / "r.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "r.yaml:9: stages[1].data.files[1]: " in err and "gone.parquet' does not exist" in err
+    assert "Traceback" not in err

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, locate
 from temper.models.loading import ModelNotFoundError, _check_local
 from temper.recipe import Recipe, RecipeError, _format_error
@@ -183,7 +184,10 @@ def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
     else:
         return []
     for spec in specs:
-        n = count_rows(locate(spec, base_dir))
+        try:
+            n = count_rows(locate(spec, base_dir))
+        except DataError:  # reported by the source check above, or when the stage reads it
+            return []
         if n is None:
             return [f"{stage.name}: {train.epochs:g} epochs; steps counted once {spec!r} is loaded"]
         rows += n

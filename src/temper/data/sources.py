@@ -230,14 +230,15 @@ def count_rows(source: Source) -> int | None:
 
 
 def read_rows(
-    spec: str | Path,
+    spec: str | Path | Source,
     base_dir: Path | None = None,
     split: str | None = None,
     *,
     errors: Literal["raise", "yield"] = "raise",
 ) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """(source label, 1-based line or row number, row) for every row of a data source (see the
-    module docstring for the forms `spec` takes); relative paths resolve against `base_dir`.
+    module docstring for the forms `spec` takes, or a `Source` from `locate`); relative paths
+    resolve against `base_dir` (default: the working directory).
 
     A row that cannot be decoded (not UTF-8, not JSON, a duplicate key) raises `DataError` naming
     source, number and field; with `errors="yield"` the error comes back in place of the row and
