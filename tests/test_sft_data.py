@@ -86,7 +86,7 @@ def test_epochs_or_max_steps_not_both_and_the_plan_shows_the_steps(tmp_path, cap
     assert main(["run", str(tmp_path / "r.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "sft on ['arithmetic', 'd.jsonl'], 2 epochs" in out
-    assert "sft: 2 epochs of about 16 rows at batch_size 4 = about 8 steps" in out
+    assert "sft: 2 epochs of 16 rows at batch_size 4 = at most 8 steps (exact once tokenized)" in out
 
 
 def _project(tmp_path: Path, model: Path) -> Path:

@@ -133,6 +133,8 @@ def test_datasetdict_split_selection(tmp_path):
     assert len(list(read_rows(f"{spec}[test]"))) == 1  # the split named inside the string
     with pytest.raises(SourceError, match=r"has no split 'validation'; its splits are \['train', 'test'\]"):
         locate(spec, split="validation")
+    with pytest.raises(SourceError, match=r"is a file, which has no splits \(split 'test' was asked for\)"):
+        locate(write("parquet", CHAT, tmp_path) + "[test]")
     single = write("disk", CHAT, tmp_path, "single")
     with pytest.raises(SourceError, match="single Dataset"):
         locate(single, split="test")
@@ -227,3 +229,12 @@ def test_every_format_through_the_sft_loader_gives_the_same_examples(tmp_path):
     for fmt, train, held_out in seen[1:]:
         assert (train, held_out) == seen[0][1:], fmt
     assert len(seen[0][1]) == len(seen[0][2]) == 9
+
+
+def test_a_row_label_survives_pickle_and_deepcopy(tmp_path):
+    import copy
+    import pickle
+
+    (example,) = load_rows(write("parquet", CHAT[:1], tmp_path))[0]
+    for again in (pickle.loads(pickle.dumps(example)), copy.deepcopy(example)):
+        assert again == example and again.source.by_row

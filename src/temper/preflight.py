@@ -168,8 +168,8 @@ def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
 
 
 def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
-    """The plan's estimate of the steps `train.epochs` gives (exact once the data is tokenized:
-    rows too long, packing and skipped rows change it)."""
+    """The plan's bound on the steps `train.epochs` gives, from the rows: the stage counts them
+    exactly once tokenized (packing, rows too long or skipped make fewer)."""
     train = getattr(stage, "train", None)
     if getattr(train, "epochs", None) is None:
         return []
@@ -192,10 +192,10 @@ def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
             return [f"{stage.name}: {train.epochs:g} epochs; steps counted once {spec!r} is loaded"]
         rows += n
     steps = max(1, math.ceil(train.epochs * rows / train.batch_size))
-    packed = " (fewer once packed)" if stage.kind == "pretrain" or getattr(stage, "pack", False) else ""
+    packed = "; packing makes fewer" if stage.kind == "pretrain" or getattr(stage, "pack", False) else ""
     return [
-        f"{stage.name}: {train.epochs:g} epochs of about {rows} rows at batch_size {train.batch_size} "
-        f"= about {steps} steps{packed}"
+        f"{stage.name}: {train.epochs:g} epochs of {rows} rows at batch_size {train.batch_size} "
+        f"= at most {steps} steps (exact once tokenized{packed})"
     ]
 
 

@@ -55,6 +55,9 @@ class SourceLabel(str):
         label.by_row = by_row
         return label
 
+    def __getnewargs__(self) -> tuple[str, bool]:  # (pickle and deepcopy rebuild it with both)
+        return str(self), self.by_row
+
 
 class SourceError(DataError):
     """A data source that cannot be read at all (missing, not a data set, no such split)."""
@@ -115,6 +118,12 @@ def locate(spec: str | Path, base_dir: Path | None = None, split: str | None = N
                 str(path),
                 f"has an unknown data file type {path.suffix or '(no suffix)'!r}; expected one of {SUFFIXES}",
             )
+        if split is not None:
+            raise SourceError(
+                str(path),
+                f"is a file, which has no splits (split {split!r} was asked for); splits are "
+                "those of save_to_disk folders and hub ids",
+            )
         if kind == "json" and _is_array(path):
             return Source("json", SourceLabel(str(path), by_row=True), path=path)
         if kind == "json":  # JSON Lines under a .json name
@@ -136,8 +145,7 @@ def _looks_like_path(text: str) -> bool:
         text.lower().endswith(SUFFIXES)
         or text.startswith((".", "/", "~"))
         or text.strip("/").count("/") > 1
-        or os.sep != "/"
-        and os.sep in text
+        or (os.sep != "/" and os.sep in text)
     )
 
 

@@ -161,7 +161,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
 
 def describe(stage: SFTStage, recipe: Any) -> str:
     lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
-    held_out = f", eval loss also on {stage.data.eval_files}" if stage.data.eval_files else ""
+    held_out = f", eval loss on {stage.data.eval_files}" if stage.data.eval_files else ""
     return f"sft on {stage.data.tasks + stage.data.files}, {length(stage.train)}{lora}{held_out}"
 
 
