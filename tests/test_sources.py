@@ -238,3 +238,20 @@ def test_a_row_label_survives_pickle_and_deepcopy(tmp_path):
     (example,) = load_rows(write("parquet", CHAT[:1], tmp_path))[0]
     for again in (pickle.loads(pickle.dumps(example)), copy.deepcopy(example)):
         assert again == example and again.source.by_row
+
+
+def test_a_hub_id_loads_through_datasets_like_the_other_forms(tmp_path, monkeypatch):
+    from temper.data import sources
+
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_list(CHAT)
+
+    monkeypatch.setattr(sources, "check_hub", lambda source: None)  # as if online or cached
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    examples, _ = load_rows("org/chats:short[test]", base_dir=tmp_path)
+    assert calls == [("org/chats", "short", "test")]
+    assert strip(examples) == strip(load_rows(write("jsonl", CHAT, tmp_path))[0])
+    assert examples[0].source == "org/chats:short[test]" and examples[0].source.by_row
