@@ -160,7 +160,7 @@ def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
     out: list[tuple[Loc, str]] = []
     for key in type(node).model_fields:
         child = getattr(node, key)
-        if key.endswith("files") and isinstance(child, list):
+        if (key == "files" or key.endswith("_files")) and isinstance(child, list):
             out += [((*loc, key, j), path) for j, path in enumerate(child) if isinstance(path, str)]
         else:
             out += _files(child, (*loc, key))
