@@ -52,6 +52,11 @@ def write(fmt, rows, folder, name="d"):
         table = pa.Table.from_pylist(rows)
         with pa.ipc.new_file(path, table.schema) as writer:
             writer.write_table(table)
+    elif fmt == "arrow_stream":  # the IPC stream format, as `datasets` writes its .arrow files
+        path = folder / f"{name}.arrow"
+        table = pa.Table.from_pylist(rows)
+        with pa.ipc.new_stream(path, table.schema) as writer:
+            writer.write_table(table)
     elif fmt == "disk":
         path = folder / name
         datasets.Dataset.from_list(rows).save_to_disk(str(path))
@@ -65,7 +70,7 @@ def write(fmt, rows, folder, name="d"):
     return str(path)
 
 
-FORMATS = ["jsonl", "json", "json_indented", "parquet", "arrow", "disk", "disk_dict"]
+FORMATS = ["jsonl", "json", "json_indented", "parquet", "arrow", "arrow_stream", "disk", "disk_dict"]
 
 
 def strip(examples):
@@ -128,6 +133,8 @@ def test_datasetdict_split_selection(tmp_path):
     assert len(list(read_rows(f"{spec}[test]"))) == 1  # the split named inside the string
     with pytest.raises(SourceError, match=r"has no split 'validation'; its splits are \['train', 'test'\]"):
         locate(spec, split="validation")
+    with pytest.raises(SourceError, match=r"is a file, which has no splits \(split 'test' was asked for\)"):
+        locate(write("parquet", CHAT, tmp_path) + "[test]")
     single = write("disk", CHAT, tmp_path, "single")
     with pytest.raises(SourceError, match="single Dataset"):
         locate(single, split="test")
@@ -203,3 +210,48 @@ def test_a_hub_id_offline_and_not_cached_fails_at_once(monkeypatch, tmp_path):
     with pytest.raises(SourceNotFoundError, match="not in the local cache while HF_HUB_OFFLINE is set"):
         list(read_rows("someone/no-such-dataset-xyz", base_dir=tmp_path))
     assert time.perf_counter() - start < 10
+
+
+def test_every_format_through_the_sft_loader_gives_the_same_examples(tmp_path):
+    from temper.stages.context import StageContext
+    from temper.stages.sft import SFTStage, sft_examples
+
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={}, task_options={})
+    rows = CHAT * 3  # enough rows that the seeded shuffle moves them
+    seen = []
+    for fmt in FORMATS:
+        folder = tmp_path / fmt
+        folder.mkdir()
+        spec = write(fmt, rows, folder)
+        stage = SFTStage(kind="sft", data={"files": [spec], "eval_files": [spec]})
+        train, held_out, _ = sft_examples(stage, ctx)
+        seen.append((fmt, strip(train), strip(held_out)))
+    for fmt, train, held_out in seen[1:]:
+        assert (train, held_out) == seen[0][1:], fmt
+    assert len(seen[0][1]) == len(seen[0][2]) == 9
+
+
+def test_a_row_label_survives_pickle_and_deepcopy(tmp_path):
+    import copy
+    import pickle
+
+    (example,) = load_rows(write("parquet", CHAT[:1], tmp_path))[0]
+    for again in (pickle.loads(pickle.dumps(example)), copy.deepcopy(example)):
+        assert again == example and again.source.by_row
+
+
+def test_a_hub_id_loads_through_datasets_like_the_other_forms(tmp_path, monkeypatch):
+    from temper.data import sources
+
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_list(CHAT)
+
+    monkeypatch.setattr(sources, "check_hub", lambda source: None)  # as if online or cached
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    examples, _ = load_rows("org/chats:short[test]", base_dir=tmp_path)
+    assert calls == [("org/chats", "short", "test")]
+    assert strip(examples) == strip(load_rows(write("jsonl", CHAT, tmp_path))[0])
+    assert examples[0].source == "org/chats:short[test]" and examples[0].source.by_row

@@ -240,7 +240,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     recipe = load_recipe(args.recipe)
     base = Path(args.recipe).resolve().parent
-    run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd())
+    run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd(), base)
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
     text = Path(args.recipe).read_text()
     notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits

@@ -118,8 +118,12 @@ class Recipe(Strict):
             )
         return errors
 
-    def run_dir(self, base: Path) -> Path:
-        return (base / (self.output_dir or f"runs/{self.name}")).resolve()
+    def run_dir(self, base: Path, recipe_dir: Path | None = None) -> Path:
+        """`output_dir` relative to the recipe's folder (`recipe_dir`), as every path a recipe
+        names; the default, runs/<name>, relative to `base` (the working directory)."""
+        if self.output_dir:
+            return ((recipe_dir or base) / Path(self.output_dir).expanduser()).resolve()
+        return (base / "runs" / self.name).resolve()
 
 
 def model_refs(stage: Any) -> list[str]:

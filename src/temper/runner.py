@@ -38,7 +38,8 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
         return ctx.models[refs[0]], ctx.model_hashes[refs[0]]
     if ctx.models:  # the latest model
         return list(ctx.models.values())[-1], list(ctx.model_hashes.values())[-1]
-    return recipe.model.path, recipe.model.model_dump()  # the user's model (local dir or hub id)
+    # the user's model: a local folder (relative to the recipe) or a hub id
+    return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.model_dump()
 
 
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
@@ -83,7 +84,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
         out = stage_dir(run_dir, i, stage.name)
         if kind.reads == "models" and not ctx.models and recipe.model.path:
             # no model stage before it (an eval-only recipe): it reads the recipe's own model
-            ctx.models[recipe.model.path] = recipe.model.path  # type: ignore[assignment]  # a hub id stays a str
+            ctx.models[recipe.model.path] = ctx.model_source(recipe.model.path)  # type: ignore[assignment]  # a hub id stays a str
             ctx.model_hashes[recipe.model.path] = settings_hash(recipe.model.model_dump())
         digest = _stage_hash(recipe, i, ctx)
         marker = out / "stage.json"

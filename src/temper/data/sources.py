@@ -55,13 +55,16 @@ class SourceLabel(str):
         label.by_row = by_row
         return label
 
+    def __getnewargs__(self) -> tuple[str, bool]:  # (pickle and deepcopy rebuild it with both)
+        return str(self), self.by_row
+
 
 class SourceError(DataError):
     """A data source that cannot be read at all (missing, not a data set, no such split)."""
 
     def __init__(self, source: str, problem: str):
         self.source, self.line, self.field, self.problem = source, 0, "<source>", problem
-        ValueError.__init__(self, f"{source}: {problem}")
+        ValueError.__init__(self, f"{str(source)!r} {problem}")
 
 
 class SourceNotFoundError(SourceError, FileNotFoundError):
@@ -103,7 +106,7 @@ def locate(spec: str | Path, base_dir: Path | None = None, split: str | None = N
         match = _SPLIT.match(text)
         if match:  # `folder[test]`, `org/name:config[test]`
             if split is not None and split != match["split"]:
-                raise SourceError(text, f"names split {match['split']!r} but {split!r} was asked for")
+                raise SourceError(text, f"names split {match['split']!r}, but split {split!r} was asked for")
             text, split = match["base"], match["split"]
             path = resolve_path(text, base_dir)
     if path.is_dir():
@@ -113,7 +116,13 @@ def locate(spec: str | Path, base_dir: Path | None = None, split: str | None = N
         if kind not in ("jsonl", "json", "txt", "parquet", "arrow"):
             raise SourceError(
                 str(path),
-                f"unknown data file type {path.suffix or '(no suffix)'!r}; expected one of {SUFFIXES}",
+                f"has an unknown data file type {path.suffix or '(no suffix)'!r}; expected one of {SUFFIXES}",
+            )
+        if split is not None:
+            raise SourceError(
+                str(path),
+                f"is a file, which has no splits (split {split!r} was asked for); splits are "
+                "those of save_to_disk folders and hub ids",
             )
         if kind == "json" and _is_array(path):
             return Source("json", SourceLabel(str(path), by_row=True), path=path)
@@ -136,15 +145,14 @@ def _looks_like_path(text: str) -> bool:
         text.lower().endswith(SUFFIXES)
         or text.startswith((".", "/", "~"))
         or text.strip("/").count("/") > 1
-        or os.sep != "/"
-        and os.sep in text
+        or (os.sep != "/" and os.sep in text)
     )
 
 
 def _missing(text: str, path: Path, base_dir: Path | None) -> str:
     """Says which path was tried and, when the name exists relative to the working directory
     instead, that it was not used (recipe paths are relative to the recipe's folder)."""
-    message = f"does not exist (tried {path})"
+    message = "does not exist" + (f" (tried {path})" if str(path) != text else "")
     if base_dir is not None and not Path(text).expanduser().is_absolute():
         here = Path(text).expanduser().resolve()
         if here.exists() and here != path:
@@ -182,9 +190,9 @@ def _splits(path: Path) -> list[str]:
     try:
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits")
     except (OSError, ValueError, AttributeError) as err:
-        raise SourceError(str(path), f"dataset_dict.json cannot be read: {err}") from None
+        raise SourceError(str(path), f"has a dataset_dict.json that cannot be read: {err}") from None
     if not isinstance(splits, list):
-        raise SourceError(str(path), "dataset_dict.json has no list of splits")
+        raise SourceError(str(path), "has a dataset_dict.json with no list of splits")
     return [str(s) for s in splits]
 
 
@@ -197,15 +205,48 @@ def _is_array(path: Path) -> bool:
     return head.lstrip()[:1] == b"["
 
 
+def check_source(spec: str | Path, base_dir: Path | None = None, split: str | None = None) -> str | None:
+    """Why a data source cannot be read, found without reading its rows (at plan time), or None."""
+    try:
+        source = locate(spec, base_dir, split)
+    except SourceError as err:
+        return str(err)
+    if source.kind == "hub":
+        problem = check_hub(source)
+        return f"{source.label!r} {problem}" if problem else None
+    if not os.access(source.path, os.R_OK):
+        return f"{str(source.path)!r} is not readable (permission denied)"
+    return None
+
+
+def count_rows(source: Source) -> int | None:
+    """Rows of a local source, counted cheaply (file metadata, or lines); None for a hub id."""
+    if source.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(source.path).metadata.num_rows
+    if source.kind == "disk":
+        import datasets
+
+        loaded = datasets.load_from_disk(str(source.path))
+        return (loaded[source.split] if source.split is not None else loaded).num_rows
+    if source.kind in ("jsonl", "txt"):
+        return sum(1 for line in source.path.read_bytes().split(b"\n") if line.strip())
+    if source.kind in ("json", "arrow"):
+        return sum(1 for _ in _rows(source))
+    return None
+
+
 def read_rows(
-    spec: str | Path,
+    spec: str | Path | Source,
     base_dir: Path | None = None,
     split: str | None = None,
     *,
     errors: Literal["raise", "yield"] = "raise",
 ) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """(source label, 1-based line or row number, row) for every row of a data source (see the
-    module docstring for the forms `spec` takes); relative paths resolve against `base_dir`.
+    module docstring for the forms `spec` takes, or a `Source` from `locate`); relative paths
+    resolve against `base_dir` (default: the working directory).
 
     A row that cannot be decoded (not UTF-8, not JSON, a duplicate key) raises `DataError` naming
     source, number and field; with `errors="yield"` the error comes back in place of the row and
@@ -275,7 +316,7 @@ def _array_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:  # one array: no row can be read
         line = data.count(b"\n", 0, err.start) + 1
-        raise SourceError(label, f"not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
+        raise SourceError(label, f"is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
     strict, loose = json.JSONDecoder(object_pairs_hook=_strict_object), json.JSONDecoder()
     space = re.compile(r"\s*")
     i = space.match(text, 0).end() + 1  # past the `[` (`_is_array` saw it)
@@ -384,4 +425,4 @@ def _hub_dataset(source: Source) -> Any:
     try:
         return datasets.load_dataset(source.name, source.config, split=source.split)
     except ValueError as err:  # an unknown split or configuration
-        raise SourceError(source.label, str(err)) from None
+        raise SourceError(source.label, f"cannot be loaded: {err}") from None
