@@ -268,6 +268,8 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
         options[name] = entry | options.get(name, {})
         if "tasks" in kind.spec.model_fields and "cfg:tasks" not in vars(args):
             fixed["tasks"] = [name]  # the stage's tasks default to the data task
+        if "splits" in kind.spec.model_fields and "cfg:splits" not in vars(args):
+            fixed["splits"] = ["test"] + (["ood"] if "ood_data" in options[name] else [])  # what it has
     stage = _validate(kind.spec, config_from_args(args, kind.spec, fixed))
     model = None
     if kind.reads == "base":
