@@ -157,7 +157,9 @@ def test_a_jsonl_task_goes_through_rl_and_eval_from_the_command_line(nano_dir, t
     probe = json.loads((work / "rl" / "probe.json").read_text())["probe"]
     assert probe["groups"] == 2 and "zero_variance/all_wrong" in probe
     args = ["eval", "--model", str(work / "rl" / "model"), "--out", "ev", *data]
-    assert main([*args, "--n_problems", "8", "--k", "2", "--max_new_tokens", "6"]) == 0  # splits: test (no ood)
+    assert (
+        main([*args, "--n_problems", "8", "--k", "2", "--max_new_tokens", "6"]) == 0
+    )  # splits: test (no ood)
     result = json.loads((work / "ev" / "eval.json").read_text())["problems"]["rl"]["test"]
     assert result["n_problems"] == 8 and result["verifier_errors"] == 0 and "pass@2" in result["metrics"]
     assert "problems / rl" in capsys.readouterr().out
