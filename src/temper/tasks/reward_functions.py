@@ -163,7 +163,7 @@ def call_all(
     n = len(texts)
     completions = completions_as_trl(prompts, texts)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in texts]
-    keys = [k for k in (columns[0] if columns else {}) if k not in EXCLUDED_COLUMNS]
+    keys = [k for k in dict.fromkeys(k for row in columns for k in row) if k not in EXCLUDED_COLUMNS]
     kwargs = {k: [row.get(k) for row in columns] for k in keys}
     batch = {"prompts": list(prompts), "completions": completions, "completion_ids": ids, **kwargs}
     results = _run([f.fn for f in functions], [batch] * len(functions))
