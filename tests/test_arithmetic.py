@@ -180,7 +180,8 @@ def test_invalid_config(options):
 
 
 def test_registry():
-    assert TASKS == {"arithmetic": Arithmetic, "general_points": GeneralPoints}
+    assert {"arithmetic": Arithmetic, "general_points": GeneralPoints}.items() <= TASKS.items()
+    assert set(TASKS) == {"arithmetic", "general_points", "dataset", "reasoning_gym"}
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)
     assert task.config.ops == ("+", "-") and task.config.max_digits == 3
