@@ -2,8 +2,8 @@
 
     python examples/word_problems/make_problems.py          # 500 rows, seed 0
 
-Kept in the built-in arithmetic task's style (operands of 1-2 digits, the second operand of a
-product one digit, the solution `a+b=c` then `Answer: c`), so the tiny base pre-trained on that
+Kept in the built-in arithmetic task's style (operands of 1-2 digits drawn as it draws them, the
+second operand of a product one digit, the solution `a+b=c` then `Answer: c`), so the tiny base pre-trained on that
 notation only has to learn which operation the words ask for. Columns: question (the prompt),
 answer (the reference the reward reads), completion (a demonstration for SFT), op.
 """
@@ -24,16 +24,28 @@ TEMPLATES = {
 }
 
 
+def number(rng: random.Random, max_digits: int) -> int:
+    """As the arithmetic task draws operands: the digit count uniform, then the value uniform among
+    numbers of that length, so one-digit operands are half of them, not a tenth."""
+    digits = rng.randint(1, max_digits)
+    return rng.randrange(1, 10) if digits == 1 else rng.randrange(10 ** (digits - 1), 10**digits)
+
+
 def problem(rng: random.Random) -> dict:
     op = rng.choice("+-*")
-    a = rng.randrange(1, 100)
-    b = rng.randrange(1, 10) if op == "*" else rng.randrange(1, 100)
+    a = number(rng, 2)
+    b = number(rng, 1 if op == "*" else 2)
     if op == "-" and b > a:
         a, b = b, a  # no negative counts of things
     value = a + b if op == "+" else a - b if op == "-" else a * b
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     question = rng.choice(TEMPLATES[op]).format(n=name, a=a, b=b, t=thing) + f" How many {thing}?"
-    return {"question": question, "answer": str(value), "completion": f"{a}{op}{b}={value}\nAnswer: {value}", "op": op}
+    return {
+        "question": question,
+        "answer": str(value),
+        "completion": f"{a}{op}{b}={value}\nAnswer: {value}",
+        "op": op,
+    }
 
 
 def main(n: int = 500, seed: int = 0) -> None:
