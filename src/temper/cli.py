@@ -21,7 +21,9 @@ import functools
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -167,19 +169,27 @@ def config_from_args(
             node = node.setdefault(part, {})
         annotation = _fields(owner)[path[-1]][0]
         if _is_dict(annotation) and value.lstrip().startswith("{"):
-            value = yaml.safe_load(value)  # e.g. --train.rewards '{outcome: 1, format: 0.1}'
+            value = _yaml_value(f"--{key[len(group) + 1 :]}", value)  # --train.rewards '{outcome: 1}'
         elif _is_list(annotation) and not (_union_with_str(annotation) and "," not in value):
             value = [v for v in value.split(",") if v]  # (`str | list[str]` keeps a single value a str)
         node[path[-1]] = value
     return data
 
 
+def _yaml_value(flag: str, value: str) -> Any:
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{flag} {value!r}: invalid YAML: {getattr(err, 'problem', err)}") from None
+
+
 def _validate(cls: type, data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
+        flags = " / ".join(f"--{name}" for name in cls.model_fields if name != "kind")
         lines = [
-            f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}"
+            f"{'--' + '.'.join(str(x) for x in e['loc']) if e['loc'] else flags}: {describe_error(e)}"
             for e in expand_errors(err.errors())
         ]
         raise RecipeError("invalid options:\n  " + "\n  ".join(lines)) from None
@@ -193,18 +203,48 @@ def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
         task, dot, option = key.partition(".")
         if not sep or not dot:
             raise RecipeError(f"--task-option {pair!r}: expected TASK.OPTION=VALUE")
-        out.setdefault(task, {})[option] = yaml.safe_load(value)
+        out.setdefault(task, {})[option] = _yaml_value(f"--task-option {key}", value)
     return out
 
 
-def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
+def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]], tasks_flag: str):
     from temper.stages.context import StageContext
     from temper.tasks import make_recipe_task
 
     names = list(dict.fromkeys(tasks + list(options)))
     task_options = {n: options.get(n, {}) for n in names}
-    made = {n: make_recipe_task(n, task_options[n]) for n in names}
+    made = {}
+    for n in names:
+        try:
+            made[n] = make_recipe_task(n, task_options[n])
+        except ValueError as err:  # an unknown task or option, an option out of range
+            raise RecipeError(f"{'--task-option' if options.get(n) else tasks_flag} {n}: {err}") from None
     return StageContext(run_dir=out, base_dir=Path.cwd(), tasks=made, task_options=task_options)
+
+
+def _tasks_flag(stage: Any) -> str:
+    """The flag naming a stage's tasks (`--tasks` of rl and eval, `--data.tasks`, `--corpus.tasks`)."""
+    return next(
+        (f"--{path}" for path in ("tasks", "data.tasks", "corpus.tasks") if _has(stage, path)), "--tasks"
+    )
+
+
+def _has(obj: Any, path: str) -> bool:
+    for part in path.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def _unused(folder: Path, created: bool) -> None:
+    """Remove a folder this command created when a refusal left nothing in it but
+    markers (a stage's `stage.started.json`, a run's copy of its recipe): a refused plan leaves
+    no folder behind."""
+    if not created or not folder.is_dir() or os.environ.get("RANK", "0") != "0":
+        return
+    if all(p.name in ("stage.started.json", "recipe.yaml") for p in folder.rglob("*") if not p.is_dir()):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -215,13 +255,18 @@ def cmd_run(args: argparse.Namespace) -> None:
     base = Path(args.recipe).resolve().parent
     run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd())
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
-    text = Path(args.recipe).read_text()
+    text = Path(args.recipe).read_text(encoding="utf-8-sig")
     notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
     if args.dry_run:
         print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
         print("\n".join(plan(recipe, run_dir) + notes))
         return
-    run_recipe(recipe, base, run_dir, text)
+    created = not run_dir.exists()
+    try:
+        run_recipe(recipe, base, run_dir, text)
+    except Exception:  # a refusal; an interrupted folder stays, to resume
+        _unused(run_dir, created)
+        raise
 
 
 def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
@@ -231,14 +276,23 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     complete folder do nothing, other settings into a started or complete one are refused (naming
     the changed keys) unless --overwrite, and the same settings into an unfinished one resume."""
     from temper import distributed  # under torchrun: main-only stages run once, output printed once
+    from temper.preflight import check_stage_inputs
     from temper.stages.markers import COMPLETE, STARTED, as_json, read_marker, stage_settings
 
     stage = _validate(kind.spec, config_from_args(args, kind.spec, {"kind": kind.name}))
     model = None
     if kind.reads == "base":
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
+    if not args.out.strip():  # Path("") is the current folder: never write a stage into it unasked
+        raise RecipeError("--out is empty: name the stage's output folder (e.g. --out runs/sft)")
     out = Path(args.out)
-    ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
+    tasks_flag = _tasks_flag(stage)
+    ctx = _context(out, kind.tasks(stage), _task_options(args.task_option), tasks_flag)
+    if kind.reads == "base":
+        sources = [model.path] if model.path else []
+    else:
+        sources = [args.model] if kind.reads == "model" else args.model
+    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources)
     settings = as_json(
         {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
     )
@@ -254,6 +308,7 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
             return
         if any(m.get("hash") != digest for m in ours):
             raise StageError(_other_settings(kind.name, out, started, settings))
+    created = not out.exists()
     if distributed.is_main():
         if ours and args.overwrite:
             shutil.rmtree(out)  # its checkpoints were trained with other settings: never resume them
@@ -268,7 +323,11 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     start = time.perf_counter()
     source = args.model if kind.reads == "model" else None
     job = StageRun(ctx, out, model, source)
-    result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
+    try:
+        result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
+    except Exception:  # a refusal; an interrupted folder stays, to resume
+        _unused(out, created)
+        raise
     if distributed.is_main():
         atomic_write_json(
             out / COMPLETE, {"hash": digest, "kind": kind.name, "seconds": time.perf_counter() - start}
@@ -299,10 +358,21 @@ def _other_settings(name: str, out: Path, started: dict[str, Any] | None, settin
     from temper.stages.markers import changed_keys
 
     before = (started or {}).get("settings")
+    if started is not None and not isinstance(before, dict):
+        # `temper run` records only a hash, over the recipe's inputs (the hashes of the stages
+        # before it), which a stage command cannot recompute: say what the folder is instead
+        recipe = out.resolve().parent / "recipe.yaml"
+        run = (
+            f"stage folder of the run {out.resolve().parent}; to resume or redo it, rerun "
+            f"`temper run {recipe} --output-dir {out.resolve().parent}`"
+            if recipe.exists()
+            else "stage folder written by `temper run`; to resume or redo it, rerun that recipe"
+        )
+        return f"{out} is a {run}. To train this {name} stage on its own, choose another --out (or pass --overwrite to replace the folder)"
     what = "; ".join(changed_keys(before, settings)) if isinstance(before, dict) else ""
     return (
         f"{out} holds a {name} stage started with other settings"
-        + (f" ({what})" if what else " (they were not recorded: it was written by `temper run`?)")
+        + (f" ({what})" if what else "")
         + "; pass --overwrite to replace it, or choose another --out"
     )
 
@@ -438,20 +508,34 @@ def _resume_point(args: argparse.Namespace) -> str:
     return ""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a scheduler ending a job), handled as Ctrl-C is: scratch removed, one line."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `temper` command. Errors the user can act on (a bad recipe or input, a model that cannot
     be read, a full disk, a permission, Ctrl-C) end in one line and a hint, exit 2 (130 for
-    Ctrl-C, as a shell does); anything else is a bug and keeps its traceback. TEMPER_DEBUG=1
-    prints the traceback of every error."""
+    Ctrl-C, 143 for SIGTERM, as a shell does); anything else is a bug and keeps its traceback.
+    TEMPER_DEBUG=1 prints the traceback of every error."""
     args = build_parser().parse_args(argv)
     debug = os.environ.get("TEMPER_DEBUG", "") not in ("", "0")
+    # under torchrun every process gets the Ctrl-C; one line for the run is enough (rank 0's)
+    first = os.environ.get("RANK", "0") == "0"
+    on_term = threading.current_thread() is threading.main_thread()  # (signals go to the main thread)
+    before = signal.signal(signal.SIGTERM, _terminate) if on_term else None
     try:
         args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debug:
             traceback.print_exc()
-        print(f"temper: interrupted; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
-        return 130
+        if first:
+            what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+            print(f"temper: {what}; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(err, Terminated) else 130
     except Exception as err:
         out = getattr(args, "out", None) or getattr(args, "run_folder", None)
         said = _expected(err, Path(out) if out else None)
@@ -465,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"temper: hint: {hint}", file=sys.stderr)
         return 2
     finally:
+        if on_term:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
         if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit
             from temper import distributed
 

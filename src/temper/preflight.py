@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -55,8 +56,8 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
 
 def _resolve(base_dir: Path, path: str) -> Path:
     """As `StageContext.resolve`: relative to the recipe's folder."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (base_dir / p).resolve()
+    p = Path(path).expanduser()  # (not .resolve(): it raises on a loop of symbolic links)
+    return p if p.is_absolute() else Path(os.path.normpath(base_dir / p))
 
 
 def _check_model(name: str, errors: list[tuple[Loc, str]]) -> str | None:
@@ -145,6 +146,8 @@ def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
 
 def _check_file(path: Path) -> list[str]:
     if not path.exists():
+        if path.is_symlink():
+            return [f"file {str(path)!r} is a broken symbolic link (or a loop of links)"]
         return [f"file {str(path)!r} does not exist"]
     if not path.is_file():
         return [f"{str(path)!r} is not a file"]
@@ -204,3 +207,19 @@ def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
                 )
             )
     return errors
+
+
+def check_stage_inputs(stage: Any, tasks_flag: str, task_options: dict[str, Any], models: list[str]) -> None:
+    """`check_inputs` for a stand-alone stage command, before its --out is created: each input
+    that cannot be used (a --model, a data file, a task split with no problems) at its flag."""
+    found: list[tuple[Loc, str]] = []
+    for name in models:
+        _check_model(name, found)
+    errors = [f"--model: {msg}" for _, msg in found]
+    for loc, path in _files(stage):
+        flag = "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
+        errors += [f"{flag}: {msg}" for msg in _check_file(_resolve(Path.cwd(), path))]
+    only = types.SimpleNamespace(stages=[stage], tasks=task_options)  # what _check_splits reads of a recipe
+    errors += [f"{tasks_flag}: {msg}" for _, msg in _check_splits(only)]  # type: ignore[arg-type]
+    if errors:
+        raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(errors))

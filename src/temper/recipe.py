@@ -285,9 +285,29 @@ def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str
     return f"{where}: {path or '<recipe>'}: {message}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, but a key given twice in one mapping is an error at its second line
+    (PyYAML keeps the last value silently, so an edit to the first copy would do nothing)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first at line {seen[key]}); the second would silently win",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  # a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -304,8 +324,23 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} does not exist")
-    return parse_recipe(path.read_text(), str(path))
+        what = (
+            "is a folder, not a recipe file"
+            if path.is_dir()
+            else "is a broken symbolic link (or a loop of links)"
+            if path.is_symlink()
+            else "does not exist"
+        )
+        raise RecipeError(f"recipe file {str(path)!r} {what}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # (a byte-order mark, which some editors write, is fine)
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise RecipeError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); is this a recipe file?"
+        ) from None
+    return parse_recipe(text, str(path))
 
 
 __all__ = [
