@@ -455,6 +455,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
     from temper.models import ModelNotFoundError
+    from temper.train.checkpoint import CheckpointError
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
         what, hint = _FILE_ERRORS[err.errno]
@@ -471,7 +472,14 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
             return f"{path} {what}", hint
         return f"{what}: {path}", hint
     if isinstance(
-        err, RecipeError | ModelNotFoundError | DataError | StageError | FileNotFoundError | ImportError
+        err,
+        RecipeError
+        | ModelNotFoundError
+        | DataError
+        | StageError
+        | CheckpointError
+        | FileNotFoundError
+        | ImportError,
     ):
         return str(err), None
     return None
