@@ -221,6 +221,17 @@ case("recipe/task-split-empty")(
 )
 
 
+@case("recipe/batch-not-divisible-by-the-launch")
+def _(w: World) -> Bad:
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("WORLD_SIZE", "2")
+    text = _edit(11, "    train: {max_steps: 2, batch_size: 3, warmup_steps: 0}")
+    path, argv = w.recipe(text)
+    return Bad(argv, [f"{path}:11:", "stages[1].train.batch_size", "2 processes"], fresh=w.tmp / "runs")
+
+
 @case("recipe/is-a-folder")
 def _(w: World) -> Bad:
     return Bad(["run", str(w.tmp), "--dry-run"], [str(w.tmp), "is a folder"], fresh=w.tmp / "runs")
@@ -529,6 +540,17 @@ def _(w: World) -> Bad:
         "test,dev",
     ]
     return Bad(argv, ["--splits", "'dev'"], fresh=w.out)
+
+
+@case("flag/batch-not-divisible-by-the-launch")
+def _(w: World) -> Bad:
+    """Under `torchrun --nproc_per_node 3` a batch of 2 cannot be split: refused before the stage
+    starts (the trainer would refuse it only after loading the model and the data)."""
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("WORLD_SIZE", "3")
+    return Bad(w.sft(), ["--train.batch_size", "not divisible by the 3 processes"], fresh=w.out)
 
 
 @case("flag/out-empty")

@@ -41,6 +41,7 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
     for i, stage in enumerate(recipe.stages):
         for loc, path in _files(stage):
             errors += [(("stages", i, *loc), msg) for msg in _check_file(_resolve(base_dir, path))]
+        errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage)]
         cache = getattr(stage, "cache", None)
         if stage.kind == "pretrain" and cache:
             errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
@@ -219,7 +220,32 @@ def check_stage_inputs(stage: Any, tasks_flag: str, task_options: dict[str, Any]
     for loc, path in _files(stage):
         flag = "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
         errors += [f"{flag}: {msg}" for msg in _check_file(_resolve(Path.cwd(), path))]
+    errors += [f"--{'.'.join(map(str, loc))}: {msg}" for loc, msg in _world_rules(stage)]
     only = types.SimpleNamespace(stages=[stage], tasks=task_options)  # what _check_splits reads of a recipe
     errors += [f"{tasks_flag}: {msg}" for _, msg in _check_splits(only)]  # type: ignore[arg-type]
     if errors:
         raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(errors))
+
+
+def _world_rules(stage: Any) -> list[tuple[Loc, str]]:
+    """A launch of N processes (torchrun sets WORLD_SIZE) splits each batch evenly among them:
+    the trainers refuse a batch that does not split, but only once the stage has started."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    train = getattr(stage, "train", None)
+    if world <= 1 or train is None:
+        return []
+    out: list[tuple[Loc, str]] = []
+    for name in ("batch_size", "prompts_per_step"):  # supervised, RL
+        size = getattr(train, name, None)
+        if isinstance(size, int) and size % world:
+            out.append((("train", name), f"{size} is not divisible by the {world} processes of this launch"))
+    micro = getattr(train, "micro_batch_size", 0)
+    per_process = getattr(train, "batch_size", 0) // world
+    if micro and per_process and not getattr(train, "batch_size", 0) % world and per_process % micro:
+        out.append(
+            (
+                ("train", "micro_batch_size"),
+                f"{micro} does not divide the per-process batch {per_process} (batch_size over {world} processes)",
+            )
+        )
+    return out
