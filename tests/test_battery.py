@@ -195,6 +195,12 @@ case("recipe/value-of-wrong-type")(
         lambda p: [f"{p}:8:", "stages[0].train.max_steps"],
     )
 )
+case("recipe/infinite-value")(
+    _recipe_case(
+        _edit(11, "    train: {max_steps: 2, batch_size: 2, warmup_steps: 0, lr: .inf}"),
+        lambda p: [f"{p}:11:", "stages[1].train.lr", "finite number"],
+    )
+)
 case("recipe/pretrain-corpus-empty")(
     _recipe_case(_edit(7, "    corpus: {}"), lambda p: [f"{p}:7:", "stages[0].corpus", "corpus is empty"])
 )
@@ -498,6 +504,7 @@ case("flag/task-option-unknown-option")(
 case("flag/tasks-unknown")(
     _flag_case(["--data.tasks arithmatic", "unknown task"], "--data.tasks", "arithmatic")
 )
+case("flag/lr-infinite")(_flag_case(["--train.lr", "finite number"], "--train.lr", "inf"))
 case("flag/max-len-one")(_flag_case(["--max_len"], "--max_len", "1"))
 
 
@@ -551,6 +558,25 @@ def _(w: World) -> Bad:
     distributed.state()  # this process's state is decided before the launcher's variable is set
     w.monkeypatch.setenv("WORLD_SIZE", "3")
     return Bad(w.sft(), ["--train.batch_size", "not divisible by the 3 processes"], fresh=w.out)
+
+
+@case("flag/report-of-a-missing-folder")
+def _(w: World) -> Bad:
+    return Bad(
+        ["report", str(w.tmp / "runs" / "nope")],
+        [str(w.tmp / "runs" / "nope"), "does not exist"],
+        fresh=w.tmp / "runs",
+    )
+
+
+@case("flag/report-of-a-folder-without-stages")
+def _(w: World) -> Bad:
+    w.file("notes/todo.txt", "not a run")
+    return Bad(
+        ["report", str(w.tmp / "notes")],
+        [str(w.tmp / "notes"), "holds no stage folders"],
+        keep=w.tmp / "notes",
+    )
 
 
 @case("flag/out-empty")
@@ -652,13 +678,13 @@ def _signalled(out: Path, command: list[str], sig: signal.Signals) -> tuple[int,
 
 @case("interrupt/sigint-then-resume")
 def _(w: World) -> Bad:
-    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 60, 5)
+    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 30, 5)
 
     def resume() -> None:
         step = int(re.search(r"resume from step (\d+)", w.said).group(1))  # type: ignore[union-attr]
         _spy_resume(w)
         assert main(command) == 0
-        assert w.resumed == [step] and json.loads((out / "pretrain.json").read_text())["steps"] == 60
+        assert w.resumed == [step] and json.loads((out / "pretrain.json").read_text())["steps"] == 30
         assert not [p for p in out.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
 
     return Bad(
@@ -686,7 +712,7 @@ def _(w: World) -> Bad:
 def _(w: World) -> Bad:
     """kill -9 says nothing; the same command then resumes from the newest checkpoint, removes
     what the kill left half-written and finishes."""
-    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 60, 5)
+    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 30, 5)
 
     def killed_then_resumed() -> tuple[int, str]:
         code, err = _signalled(out, command, signal.SIGKILL)
@@ -700,7 +726,7 @@ def _(w: World) -> Bad:
 
     def finished() -> None:
         assert w.resumed and w.resumed[0] >= 5  # resumed, not started over
-        assert json.loads((out / "pretrain.json").read_text())["steps"] == 60
+        assert json.loads((out / "pretrain.json").read_text())["steps"] == 30
         load_model(out / "model")
 
     return Bad(None, [], code=0, quiet=True, run=killed_then_resumed, then=finished)
@@ -719,6 +745,16 @@ def _(w: World) -> Bad:
     w.monkeypatch.setenv("RANK", "1")
     w.monkeypatch.setattr(sft, "train_supervised", interrupted)
     return Bad(w.sft(), [], code=130, quiet=True)
+
+
+@case("flag/refusal-on-a-rank-other-than-0-is-silent")
+def _(w: World) -> Bad:
+    """Every process of a launch refuses the same bad flag: only rank 0 prints it."""
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("RANK", "1")
+    return Bad(w.sft(None, None, "--train.lr", "-1"), [], quiet=True, fresh=w.out)
 
 
 @case("fault/corrupt-checkpoint-in-an-unfinished-folder")
@@ -766,8 +802,11 @@ def saved(tmp_path_factory) -> Path:
     )
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+def _files(folder: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every folder (None) under `folder`."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))
+    }
 
 
 _SAID = re.compile(r"^temper(?: \w+)?: (error|interrupted|terminated)")

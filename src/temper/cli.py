@@ -20,6 +20,7 @@ import errno
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -390,7 +391,16 @@ def model_label(path: str, taken: dict[str, Any]) -> str:
 def cmd_report(args: argparse.Namespace) -> None:
     from temper.report import write_report
 
-    print(write_report(Path(args.run_dir)))
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        what = "is a file, not a run folder" if run_dir.exists() else "does not exist"
+        raise StageError(f"run folder {str(run_dir)!r} {what}")
+    if not any(p.is_dir() and re.match(r"\d+-", p.name) for p in run_dir.iterdir()):
+        raise StageError(
+            f"{run_dir} holds no stage folders (NN-name, as `temper run` writes them): "
+            "give the run folder, e.g. runs/<recipe name>"
+        )
+    print(write_report(run_dir))
 
 
 def add_stage_command(sub: Any, kind: StageKind) -> None:
@@ -531,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     TEMPER_DEBUG=1 prints the traceback of every error."""
     args = build_parser().parse_args(argv)
     debug = os.environ.get("TEMPER_DEBUG", "") not in ("", "0")
-    # under torchrun every process gets the Ctrl-C; one line for the run is enough (rank 0's)
+    # under torchrun every process gets the Ctrl-C and meets the same refusals: rank 0 says so
     first = os.environ.get("RANK", "0") == "0"
     on_term = threading.current_thread() is threading.main_thread()  # (signals go to the main thread)
     before = signal.signal(signal.SIGTERM, _terminate) if on_term else None
@@ -552,9 +562,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         message, hint = said
-        print(f"temper: error: {message}", file=sys.stderr)
-        if hint:
-            print(f"temper: hint: {hint}", file=sys.stderr)
+        # a refusal of the recipe, flags, data or model is the same on every process of a
+        # launch: rank 0 says it; a file error may be one process's own, so each says its own
+        if first or isinstance(err, OSError):
+            print(f"temper: error: {message}", file=sys.stderr)
+            if hint:
+                print(f"temper: hint: {hint}", file=sys.stderr)
         return 2
     finally:
         if on_term:

@@ -31,14 +31,17 @@ if TYPE_CHECKING:
 
 # the trainers' dataclasses are validated like the rest of the recipe (unknown keys are errors) and
 # their attribute docstrings become the descriptions the CLI's --help shows
-TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+# (and no value may be inf or nan: `lr: .inf` or `temperature: .inf` would run and train nothing)
+TrainConfig.__pydantic_config__ = ConfigDict(
+    extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+)
+RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class Strict(BaseModel):
     """A recipe block: unknown keys are errors, attribute docstrings are field descriptions."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class LoraSpec(Strict):
