@@ -238,6 +238,23 @@ def _(w: World) -> Bad:
     return Bad(argv, [f"{path}:11:", "stages[1].train.batch_size", "2 processes"], fresh=w.tmp / "runs")
 
 
+case("recipe/stage-name-with-a-slash")(
+    _recipe_case(RECIPE + "    name: sft/v2\n", lambda p: [f"{p}:12:", "stages[1].name", "plain folder name"])
+)
+case("recipe/run-name-climbing-out")(
+    _recipe_case(_edit(1, "name: ../../elsewhere"), lambda p: [f"{p}:1:", "name", "plain folder name"])
+)
+
+
+@case("recipe/output-dir-holding-another-recipes-run")
+def _(w: World) -> Bad:
+    run = w.tmp / "run"
+    w.file("run/recipe.yaml", RECIPE.replace("name: battery", "name: last-week"))
+    w.file("run/01-pretrain/stage.json", '{"hash": "0123456789abcdef", "kind": "pretrain"}')
+    _, argv = w.recipe(RECIPE, "--output-dir", str(run))
+    return Bad(argv, [str(run), "recipe 'last-week'", "another --output-dir"], keep=run)
+
+
 @case("recipe/is-a-folder")
 def _(w: World) -> Bad:
     return Bad(["run", str(w.tmp), "--dry-run"], [str(w.tmp), "is a folder"], fresh=w.tmp / "runs")
@@ -755,6 +772,42 @@ def _(w: World) -> Bad:
     distributed.state()  # this process's state is decided before the launcher's variable is set
     w.monkeypatch.setenv("RANK", "1")
     return Bad(w.sft(None, None, "--train.lr", "-1"), [], quiet=True, fresh=w.out)
+
+
+def _held(folder: Path) -> None:
+    """Hold the folder's lock as a temper process writing it would (a second open file
+    description is a second holder, as another process's would be)."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".temper.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _HELD.append(fd)
+
+
+_HELD: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_held_locks():
+    yield
+    while _HELD:
+        os.close(_HELD.pop())
+
+
+@case("fault/second-command-into-a-folder-being-written")
+def _(w: World) -> Bad:
+    assert main(w.sft()) == 0
+    (w.out / "stage.json").unlink()  # unfinished, as while the first command is still training
+    _held(w.out)
+    return Bad(w.sft(), ["another temper process is writing", str(w.out)], keep=w.out)
+
+
+@case("fault/second-run-into-a-run-folder-being-written")
+def _(w: World) -> Bad:
+    path, argv = w.recipe(RECIPE, "--output-dir", str(w.tmp / "run"))
+    _held(w.tmp / "run")
+    return Bad(argv, ["another temper process is writing", str(w.tmp / "run")], keep=w.tmp / "run")
 
 
 @case("fault/corrupt-checkpoint-in-an-unfinished-folder")

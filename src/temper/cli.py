@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -238,13 +239,43 @@ def _has(obj: Any, path: str) -> bool:
     return True
 
 
+LOCK = ".temper.lock"
+
+
+def _lock(folder: Path) -> int | None:
+    """Hold `folder/.temper.lock` for as long as this process writes the folder (rank 0 of a
+    launch): a second temper process aimed at the same folder would remove the first one's
+    scratch files and write its checkpoints over them, so it is refused instead. The lock is
+    the kernel's (`flock`), so a killed process never leaves it held. Returns the descriptor
+    to close when done."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StageError(
+            f"another temper process is writing {folder} (it holds {folder / LOCK}); "
+            "wait for it to finish, or choose another output folder"
+        ) from None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
 def _unused(folder: Path, created: bool) -> None:
     """Remove a folder this command created when a refusal left nothing in it but
     markers (a stage's `stage.started.json`, a run's copy of its recipe): a refused plan leaves
     no folder behind."""
     if not created or not folder.is_dir() or os.environ.get("RANK", "0") != "0":
         return
-    if all(p.name in ("stage.started.json", "recipe.yaml") for p in folder.rglob("*") if not p.is_dir()):
+    if all(
+        p.name in ("stage.started.json", "recipe.yaml", LOCK) for p in folder.rglob("*") if not p.is_dir()
+    ):
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -258,16 +289,44 @@ def cmd_run(args: argparse.Namespace) -> None:
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
     text = Path(args.recipe).read_text(encoding="utf-8-sig")
     notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
+    _not_another_run(run_dir, recipe.name)
     if args.dry_run:
         print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
         print("\n".join(plan(recipe, run_dir) + notes))
         return
+    from temper import distributed
+
     created = not run_dir.exists()
+
+    def take() -> int | None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _lock(run_dir)
+
+    # on the main process; a refusal there (another process holds the folder) stops every process
+    fd = distributed.on_main(take)
+    lock = fd if distributed.is_main() else None  # (the others received the main process's number)
     try:
         run_recipe(recipe, base, run_dir, text)
     except Exception:  # a refusal; an interrupted folder stays, to resume
         _unused(run_dir, created)
         raise
+    finally:
+        _unlock(lock)
+
+
+def _not_another_run(run_dir: Path, name: str) -> None:
+    """Refuse a run folder that holds another recipe's run: the runner replaces each stage folder
+    whose settings differ, so it would delete that run's results one stage at a time."""
+    try:
+        found = yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return  # no run there (or not one temper wrote)
+    other = found.get("name") if isinstance(found, dict) else None
+    if isinstance(other, str) and other != name:
+        raise RecipeError(
+            f"{run_dir} holds the run of recipe {other!r} (see its recipe.yaml), not of {name!r}; "
+            "running here would replace its stage folders: choose another --output-dir (or remove that folder)"
+        )
 
 
 def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
@@ -310,12 +369,39 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
         if any(m.get("hash") != digest for m in ours):
             raise StageError(_other_settings(kind.name, out, started, settings))
     created = not out.exists()
-    if distributed.is_main():
-        if ours and args.overwrite:
-            shutil.rmtree(out)  # its checkpoints were trained with other settings: never resume them
+
+    def prepare() -> int | None:  # on the main process; a refusal there stops every process
         out.mkdir(parents=True, exist_ok=True)
+        fd = _lock(out)
+        if ours and args.overwrite:  # its checkpoints were trained with other settings: never resume them
+            for p in out.iterdir():
+                if p.name != LOCK:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
         atomic_write_json(out / STARTED, {"hash": digest, "settings": settings})
+        return fd
+
+    fd = distributed.on_main(prepare)
+    lock = fd if distributed.is_main() else None  # (the others received the main process's number)
+    try:
+        _run_stage(kind, stage, args, ctx, out, model, digest, created)
+    finally:
+        _unlock(lock)
+
+
+def _run_stage(
+    kind: StageKind,
+    stage: Any,
+    args: argparse.Namespace,
+    ctx: Any,
+    out: Path,
+    model: Any,
+    digest: str,
+    created: bool,
+) -> None:
+    from temper import distributed
+    from temper.stages.markers import COMPLETE
+
     distributed.wait()
     if kind.reads == "models":
         for path in args.model:

@@ -71,6 +71,11 @@ class Recipe(Strict):
         errors: list[tuple[Loc, str]] = []
         if not self.stages:
             errors.append((("stages",), "a recipe needs at least one stage"))
+        # names become folders (runs/<name>/NN-<stage name>): a slash or `..` would put them elsewhere
+        if not self.output_dir and _not_a_folder_name(self.name):
+            errors.append(
+                (("name",), f"{self.name!r} {_not_a_folder_name(self.name)} (it names the run folder)")
+            )
         for name, options in self.tasks.items():
             try:
                 make_recipe_task(name, options or {})
@@ -87,6 +92,13 @@ class Recipe(Strict):
                     )
                 )
             names.append(stage.name)
+            if _not_a_folder_name(stage.name):
+                errors.append(
+                    (
+                        ("stages", i, "name"),
+                        f"{stage.name!r} {_not_a_folder_name(stage.name)} (it names the stage's folder)",
+                    )
+                )
             kind = registry.get(stage.kind)
             for task in kind.tasks(stage):
                 if task not in self.tasks:
@@ -150,6 +162,15 @@ def _value_loc(node: Any, field: str, value: Any) -> Loc:
         if sub:
             return (key, *sub)
     return ()
+
+
+def _not_a_folder_name(name: str) -> str:
+    """Why `name` cannot be one folder's name ("" when it can)."""
+    if not name.strip():
+        return "is empty"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is not a plain folder name (no '/', '\\', '.' or '..')"
+    return ""
 
 
 def _task_loc(name: str, options: dict[str, Any]) -> Loc:
