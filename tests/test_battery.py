@@ -255,6 +255,21 @@ def _(w: World) -> Bad:
     return Bad(argv, [str(run), "recipe 'last-week'", "another --output-dir"], keep=run)
 
 
+@case("recipe/model-without-chat-template")
+def _(w: World) -> Bad:
+    base = w.model(_unlink("chat_template.jinja"), name="base")
+    text = RECIPE.replace("{preset: nano}", f"{{path: {base}}}").replace(_PRETRAIN_STAGE, "")
+    path, argv = w.recipe(text)
+    return Bad(argv, [f"{path}:2:", "model.path", "no chat template", "'sft'"], fresh=w.tmp / "runs")
+
+
+_PRETRAIN_STAGE = """\
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 10}
+    train: {max_steps: 2, batch_size: 2, warmup_steps: 0}
+"""
+
+
 @case("recipe/is-a-folder")
 def _(w: World) -> Bad:
     return Bad(["run", str(w.tmp), "--dry-run"], [str(w.tmp), "is a folder"], fresh=w.tmp / "runs")
@@ -450,6 +465,19 @@ case("model/tokenizer-without-pad-or-eos")(_model_case(_no_special_tokens, "neit
 case("model/garbage-pytorch-bin")(_model_case(_garbage_bin, "holds no loadable model", "Weights only load"))
 
 
+@case("model/no-chat-template-for-rl")
+def _(w: World) -> Bad:
+    model = w.model(_unlink("chat_template.jinja"))
+    argv = ["rl", "--model", model, "--out", str(w.out), "--tasks", "arithmetic", "--train.steps", "1"]
+    return Bad(argv, ["--model", model, "no chat template", "'rl'"], fresh=w.out)
+
+
+@case("model/no-chat-template-for-chat-rows")
+def _(w: World) -> Bad:
+    model = w.model(_unlink("chat_template.jinja"))
+    return w.refused_sft(["--model", model, "no chat template"], None, model)
+
+
 @case("model/missing")
 def _(w: World) -> Bad:
     return w.refused_sft(["--model", str(w.tmp / "nomodel"), "does not exist"], None, str(w.tmp / "nomodel"))
@@ -523,6 +551,16 @@ case("flag/tasks-unknown")(
 )
 case("flag/lr-infinite")(_flag_case(["--train.lr", "finite number"], "--train.lr", "inf"))
 case("flag/max-len-one")(_flag_case(["--max_len"], "--max_len", "1"))
+
+
+@case("flag/tracker-not-installed")
+def _(w: World) -> Bad:
+    import importlib.util
+
+    if importlib.util.find_spec("dvclive"):
+        pytest.skip("dvclive is installed here")
+    argv = w.sft(None, None, "--train.trackers", "dvclive")
+    return Bad(argv, ["--train.trackers", "pip install dvclive"], fresh=w.out)
 
 
 @case("flag/yaml-value-unclosed")

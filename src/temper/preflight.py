@@ -10,6 +10,7 @@ line and key path, in the form recipe validation uses.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import types
@@ -38,10 +39,13 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         note = _check_model(recipe.model.path, errors)
         if note:
             notes.append(note)
+        chats = [stage.name for stage in recipe.stages if _renders_chats(stage, base_dir)]
+        if chats and not errors and _no_chat_template(recipe.model.path):
+            errors.append((("model", "path"), _no_template_message(recipe.model.path, chats)))
     for i, stage in enumerate(recipe.stages):
         for loc, path in _files(stage):
             errors += [(("stages", i, *loc), msg) for msg in _check_file(_resolve(base_dir, path))]
-        errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage)]
+        errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
         cache = getattr(stage, "cache", None)
         if stage.kind == "pretrain" and cache:
             errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
@@ -216,11 +220,12 @@ def check_stage_inputs(stage: Any, tasks_flag: str, task_options: dict[str, Any]
     found: list[tuple[Loc, str]] = []
     for name in models:
         _check_model(name, found)
+        if not found and _renders_chats(stage, Path.cwd()) and _no_chat_template(name):
+            found.append((("model",), _no_template_message(name, [stage.kind])))
     errors = [f"--model: {msg}" for _, msg in found]
     for loc, path in _files(stage):
-        flag = "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
-        errors += [f"{flag}: {msg}" for msg in _check_file(_resolve(Path.cwd(), path))]
-    errors += [f"--{'.'.join(map(str, loc))}: {msg}" for loc, msg in _world_rules(stage)]
+        errors += [f"{_flag(loc)}: {msg}" for msg in _check_file(_resolve(Path.cwd(), path))]
+    errors += [f"{_flag(loc)}: {msg}" for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
     only = types.SimpleNamespace(stages=[stage], tasks=task_options)  # what _check_splits reads of a recipe
     errors += [f"{tasks_flag}: {msg}" for _, msg in _check_splits(only)]  # type: ignore[arg-type]
     if errors:
@@ -249,3 +254,68 @@ def _world_rules(stage: Any) -> list[tuple[Loc, str]]:
             )
         )
     return out
+
+
+def _flag(loc: Loc) -> str:
+    """The stage command flag of a key path: ("data", "files", 0) -> --data.files."""
+    return "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
+
+
+def _renders_chats(stage: Any, base_dir: Path) -> bool:
+    """Whether a stage renders prompts through the model's chat template: task prompts (RL,
+    eval) and SFT demonstrations of tasks do (a file of plain `text` rows need not)."""
+    if stage.kind in ("rl", "eval"):
+        return True
+    if stage.kind != "sft":
+        return False
+    return bool(stage.data.tasks) or any(_chat_rows(_resolve(base_dir, f)) for f in stage.data.files)
+
+
+def _chat_rows(path: Path) -> bool:
+    """Whether a data file holds conversations (its first row; a file mixing formats is refused
+    when it is read): `messages`, or a prompt given as a list of messages."""
+    try:
+        with path.open("rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        row = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return False  # unreadable: reading it later says where
+    return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))
+
+
+def _no_chat_template(name: str) -> bool:
+    """A local model folder whose tokenizer has no chat template (a hub id is not looked at)."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return False
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return False
+    try:
+        return "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False  # no readable tokenizer_config.json: loading it says what is wrong
+
+
+def _no_template_message(name: str, stages: list[str]) -> str:
+    return (
+        f"{name!r} has no chat template (no chat_template.jinja, nor one in tokenizer_config.json), "
+        f"which stage {', '.join(map(repr, stages))} needs to render prompts: "
+        "use a chat/instruct model, or add the template to the folder"
+    )
+
+
+def _tracker_rules(stage: Any) -> list[tuple[Loc, str]]:
+    """A tracker that is not installed is refused now, not when its stage starts training."""
+    names = getattr(getattr(stage, "train", None), "trackers", None) or []
+    if not names:
+        return []
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    return [
+        (("train", "trackers", i), f"tracker {name!r} is not installed: pip install {name}")
+        for i, name in enumerate(names)
+        if name in LOGGER_TYPE_TO_CLASS
+        and getattr(LOGGER_TYPE_TO_CLASS[name], "__module__", "").startswith("accelerate.")
+        and name not in available
+    ]
