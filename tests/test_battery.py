@@ -787,6 +787,33 @@ def _(w: World) -> Bad:
     return Bad(None, [], code=0, quiet=True, run=killed_then_resumed, then=finished)
 
 
+@case("interrupt/second-ctrl-c-during-the-clean-up")
+def _(w: World) -> Bad:
+    """Ctrl-C pressed twice (or torchrun forwarding its own copy): the second must not cut short
+    the removal of the half-written model, nor print a traceback."""
+    import temper.atomic as atomic
+    import temper.stages.sft as sft
+
+    real = atomic.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the second press, as the clean-up starts
+        time.sleep(0.01)  # (a Python signal handler runs at the next bytecode)
+        return real(path, *args, **kwargs)
+
+    def interrupted(model, train, config, out, **kwargs):
+        with atomic.atomic_dir(Path(out) / "model") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            w.monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+            os.kill(os.getpid(), signal.SIGINT)  # the first press
+            time.sleep(1)
+
+    w.monkeypatch.setattr(sft, "train_supervised", interrupted)
+    return Bad(
+        w.sft(), ["interrupted", "rerun the same command to resume"], code=130, then=lambda: _no_model(w.out)
+    )
+
+
 @case("interrupt/ctrl-c-on-a-rank-other-than-0-is-silent")
 def _(w: World) -> Bad:
     """Under torchrun every process gets the Ctrl-C: only rank 0 says so."""

@@ -616,8 +616,21 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, a scheduler ending a job), handled as Ctrl-C is: scratch removed, one line."""
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated
+_GRACE = 5.0  # seconds after a first Ctrl-C or SIGTERM during which another one is ignored
+_first_signal: list[float] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """Ctrl-C and SIGTERM end the command as an exception, so that half-written folders are
+    removed on the way out. A second one soon after the first (an impatient user, or the copy
+    torchrun forwards to its workers right after the terminal's) is ignored: it would cut that
+    clean-up short, or land in the error handler and print a traceback. Later ones interrupt
+    again, so a command that does not stop can still be stopped."""
+    now = time.monotonic()
+    if _first_signal and now - _first_signal[0] < _GRACE:
+        return
+    _first_signal[:] = [now]
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,7 +643,11 @@ def main(argv: list[str] | None = None) -> int:
     # under torchrun every process gets the Ctrl-C and meets the same refusals: rank 0 says so
     first = os.environ.get("RANK", "0") == "0"
     on_term = threading.current_thread() is threading.main_thread()  # (signals go to the main thread)
-    before = signal.signal(signal.SIGTERM, _terminate) if on_term else None
+    before = signal.signal(signal.SIGTERM, _on_signal) if on_term else None
+    before_int = signal.getsignal(signal.SIGINT)
+    if on_term and before_int is signal.default_int_handler:  # (not if a caller installed its own)
+        signal.signal(signal.SIGINT, _on_signal)
+    _first_signal.clear()
     try:
         args.func(args)
     except KeyboardInterrupt as err:
@@ -658,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if on_term:
             signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+            if before_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, before_int)
         if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit
             from temper import distributed
 
