@@ -189,7 +189,7 @@ def _load_adapter(folder: Path, device: torch.device, dtype: torch.dtype | None)
     if (folder / "generation_config.json").is_file():  # the eos ids this stage saved (sync_eos)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     model.config._name_or_path = str(folder.resolve())
-    return model
+    return model.requires_grad_(True)  # PEFT loads an adapter frozen; a loaded model trains like any other
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
