@@ -187,3 +187,58 @@ def test_eval_command_refuses_a_templateless_tokenizer_then_takes_the_flags(base
     assert "warning:" not in out
     assert main([*common, "--out", str(tmp_path / "c"), "--model.chat_template", "chatml"]) == 0
     assert "set model.eos_token: '<|im_end|>'" in capsys.readouterr().out  # the console table names it
+
+
+HASHED = """
+name: h
+model: {{preset: nano{extra}}}
+tasks: {{arithmetic: {{}}}}
+stages:
+  - {{kind: pretrain, corpus: {{tasks: [arithmetic]}}}}
+  - {{kind: sft, data: {{tasks: [arithmetic]}}}}
+  - {{kind: eval}}
+"""
+
+
+def _hashes(tmp_path, extra):
+    from temper.recipe import parse_recipe
+    from temper.runner import _stage_hash
+    from temper.stages.context import StageContext
+    from temper.tasks import make_recipe_task
+
+    recipe = parse_recipe(HASHED.format(extra=extra))
+    ctx = StageContext(
+        run_dir=tmp_path,
+        base_dir=tmp_path,
+        tasks={"arithmetic": make_recipe_task("arithmetic", {})},
+        task_options=recipe.tasks,
+        chat=recipe.model.chat(),
+    )
+    out = []
+    for i, stage in enumerate(recipe.stages):  # as run_recipe chains them
+        out.append(_stage_hash(recipe, i, ctx))
+        if stage.kind != "eval":
+            ctx.models[stage.name], ctx.model_hashes[stage.name] = tmp_path / stage.name, out[-1]
+    return out
+
+
+def test_chat_options_rerun_the_stages_that_chat_but_never_the_pretraining(tmp_path):
+    (tmp_path / "t.jinja").write_text(TEMPLATES["chatml"])
+    plain = _hashes(tmp_path, "")
+    eos = _hashes(tmp_path, ", eos_token: '<|end|>'")
+    file = _hashes(tmp_path, ", chat_template: t.jinja")
+    assert eos[0] == plain[0] == file[0]  # the base is not retrained for a chat option
+    assert len({plain[1], eos[1], file[1]}) == 3 and len({plain[2], eos[2], file[2]}) == 3
+    (tmp_path / "t.jinja").write_text(TEMPLATES["zephyr"])
+    assert _hashes(tmp_path, ", chat_template: t.jinja")[1] != file[1]  # the file's text counts
+
+
+def test_a_missing_template_file_is_refused_before_any_stage(tmp_path):
+    from temper.preflight import check_inputs
+    from temper.recipe import RecipeError, parse_recipe
+
+    text = HASHED.format(extra=", chat_template: missing.jinja")
+    with pytest.raises(
+        RecipeError, match=r"r\.yaml:3: model\.chat_template: .*missing\.jinja does not exist"
+    ):
+        check_inputs(parse_recipe(text), text, "r.yaml", tmp_path)

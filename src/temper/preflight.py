@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from temper.models.chat import ChatTemplateError, template_text
 from temper.models.loading import ModelNotFoundError, _check_local, looks_like_path
 from temper.recipe import Recipe, RecipeError, _format_error
 from temper.stages import registry
@@ -37,6 +38,11 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         note = _check_model(recipe.model.path, errors)
         if note:
             notes.append(note)
+    if recipe.model.chat_template:  # a built-in name or a readable file, before any stage trains
+        try:
+            template_text(recipe.model.chat_template, base_dir)
+        except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
+            errors.append((("model", "chat_template"), str(err)))
     for i, stage in enumerate(recipe.stages):
         for loc, path in _files(stage):
             errors += [(("stages", i, *loc), msg) for msg in _check_file(_resolve(base_dir, path))]
