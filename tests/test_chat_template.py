@@ -23,7 +23,7 @@ from temper.models.chat import TEMPLATES, template_warning, turn_end_token
 from temper.rollout import HFSampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.tasks import make_task
-from tiny_qwen import ENDOFTEXT, IM_END, always_emit, build_model, build_tokenizer
+from tiny_qwen import ENDOFTEXT, IM_END, IM_START, always_emit, build_model, build_tokenizer
 
 CHATML = ChatOptions(chat_template="chatml")
 FIXED = ChatOptions(chat_template="chatml", eos_token=IM_END)
@@ -242,3 +242,20 @@ def test_a_missing_template_file_is_refused_before_any_stage(tmp_path):
         RecipeError, match=r"r\.yaml:3: model\.chat_template: .*missing\.jinja does not exist"
     ):
         check_inputs(parse_recipe(text), text, "r.yaml", tmp_path)
+
+
+def test_other_special_tokens_are_named_only_when_the_model_keeps_emitting_them():
+    from collections import Counter
+
+    from temper.models.chat import stop_warning
+
+    tokenizer = build_tokenizer()  # no template, so no end of turn to compare with
+    tokenizer.pad_token = IM_START
+    stops = [tokenizer.eos_token_id]
+    assert stop_warning(tokenizer, Counter(), 10, stops) is None
+    assert stop_warning(tokenizer, Counter({IM_END: 4}), 10, stops) is None  # stray, undertrained
+    assert stop_warning(tokenizer, Counter({IM_START: 10}), 10, stops) is None  # padding ends no turn
+    assert stop_warning(tokenizer, Counter({IM_END: 5, IM_START: 10}), 10, stops) == (
+        "5 of 10 completions contain the special token '<|im_end|>' but generation stops only at "
+        "'<|endoftext|>'; if it ends the answer, set model.eos_token: '<|im_end|>'"
+    )

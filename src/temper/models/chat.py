@@ -235,13 +235,20 @@ def unstopped_specials(
     return found
 
 
+KEEPS_EMITTING = 0.5
+"""Share of completions from which a special token other than the template's end of turn counts
+as one the model keeps emitting (below it, an undertrained model's stray special tokens)."""
+
+
 def stop_warning(
     tokenizer: PreTrainedTokenizerBase, found: Counter[str], n: int, stop_ids: Sequence[int]
 ) -> str | None:
-    """The one line that names an end-of-turn mismatch, or None when completions hold no special
-    token past which generation went on.
+    """The one line that names an end-of-turn mismatch, or None.
 
-    found: `unstopped_specials` over n completions; stop_ids: the ids generation stops at."""
+    found: `unstopped_specials` over n completions; stop_ids: the ids generation stops at. The
+    template's end of turn named in any completion is a mismatch (it should have stopped there);
+    another special token is named when at least `KEEPS_EMITTING` of the completions hold it, and
+    never the padding, bos or unk token (no turn ends with those)."""
     if not found:
         return None
     stops = " or ".join(repr(tokenizer.convert_ids_to_tokens(int(i))) for i in stop_ids) or "no token"
@@ -251,10 +258,14 @@ def stop_warning(
             f"{found[turn_end]} of {n} completions contain {turn_end!r} (the chat template's end of turn) "
             f"but generation stops only at {stops}; set model.eos_token: {turn_end!r}"
         )
-    token, count = found.most_common(1)[0]
+    never = {tokenizer.pad_token, tokenizer.bos_token, tokenizer.unk_token}
+    frequent = [(t, c) for t, c in found.most_common() if t not in never and c >= KEEPS_EMITTING * n]
+    if not frequent:
+        return None
+    token, count = frequent[0]
     return (
         f"{count} of {n} completions contain the special token {token!r} but generation stops only "
-        f"at {stops}; if it ends a turn, set model.eos_token: {token!r}"
+        f"at {stops}; if it ends the answer, set model.eos_token: {token!r}"
     )
 
 
