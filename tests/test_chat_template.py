@@ -259,3 +259,19 @@ def test_other_special_tokens_are_named_only_when_the_model_keeps_emitting_them(
         "5 of 10 completions contain the special token '<|im_end|>' but generation stops only at "
         "'<|endoftext|>'; if it ends the answer, set model.eos_token: '<|im_end|>'"
     )
+
+
+def test_rl_rollouts_show_the_special_tokens_marked(base):
+    from temper.train.rl import RLConfig, collect_groups
+    from temper.train.rollouts import rollout_record
+
+    tokenizer, model = load_tokenizer(base), load_model(base)
+    apply_chat_options(model, tokenizer, CHATML)
+    config = RLConfig(prompts_per_step=1, group_size=2, max_new_tokens=3, progress=False)
+    groups, _ = collect_groups(
+        HFSampler(model, tokenizer), tokenizer, [make_task("arithmetic")], config, step=0
+    )
+    rows = rollout_record(1, groups[0], tokenizer)
+    assert [(r["completion"], r["graded"]) for r in rows] == [("⟨<|im_end|>⟩" * 3, "")] * 2
+    plain = rollout_record(1, groups[0])  # no tokenizer: the graded text, as before
+    assert [r["completion"] for r in plain] == ["", ""]

@@ -68,10 +68,9 @@ def _example(
     marked (⟨<|im_end|>⟩; the stop token it ended on is left out, `stop_reason` says it), so an
     end-of-turn token generation ran past is seen; `graded` is the text the task graded (special
     tokens removed, cut at a stop string) when it differs."""
-    from temper.models.chat import marked_text
+    from temper.models.chat import shown_completion
 
-    ids = completion.token_ids[:-1] if completion.stop_reason == "eos" else completion.token_ids
-    shown = marked_text(tokenizer, ids)
+    shown = shown_completion(tokenizer, completion.token_ids, completion.stop_reason)
     return {
         "id": problem.id,
         "prompt": problem.prompt,

@@ -218,6 +218,12 @@ def marked_text(
     return "".join(out)
 
 
+def shown_completion(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int], stop_reason: str) -> str:
+    """A completion as eval examples and RL rollouts show it: `marked_text` without the stop token
+    it ended on (its stop reason says that), so only special tokens it ran past are marked."""
+    return marked_text(tokenizer, token_ids[:-1] if stop_reason == "eos" else token_ids)
+
+
 def unstopped_specials(
     tokenizer: PreTrainedTokenizerBase, completions: Iterable[tuple[Sequence[int], str]]
 ) -> Counter[str]:
