@@ -275,3 +275,22 @@ def test_rl_rollouts_show_the_special_tokens_marked(base):
     assert [(r["completion"], r["graded"]) for r in rows] == [("⟨<|im_end|>⟩" * 3, "")] * 2
     plain = rollout_record(1, groups[0])  # no tokenizer: the graded text, as before
     assert [r["completion"] for r in plain] == ["", ""]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_every_builtin_template_supports_assistant_only_masking(name):
+    from temper.data.chat import IGNORE, tokenize_messages
+
+    tokenizer = build_tokenizer()
+    apply_chat_options(None, tokenizer, ChatOptions(chat_template=name))
+    turns = [*MESSAGES, {"role": "assistant", "content": "Answer: 46"}]
+    ids, labels = tokenize_messages(tokenizer, [*turns, {"role": "user", "content": "And 1+1?"}, turns[1]])
+    trained = [i for i, label in zip(ids, labels, strict=True) if label != IGNORE]
+    end = turn_end_token(tokenizer)
+    # both answers are trained on, each with the template's end of turn when it is a special token here
+    assert tokenizer.decode(trained, skip_special_tokens=True).count("Answer: 46") == 2
+    assert end == {"chatml": IM_END, "zephyr": ENDOFTEXT}.get(
+        name
+    )  # llama3's and temper's are not in this vocab
+    if end:
+        assert trained.count(tokenizer.convert_tokens_to_ids(end)) == 2
