@@ -336,21 +336,17 @@ def add_stage_command(sub: Any, kind: StageKind) -> None:
     p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
     if kind.reads == "base":  # --preset, --path, --seed (pretraining renders no chats)
         add_config_flags(p, ModelSpec, group="model", skip=("chat_template", "eos_token"))
+    elif kind.reads == "model":
+        p.add_argument("--model", required=True, help="model directory or hub id to start from")
     else:
-        if kind.reads == "model":
-            p.add_argument("--model", required=True, help="model directory or hub id to start from")
-        else:
-            p.add_argument(
-                "--model",
-                required=True,
-                action="append",
-                help="model directory or hub id (repeat to compare)",
-            )
-        for name in ("chat_template", "eos_token"):
-            doc = " ".join((ModelSpec.model_fields[name].description or "").split())
-            p.add_argument(
-                f"--model.{name}", dest=name, metavar="VALUE", help=f"{doc} (default: the tokenizer's)"
-            )
+        p.add_argument(
+            "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+        )
+    for name in ("chat_template", "eos_token") if kind.reads != "base" else ():
+        doc = " ".join((ModelSpec.model_fields[name].description or "").split())
+        p.add_argument(
+            f"--model.{name}", dest=name, metavar="VALUE", help=f"{doc} (default: the tokenizer's)"
+        )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument(
         "--overwrite",

@@ -87,9 +87,8 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     settings = stage.model_dump(
         exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
-    weights = spec.model_dump(
-        exclude_unset=True, exclude={"chat_template", "eos_token"}
-    )  # pretraining renders no chats
+    # pretraining renders no chats: the chat options never retrain a base
+    weights = spec.model_dump(exclude_unset=True, exclude={"chat_template", "eos_token"})
     return settings_hash("pretrain", weights, tasks, settings)
 
 
