@@ -122,7 +122,9 @@ def apply_chat_options(
     if options.eos_token is not None:
         eos_id = token_id(tokenizer, options.eos_token)
         tokenizer.eos_token = options.eos_token
-        if tokenizer.eos_token_id != eos_id:  # a token that is not an added token: set by id
+        if (
+            tokenizer.eos_token_id != eos_id
+        ):  # the setter looks the text up as a vocabulary key, which can differ
             raise ChatTemplateError(
                 f"model.eos_token {options.eos_token!r} could not be set on this tokenizer"
             )
