@@ -239,8 +239,10 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
     out = Path(args.out)
     ctx = _context(out, kind.tasks(stage), _task_options(args.task_option))
+    ctx.chat = _chat_options(args)
     settings = as_json(
         {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
+        | ({"chat": ctx.chat.hashed(ctx.base_dir)} if ctx.chat else {})
     )
     digest = settings_hash(stage.kind, settings)
     started, complete = read_marker(out / STARTED), read_marker(out / COMPLETE)
@@ -283,7 +285,7 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
     from temper.stages.markers import COMPLETE, read_hash
 
     if kind.reads == "base":
-        return model.model_dump()
+        return model.weights()
 
     def one(ref: str) -> Any:
         p = Path(ref).expanduser()
@@ -293,6 +295,13 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
         return {"path": str(p.resolve()), "stage_hash": found[0] if found else None}
 
     return one(args.model) if kind.reads == "model" else [one(m) for m in args.model]
+
+
+def _chat_options(args: argparse.Namespace) -> Any:
+    """--model.chat_template / --model.eos_token of a stage command that reads models."""
+    from temper.models.chat import ChatOptions
+
+    return ChatOptions(getattr(args, "chat_template", None), getattr(args, "eos_token", None))
 
 
 def _other_settings(name: str, out: Path, started: dict[str, Any] | None, settings: dict[str, Any]) -> str:
@@ -325,13 +334,18 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def add_stage_command(sub: Any, kind: StageKind) -> None:
     p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
-    if kind.reads == "base":
-        add_config_flags(p, ModelSpec, group="model")  # --preset, --path, --seed
+    if kind.reads == "base":  # --preset, --path, --seed (pretraining renders no chats)
+        add_config_flags(p, ModelSpec, group="model", skip=("chat_template", "eos_token"))
     elif kind.reads == "model":
         p.add_argument("--model", required=True, help="model directory or hub id to start from")
     else:
         p.add_argument(
             "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+        )
+    for name in ("chat_template", "eos_token") if kind.reads != "base" else ():
+        doc = " ".join((ModelSpec.model_fields[name].description or "").split())
+        p.add_argument(
+            f"--model.{name}", dest=name, metavar="VALUE", help=f"{doc} (default: the tokenizer's)"
         )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument(
@@ -384,7 +398,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
-    from temper.models import ModelNotFoundError
+    from temper.models import ChatTemplateError, ModelNotFoundError
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
         what, hint = _FILE_ERRORS[err.errno]
@@ -401,7 +415,14 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
             return f"{path} {what}", hint
         return f"{what}: {path}", hint
     if isinstance(
-        err, RecipeError | ModelNotFoundError | DataError | StageError | FileNotFoundError | ImportError
+        err,
+        RecipeError
+        | ModelNotFoundError
+        | ChatTemplateError
+        | DataError
+        | StageError
+        | FileNotFoundError
+        | ImportError,
     ):
         return str(err), None
     return None

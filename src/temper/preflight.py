@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, locate
+from temper.models.chat import ChatTemplateError, template_text
 from temper.models.loading import ModelNotFoundError, _check_local
 from temper.recipe import Recipe, RecipeError, _format_error
 from temper.stages import registry
@@ -41,6 +42,11 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         note = _check_model(recipe.model.path, errors, base_dir)
         if note:
             notes.append(note)
+    if recipe.model.chat_template:  # a built-in name or a readable file, before any stage trains
+        try:
+            template_text(recipe.model.chat_template, base_dir)
+        except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
+            errors.append((("model", "chat_template"), str(err)))
     for i, stage in enumerate(recipe.stages):
         for loc, spec in _files(stage):
             problem = check_source(spec, base_dir)

@@ -51,6 +51,14 @@ class LoraSpec(Strict):
     alpha: int = Field(32, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
+    save: Literal["merged", "adapter"] = "merged"
+    """merged: the adapter folded into the saved model (a plain model any Auto class loads);
+    adapter: a PEFT adapter folder (adapter_config.json + weights, tokenizer beside it) for
+    `PeftModel.from_pretrained`, which later stages also accept as their model."""
+
+    def adapter_args(self) -> dict[str, Any]:
+        """The keyword arguments of `temper.models.apply_lora`."""
+        return self.model_dump(exclude={"save"})
 
 
 Loc = tuple[str | int, ...]

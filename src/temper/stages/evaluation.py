@@ -9,11 +9,13 @@ from typing import Any, Literal
 from pydantic import Field
 from rich.console import Console
 
-from temper.evaluate import evaluate_splits, format_table, write_eval
-from temper.models import load_model, load_tokenizer
+from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
+from temper.models import load_model
+from temper.models.chat import eos_ids
 from temper.rollout import HFSampler
 from temper.stages.base import StageKind, Strict, lazy
 from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_tokenizer, whole_model
 
 console = Console(stderr=True)
 
@@ -44,13 +46,14 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
         path = ctx.models[model_name]
-        tokenizer = load_tokenizer(path)
+        model = None if stage.sampler == "vllm" else load_model(path)
+        tokenizer = load_chat_tokenizer(path, ctx, model)  # the recipe's chat options, as training saw them
         if stage.sampler == "vllm":
             from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
-            sampler = VLLMSampler(path)
+            sampler = VLLMSampler(whole_model(path, "sampler: vllm"), stop_token_ids=eos_ids(None, tokenizer))
         else:
-            sampler = HFSampler(load_model(path), tokenizer, max_batch_rows=64)
+            sampler = HFSampler(model, tokenizer, max_batch_rows=64)
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
@@ -64,7 +67,7 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
                 temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
             )
-        del sampler  # one model in memory at a time: drop this one before the next loads
+        del sampler, model  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 
@@ -75,7 +78,7 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
         for task, by_model in results.items()
         for model, by_split in by_model.items()
     }
-    return format_table(flat)
+    return format_table(flat) + "".join(f"\nwarning: {w}" for w in stop_warnings(flat))
 
 
 def describe(stage: EvalStage, recipe: Any) -> str:

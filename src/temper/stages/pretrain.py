@@ -104,7 +104,9 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     settings = stage.model_dump(
         exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
-    return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
+    # pretraining renders no chats: the chat options never retrain a base
+    weights = spec.model_dump(exclude_unset=True, exclude={"chat_template", "eos_token"})
+    return settings_hash("pretrain", weights, tasks, settings)
 
 
 def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: Path) -> Path:
