@@ -1,4 +1,5 @@
-"""The section of a supervised training stage (pretrain, sft): loss curve, throughput, data counts."""
+"""The section of a supervised training stage (pretrain, sft): loss curve, throughput, data counts,
+and one example per data source with the tokens the loss trains on marked."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _box, _embed, _number, _read_json, _table, read_metrics
+from temper.report.common import Stage, _box, _embed, _esc, _number, _read_json, _table, read_metrics
+
+# whitespace drawn as visible marks inside a token; the newline keeps its line break after the mark
+_VISIBLE = {" ": "·", "\t": "→", "\n": "↵\n", "\r": "␍"}
+LEGEND = (
+    '<p class="toks"><span class="sup">supervised</span> token the loss trains on · '
+    "<span>context</span> token it does not · "
+    '<span class="sp">&lt;|special|&gt;</span> special token · '
+    '<span class="ws">·</span> space, <span class="ws">↵</span> newline, <span class="ws">→</span> tab '
+    "(hover a token for its id)</p>"
+)
 
 
 def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure:
@@ -61,4 +72,59 @@ def training_section(stage: Stage, plots: Path) -> str:
         counts += [] if summary["skipped_rows"] else [["skipped rows", 0]]
     loud = ("data: truncated", "data: dropped", "skipped")
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
-    return "".join(parts) + _table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)")
+    parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    return "".join(parts) + mask_section(stage.folder / "examples.json")
+
+
+def _token(piece: str, token_id: int, special: bool, supervised: bool) -> str:
+    """One token as a span: its text escaped, whitespace made visible; an empty piece is part of a
+    character that the next token completes."""
+    text = (
+        "".join(f'<span class="ws">{_VISIBLE[c]}</span>' if c in _VISIBLE else _esc(c) for c in piece)
+        or '<span class="ws">▯</span>'
+    )
+    cls = " ".join(c for c, on in (("sup", supervised), ("sp", special)) if on)
+    title = f"id {token_id}{' (special)' if special else ''}: {'supervised' if supervised else 'not trained'}"
+    return (
+        f'<span class="{cls}" title="{_esc(title)}">{text}</span>'
+        if cls
+        else f'<span title="{_esc(title)}">{text}</span>'
+    )
+
+
+def mask_example(view: dict[str, Any]) -> str:
+    """One example from examples.json (`temper.data.mask_view`): a caption, warnings for a mask
+    that cannot teach the model to answer or to stop, and the tokens."""
+    pieces, mask, special, ids = view["pieces"], view["mask"], view["special"], view["ids"]
+    n_sup = sum(mask)
+    where = f"{view['source']}, row {view['line']}"
+    said = f"{where}: {len(ids)} tokens, {n_sup} supervised" + (
+        " (truncated at max_len)" if view.get("truncated") else ""
+    )
+    warn = []
+    if not n_sup:
+        warn.append(f"{where}: no token is supervised; this example teaches nothing")
+    eos = view.get("eos_token")
+    if (
+        n_sup
+        and eos
+        and not view.get("truncated")
+        and not any(p == eos and m for p, m in zip(pieces, mask, strict=True))
+    ):
+        warn.append(
+            f"{where}: the tokenizer's eos_token {eos!r} is not among the supervised tokens, so the model "
+            "does not learn to end its answer with it; generation that stops only at eos may not stop"
+        )
+    spans = "".join(_token(*t) for t in zip(pieces, ids, special, mask, strict=True))
+    return f"<p>{_esc(said)}</p>{_box(warn)}<div class='toks'>{spans}</div>"
+
+
+def mask_section(path: Path) -> str:
+    """The examples of a stage's examples.json under a legend; nothing when the stage wrote none."""
+    views = (_read_json(path) or {}).get("examples") or []
+    if not views:
+        return ""
+    return (
+        "<h3>Training examples as the loss sees them</h3><p>The first example of each data source, "
+        "token by token.</p>" + LEGEND + "".join(mask_example(v) for v in views)
+    )
