@@ -349,3 +349,49 @@ def test_rl_section_with_a_resumed_rollout_log_and_only_a_probe(tmp_path: Path):
     assert "0% of 8 groups had zero reward variance." in page and "No metrics logged." in page
     assert "&lt;b&gt;step 3 replayed 1&lt;/b&gt;" in page and "step 3 sample" not in page
     assert not (tmp_path / "plots" / "01-rl-curves.png").exists()
+
+
+@pytest.fixture(scope="module")
+def saved_nano(tmp_path_factory) -> Path:
+    from temper.models import build_preset, build_tokenizer, save_trained
+
+    tok = build_tokenizer()
+    return save_trained(build_preset("nano", tok, seed=0), tok, tmp_path_factory.mktemp("m") / "model")
+
+
+@pytest.mark.parametrize(
+    ("model", "stage_models", "expected"),
+    [
+        # a preset: the pretrained base is the "before", even when the stage names only later models
+        ({"preset": "nano"}, ["sft"], ["pretrain", "sft"]),
+        ({"preset": "nano"}, ["sft", "pretrain"], ["pretrain", "sft"]),  # named too: evaluated once
+        ({"preset": "nano"}, [], ["pretrain", "sft"]),
+        # a model.path recipe: the user's own model, named by its path as an eval-only recipe names it
+        ({"path": "PATH"}, [], ["PATH", "pretrain", "sft"]),
+        ({"path": "PATH"}, ["sft"], ["PATH", "sft"]),
+        (None, ["sft"], ["sft"]),  # `temper eval --model ...`: only what was named
+    ],
+)
+def test_eval_stage_evaluates_the_starting_model_once_and_first(
+    tmp_path, monkeypatch, saved_nano, model, stage_models, expected
+):
+    from temper.recipe import ModelSpec
+    from temper.stages import evaluation
+    from temper.stages.base import StageRun
+    from temper.stages.context import StageContext
+    from temper.tasks import make_recipe_task
+
+    loads = []
+    real_load = evaluation.load_model
+    monkeypatch.setattr(evaluation, "load_model", lambda p: loads.append(str(p)) or real_load(p))
+    models = {"pretrain": saved_nano, "sft": saved_nano}
+    task = make_recipe_task("arithmetic", {"max_digits": 1})
+    ctx = StageContext(tmp_path, tmp_path, {"arithmetic": task}, {}, models=dict(models))
+    spec = model and ModelSpec(**{k: str(saved_nano) if v == "PATH" else v for k, v in model.items()})
+    stage = evaluation.EvalStage(
+        kind="eval", models=stage_models, splits=["test"], n_problems=2, k=1, max_new_tokens=2
+    )
+    results = evaluation.KIND.run(stage, StageRun(ctx, tmp_path, spec))
+    names = [str(saved_nano) if n == "PATH" else n for n in expected]
+    assert list(results["arithmetic"]) == names and len(loads) == len(names)
+    assert list(json.loads((tmp_path / "eval.json").read_text())["arithmetic"]) == names

@@ -12,7 +12,7 @@ from rich.console import Console
 from temper.evaluate import evaluate_splits, format_table, write_eval
 from temper.models import load_model, load_tokenizer
 from temper.rollout import HFSampler
-from temper.stages.base import StageKind, Strict, lazy
+from temper.stages.base import StageKind, StageRun, Strict, lazy
 from temper.stages.context import StageContext
 
 console = Console(stderr=True)
@@ -22,7 +22,8 @@ class EvalStage(Strict):
     kind: Literal["eval"]
     name: str = "eval"
     models: list[str] = []
-    """Stages whose models to evaluate side by side; default: every model stage so far."""
+    """Stages whose models to evaluate side by side; default: every model stage so far. The model
+    the run started from is always evaluated too, first, so the table has a before and an after."""
     tasks: list[str] = []
     """Default: every task of the recipe."""
     splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
@@ -36,14 +37,31 @@ class EvalStage(Strict):
     """Generation backend: hf (in-process transformers) or vllm (GPU)."""
 
 
-def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
-    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`. Each model
-    is loaded once, into the stage's sampler backend, and serves every task and split."""
-    models = stage.models or list(ctx.models)
+def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
+    """(name, path) of the model the run started from: the recipe's `model.path` (named by that
+    path, as an eval-only recipe names it), or for a preset the first model stage's output (the
+    pretrained base: a preset's random init is no "before" worth a row). None for `temper eval`,
+    whose --model list is all there is."""
+    if job.model is None:
+        return None
+    if job.model.path:
+        return job.model.path, job.ctx.models.get(job.model.path, job.model.path)
+    return next(iter(job.ctx.models.items()), None)
+
+
+def run_eval(
+    stage: EvalStage, ctx: StageContext, out: Path, start: tuple[str, Path | str] | None = None
+) -> dict[str, Any]:
+    """Results as {task: {model: {split: result}}}, written to `out/eval.json`: the starting
+    model `start` first (once, even when `models` names it too), then the stage's models. Each
+    model is loaded once, into the stage's sampler backend, and serves every task and split."""
+    paths = dict([start]) if start else {}
+    paths |= {name: ctx.models[name] for name in stage.models or list(ctx.models)}
+    models = list(paths)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
-        path = ctx.models[model_name]
+        path = paths[model_name]
         tokenizer = load_tokenizer(path)
         if stage.sampler == "vllm":
             from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
@@ -79,13 +97,14 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def describe(stage: EvalStage, recipe: Any) -> str:
-    return f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+    start = recipe.model.path or "the pretrained base"
+    return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
 
 
 KIND = StageKind(
     name="eval",
     spec=EvalStage,
-    run=lambda stage, job: run_eval(stage, job.ctx, job.out),
+    run=lambda stage, job: run_eval(stage, job.ctx, job.out, starting_model(job)),
     describe=describe,
     reads="models",
     produces_model=False,
