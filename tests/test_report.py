@@ -395,3 +395,63 @@ def test_eval_stage_evaluates_the_starting_model_once_and_first(
     names = [str(saved_nano) if n == "PATH" else n for n in expected]
     assert list(results["arithmetic"]) == names and len(loads) == len(names)
     assert list(json.loads((tmp_path / "eval.json").read_text())["arithmetic"]) == names
+
+
+def test_no_difference_is_said_only_when_there_is_a_comparison(run: Path):
+    one = {"arithmetic": {"sft": {"test": _result("test", _m(0.45, 0.35, 0.55))}}}
+    (run / "04-eval" / "eval.json").write_text(json.dumps(one))
+    assert "No difference" not in write_report(run).read_text()
+    two = {"arithmetic": {"pretrain": one["arithmetic"]["sft"], **one["arithmetic"]}}
+    (run / "04-eval" / "eval.json").write_text(json.dumps(two))
+    assert "No difference with non-overlapping 95% intervals" in write_report(run).read_text()
+
+
+def _labels(fig) -> list[str]:
+    return [ax.get_ylabel() for ax in fig.axes]
+
+
+def test_rl_curves_leave_out_panels_with_nothing_logged():
+    from temper.report.rl import rl_figure
+
+    full = _rl_rows(4)
+    assert len(rl_figure(full, "x").axes) == 8  # six panels, two with a right-hand axis
+    assert "KL" in _labels(rl_figure(full, "x"))
+    no_kl = [{k: v for k, v in r.items() if k not in ("kl_ref", "entropy")} for r in full]
+    labels = _labels(rl_figure(no_kl, "x"))
+    assert len(labels) == 6 and "KL" not in labels and "entropy (nats)" not in labels
+    # entropy without a KL term: the panel stays, entropy on its own (left) axis
+    entropy_only = [{k: v for k, v in r.items() if k != "kl_ref"} for r in full]
+    labels = _labels(rl_figure(entropy_only, "x"))
+    assert len(labels) == 7 and "KL" not in labels and "entropy (nats)" in labels
+    # NaN everywhere is nothing logged too
+    nan_kl = [r | {"kl_ref": float("nan"), "entropy": None} for r in full]
+    assert "KL" not in _labels(rl_figure(nan_kl, "x"))
+    assert _labels(rl_figure([{"step": 1, "reward": 0.5}], "x")) == ["mean reward"]
+    assert rl_figure([{"step": 1, "loss_scale": 1.0}], "x") is None
+
+
+def test_rl_section_with_metrics_but_no_curve_draws_no_empty_figure(run: Path):
+    (run / "03-rl" / "metrics.jsonl").write_text('{"step": 1, "loss_scale": 1.0}\n')
+    page = write_report(run).read_text()
+    assert "No metrics logged." in page and not (run / "plots" / "03-rl-curves.png").exists()
+
+
+def test_gate_advice_never_suggests_the_setting_already_in_force(tokenizer, capsys, tmp_path):
+    from temper.models import build_preset
+    from temper.rollout import HFSampler
+    from temper.stages.rl import GateError, GateSpec, format_gate
+    from temper.tasks import make_task
+
+    sampler = HFSampler(build_preset("nano", tokenizer, seed=1), tokenizer)  # untrained: never parses
+    tasks = {"arithmetic": make_task("arithmetic")}
+    with pytest.raises(GateError, match="set gate.on_fail: warn to start RL anyway"):
+        format_gate(GateSpec(min_parse_rate=0.5, n_problems=4), sampler, tokenizer, tasks, 4)
+    warned = format_gate(
+        GateSpec(min_parse_rate=0.5, n_problems=4, on_fail="warn"), sampler, tokenizer, tasks, 4
+    )
+    said = " ".join(capsys.readouterr().err.split())  # rich wraps lines
+    assert "RL starts anyway (gate.on_fail: warn)" in said and "set gate.on_fail" not in said
+    assert "set gate.on_fail" not in warned["message"]
+    _stage(tmp_path, "01-rl", "rl", 1.0, {"probe.json": {"gate": warned}})
+    page = write_report(tmp_path).read_text()
+    assert "(on_fail: warn, RL ran anyway)" in page and "RL starts anyway (gate.on_fail: warn)" in page

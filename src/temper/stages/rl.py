@@ -114,13 +114,18 @@ def format_gate(
         message = (
             f"format gate: parse rate below {100 * gate.min_parse_rate:.0f}% on held-out prompts ({detail}): "
             "the policy does not yet answer in the required format, so SFT is not done. "
-            "Run (more) SFT first, or set gate.on_fail: warn to start RL anyway."
+            + (  # the way out that is not taken already
+                "Run (more) SFT first, or set gate.on_fail: warn to start RL anyway."
+                if gate.on_fail == "stop"
+                else "RL starts anyway (gate.on_fail: warn); groups that cannot parse carry no signal."
+            )
         )
         if errors:  # a crashing verifier also reads as unparsed: say so rather than blame SFT alone
             said = ", ".join(f"{t} {n} of {gate.n_problems}" for t, n in errors.items())
             message += f" The verifier raised on some completions ({said}): check the task's verifier."
         if gate.on_fail == "stop":
             raise GateError(message)
+        result["message"] = message  # the report shows it beside the rates
         console.print(f"[yellow]warning[/]: {message}")
     return result
 
