@@ -1,6 +1,8 @@
 """The run report, built from a hand-made run folder shaped like the runner's and evaluate()'s output."""
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -455,3 +457,62 @@ def test_gate_advice_never_suggests_the_setting_already_in_force(tokenizer, caps
     _stage(tmp_path, "01-rl", "rl", 1.0, {"probe.json": {"gate": warned}})
     page = write_report(tmp_path).read_text()
     assert "(on_fail: warn, RL ran anyway)" in page and "RL starts anyway (gate.on_fail: warn)" in page
+
+
+def test_header_names_model_tokenizer_template_and_precision(run: Path, saved_nano: Path):
+    from temper.models.tokenizer import CHAT_TEMPLATE
+
+    shutil.copytree(saved_nano, run / "02-sft" / "model")
+    sft = json.loads((run / "02-sft" / "sft.json").read_text())
+    sft["precision"] = {"dtype": "bf16", "requested": "auto", "reason": "measured", "device_type": "cpu"}
+    (run / "02-sft" / "sft.json").write_text(json.dumps(sft))
+    rl = json.loads((run / "03-rl" / "rl.json").read_text())
+    rl["precision"] = {
+        "train": {"dtype": "fp32", "requested": "fp32"},
+        "sample": {"dtype": "bf16", "requested": "auto", "reason": "cuda"},
+    }
+    (run / "03-rl" / "rl.json").write_text(json.dumps(rl))
+    page = write_report(run).read_text()
+    assert "Model: <b>preset nano (seed 0), trained from scratch</b>" in page
+    n = sum(
+        p.numel()
+        for p in __import__("temper.models", fromlist=["load_model"]).load_model(saved_nano).parameters()
+    )
+    row = re.search(r"<tr><td>02-sft</td>(.*?)</tr>", page).group(1)
+    assert f"<td>llama, {n:,} parameters, float32</td>" in row
+    assert "<td>263</td><td>&lt;|end|&gt;</td><td>&lt;|pad|&gt;</td><td>temper built-in (sha256" in row
+    assert "chat template of 02-sft</summary><pre>" + html.escape(CHAT_TEMPLATE) in page
+    assert "<td>02-sft</td><td>sft</td><td>30.0s</td><td>complete</td><td>bf16 (auto: measured)</td>" in page
+    assert "<td>train fp32, sample bf16 (auto: cuda)</td>" in page
+    assert "<td>01-pretrain</td><td>pretrain</td><td>1m 05s</td><td>complete</td><td>–</td>" in page
+    # a model folder that cannot be read is a flagged row, not a lost page
+    (run / "02-sft" / "model" / "tokenizer.json").write_text("{")
+    page = write_report(run).read_text()
+    assert "<tr class='warn'><td>02-sft</td><td>unreadable: " in page
+
+
+def test_template_names():
+    from temper.report.models import template_name
+
+    assert template_name(None) == template_name("") == "none"
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    assert template_name(chatml).startswith("ChatML (sha256 ") and template_name(chatml).endswith(
+        ", 3 lines)"
+    )
+    assert template_name(chatml) != template_name(chatml + " ")  # the hash tells two apart
+    assert template_name("{{ messages }}").startswith("custom (sha256 ")
+
+
+def test_header_of_a_model_path_recipe_reads_the_users_own_folder(tmp_path: Path, saved_nano: Path):
+    (tmp_path / "recipe.yaml").write_text(f"model: {{path: {saved_nano}}}\n")
+    page = write_report(tmp_path).read_text()
+    assert f"Model: <b>{saved_nano}</b>" in page and f"<tr><td>{saved_nano}</td><td>llama, " in page
+
+
+def test_loss_figure_leaves_out_what_was_not_logged():
+    from temper.report.training import loss_figure
+
+    rows = [json.loads(line) for line in _metrics(4).splitlines()]
+    assert [ax.get_ylabel() for ax in loss_figure(rows, "x").axes] == ["loss", "lr"]
+    assert [ax.get_ylabel() for ax in loss_figure([r | {"lr": None} for r in rows], "x").axes] == ["loss"]
+    assert loss_figure([{"step": 1, "lr": 0.1, "loss": float("nan")}], "x") is None

@@ -23,12 +23,16 @@ LEGEND = (
 )
 
 
-def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure:
-    """Train loss (and held-out loss points) over steps, the learning rate in a strip below."""
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
+    """Train loss (and held-out loss points) over steps, the learning rate in a strip below when
+    it was logged; None when no loss was (an empty plot says nothing)."""
     train = [(r["step"], r["loss"]) for r in rows if math.isfinite(r.get("loss", math.nan))]
     held = [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None]
+    lr = [(r["step"], r["lr"]) for r in rows if r.get("lr") is not None]
+    if not train and not held:
+        return None
+    fig = Figure(figsize=(7.5, 4.5 if lr else 3.4), layout="constrained")
+    ax, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1)) if lr else (fig.subplots(), None)
     if train:
         ax.plot(*zip(*train, strict=True), label="train loss", lw=1.5)
     if held:
@@ -39,13 +43,14 @@ def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure:
     ax.set(title=title, ylabel="loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    lr = [(r["step"], r["lr"]) for r in rows if r.get("lr") is not None]
-    if lr:
+    bottom = ax_lr or ax
+    if ax_lr is not None:
         ax_lr.plot(*zip(*lr, strict=True), color="C2")
-    ax_lr.set(xlabel="step", ylabel="lr")
-    ax_lr.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-    ax_lr.grid(alpha=0.3)
+        ax_lr.set(ylabel="lr")
+        ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        ax_lr.grid(alpha=0.3)
+    bottom.set(xlabel="step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 
 
@@ -54,9 +59,10 @@ def training_section(stage: Stage, plots: Path) -> str:
     rows, bad = read_metrics(stage.folder / "metrics.jsonl")
     summary = _read_json(stage.folder / f"{stage.kind}.json") or {}
     parts = [_box(bad)]
-    if rows:
+    fig = loss_figure(rows, stage.folder.name) if rows else None
+    if fig is not None:
         name = stage.folder.name
-        parts.append(_embed(loss_figure(rows, name), plots / f"{name}-loss.png", f"{name} loss"))
+        parts.append(_embed(fig, plots / f"{name}-loss.png", f"{name} loss"))
         tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
         if tps:
             mean = sum(tps) / len(tps)
