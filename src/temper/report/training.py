@@ -12,14 +12,14 @@ from matplotlib.ticker import MaxNLocator
 
 from temper.report.common import Stage, _box, _embed, _esc, _number, _read_json, _table, read_metrics
 
-# whitespace drawn as visible marks inside a token; the newline keeps its line break after the mark
-_VISIBLE = {" ": "·", "\t": "→", "\n": "↵\n", "\r": "␍"}
+# whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
+_VISIBLE = {" ": "·", "\t": "→", "\n": "↵", "\r": "␍"}
 LEGEND = (
-    '<p class="toks"><span class="sup">supervised</span> token the loss trains on · '
-    "<span>context</span> token it does not · "
-    '<span class="sp">&lt;|special|&gt;</span> special token · '
-    '<span class="ws">·</span> space, <span class="ws">↵</span> newline, <span class="ws">→</span> tab '
-    "(hover a token for its id)</p>"
+    '<p>Legend: <span class="toks"><span class="sup">supervised</span></span> a token the loss trains '
+    'on; <span class="toks"><span>context</span></span> one it does not; '
+    '<span class="toks"><span class="sp">&lt;|special|&gt;</span></span> a special token; '
+    '<span class="toks"><span class="ws">·</span> <span class="ws">↵</span> <span class="ws">→</span></span> '
+    "a space, a newline, a tab. Hover a token for its id.</p>"
 )
 
 
@@ -91,11 +91,9 @@ def _token(piece: str, token_id: int, special: bool, supervised: bool) -> str:
     )
     cls = " ".join(c for c, on in (("sup", supervised), ("sp", special)) if on)
     title = f"id {token_id}{' (special)' if special else ''}: {'supervised' if supervised else 'not trained'}"
-    return (
-        f'<span class="{cls}" title="{_esc(title)}">{text}</span>'
-        if cls
-        else f'<span title="{_esc(title)}">{text}</span>'
-    )
+    attrs = f' class="{cls}"' if cls else ""
+    # the line break goes after the span: inside it would split the token's box over two lines
+    return f'<span{attrs} title="{_esc(title)}">{text}</span>' + "\n" * piece.count("\n")
 
 
 def mask_example(view: dict[str, Any]) -> str:
