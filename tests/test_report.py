@@ -516,3 +516,16 @@ def test_loss_figure_leaves_out_what_was_not_logged():
     assert [ax.get_ylabel() for ax in loss_figure(rows, "x").axes] == ["loss", "lr"]
     assert [ax.get_ylabel() for ax in loss_figure([r | {"lr": None} for r in rows], "x").axes] == ["loss"]
     assert loss_figure([{"step": 1, "lr": 0.1, "loss": float("nan")}], "x") is None
+
+
+def test_header_shows_a_peft_adapter_folder_as_an_adapter(tmp_path: Path, tokenizer):
+    from temper.models import apply_lora, build_preset
+
+    model = apply_lora(build_preset("nano", tokenizer, seed=0), r=2, alpha=4)
+    _stage(tmp_path, "01-sft", "sft", 1.0, {})
+    folder = tmp_path / "01-sft" / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    n = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    page = write_report(tmp_path).read_text()
+    assert "<tr><td>01-sft</td><td>LORA adapter on " in page and f", {n:,} parameters, ?</td>" in page

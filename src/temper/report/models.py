@@ -81,9 +81,14 @@ def model_info(folder: Path) -> dict[str, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         config = _read_json(folder / "config.json") or {}
+        adapter = _read_json(folder / "adapter_config.json")
         params = _parameters(folder)
     except Exception as e:  # noqa: BLE001  # any unreadable folder: a note in the header, never no report
         return {"error": f"{type(e).__name__}: {e}"}
+    if adapter:  # a PEFT adapter folder: its weights are the adapter's, over a base named in it
+        config = {
+            "model_type": f"{adapter.get('peft_type', 'PEFT')} adapter on {adapter.get('base_model_name_or_path')}"
+        }
     return {
         "tokenizer": type(tok).__name__,
         "vocab": len(tok),
@@ -117,11 +122,13 @@ def models_table(run_dir: Path, stages: list[Stage]) -> str:
     local folder, then each model stage's output); each distinct chat template in full, collapsed."""
     said, path = recipe_model(run_dir)
     folders: list[tuple[str, Path]] = []
-    if path and (Path(path).expanduser() / "config.json").exists():
+
+    def saved(folder: Path) -> bool:
+        return any((folder / name).exists() for name in ("config.json", "adapter_config.json"))
+
+    if path and saved(Path(path).expanduser()):
         folders.append((path, Path(path).expanduser()))
-    folders += [
-        (s.folder.name, s.folder / "model") for s in stages if (s.folder / "model" / "config.json").exists()
-    ]
+    folders += [(s.folder.name, s.folder / "model") for s in stages if saved(s.folder / "model")]
     rows, flagged, templates = [], set(), {}
     for name, folder in folders:
         info = model_info(folder)
