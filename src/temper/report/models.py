@@ -54,7 +54,8 @@ def template_name(template: Any) -> str:
     style = "temper built-in" if template == CHAT_TEMPLATE else None
     style = style or next((name for marker, name in _STYLES if marker in template), "custom")
     digest = hashlib.sha256(template.encode()).hexdigest()[:10]
-    return f"{style} (sha256 {digest}, {len(template.splitlines())} lines)"
+    n = len(template.splitlines())
+    return f"{style} (sha256 {digest}, {n} line{'s' * (n != 1)})"
 
 
 def _parameters(folder: Path) -> int | None:
