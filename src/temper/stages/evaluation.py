@@ -13,7 +13,7 @@ from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_
 from temper.models import load_model
 from temper.models.chat import eos_ids
 from temper.rollout import HFSampler
-from temper.stages.base import StageKind, Strict, lazy
+from temper.stages.base import StageKind, StageRun, Strict, lazy
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_tokenizer, whole_model
 
@@ -24,7 +24,8 @@ class EvalStage(Strict):
     kind: Literal["eval"]
     name: str = "eval"
     models: list[str] = []
-    """Stages whose models to evaluate side by side; default: every model stage so far."""
+    """Stages whose models to evaluate side by side; default: every model stage so far. The model
+    the run started from is always evaluated too, first, so the table has a before and an after."""
     tasks: list[str] = []
     """Default: every task of the recipe."""
     splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
@@ -38,14 +39,31 @@ class EvalStage(Strict):
     """Generation backend: hf (in-process transformers) or vllm (GPU)."""
 
 
-def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
-    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`. Each model
-    is loaded once, into the stage's sampler backend, and serves every task and split."""
-    models = stage.models or list(ctx.models)
+def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
+    """(name, path) of the model the run started from: the recipe's `model.path` (named by that
+    path, as an eval-only recipe names it), or for a preset the first model stage's output (the
+    pretrained base: a preset's random init is no "before" worth a row). None for `temper eval`,
+    whose --model list is all there is."""
+    if job.model is None:
+        return None
+    if job.model.path:
+        return job.model.path, job.ctx.models.get(job.model.path, job.model.path)
+    return next(iter(job.ctx.models.items()), None)
+
+
+def run_eval(
+    stage: EvalStage, ctx: StageContext, out: Path, start: tuple[str, Path | str] | None = None
+) -> dict[str, Any]:
+    """Results as {task: {model: {split: result}}}, written to `out/eval.json`: the starting
+    model `start` first (once, even when `models` names it too), then the stage's models. Each
+    model is loaded once, into the stage's sampler backend, and serves every task and split."""
+    paths = dict([start]) if start else {}
+    paths |= {name: ctx.models[name] for name in stage.models or list(ctx.models)}
+    models = list(paths)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
-        path = ctx.models[model_name]
+        path = paths[model_name]
         model = None if stage.sampler == "vllm" else load_model(path)
         tokenizer = load_chat_tokenizer(path, ctx, model)  # the recipe's chat options, as training saw them
         if stage.sampler == "vllm":
@@ -82,13 +100,14 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def describe(stage: EvalStage, recipe: Any) -> str:
-    return f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+    start = recipe.model.path or "the pretrained base"
+    return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
 
 
 KIND = StageKind(
     name="eval",
     spec=EvalStage,
-    run=lambda stage, job: run_eval(stage, job.ctx, job.out),
+    run=lambda stage, job: run_eval(stage, job.ctx, job.out, starting_model(job)),
     describe=describe,
     reads="models",
     produces_model=False,

@@ -135,14 +135,19 @@ def format_gate(
         if stops:  # the answers may be right and never end: the fix is the stop token, not more SFT
             message += "generation does not stop at the end of the answer (" + "; ".join(stops) + ")."
         else:
-            message += "the policy does not yet answer in the required format, so SFT is not done. Run (more) SFT first."
-        if gate.on_fail == "stop":
-            message += " Or set gate.on_fail: warn to start RL anyway."
+            message += "the policy does not yet answer in the required format, so SFT is not done."
+        if gate.on_fail == "stop":  # the way out that is not taken already
+            message += (" Fix the stop token" if stops else " Run (more) SFT first") + (
+                ", or set gate.on_fail: warn to start RL anyway."
+            )
+        else:
+            message += " RL starts anyway (gate.on_fail: warn); groups that cannot parse carry no signal."
         if errors:  # a crashing verifier also reads as unparsed: say so rather than blame SFT alone
             said = ", ".join(f"{t} {n} of {gate.n_problems}" for t, n in errors.items())
             message += f" The verifier raised on some completions ({said}): check the task's verifier."
         if gate.on_fail == "stop":
             raise GateError(message)
+        result["message"] = message  # the report shows it beside the rates
         console.print(f"[yellow]warning[/]: {message}")
     return result
 

@@ -17,6 +17,7 @@ from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_rows
+from temper.data.mask_view import mask_views
 from temper.models import require_chat_template, save_trained, with_lora
 from temper.stages.base import (
     LoraSpec,
@@ -136,6 +137,8 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
     sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
     require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
+    if distributed.is_main():  # the first example of each source with its loss mask, for the report
+        atomic_write_json(out / "examples.json", mask_views(tokenizer, train_rows, stage.max_len))
     console.print(
         f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
         f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out"
