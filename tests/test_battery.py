@@ -377,7 +377,9 @@ case("data/every-row-longer-than-max-len")(
 @case("data/folder-given-as-file")
 def _(w: World) -> Bad:
     (w.tmp / "rows").mkdir()
-    return w.refused_sft(["--data.files", str(w.tmp / "rows"), "is not a file"], str(w.tmp / "rows"))
+    return w.refused_sft(
+        ["--data.files", str(w.tmp / "rows"), "name a data file inside it"], str(w.tmp / "rows")
+    )
 
 
 @case("data/missing")
@@ -388,7 +390,7 @@ def _(w: World) -> Bad:
 @case("data/symlink-loop")
 def _(w: World) -> Bad:
     path = w.loop("rows.jsonl")
-    return w.refused_sft(["--data.files", path, "loop"], path)
+    return w.refused_sft(["--data.files", path, "does not exist"], path)
 
 
 @case("data/unreadable")
@@ -492,7 +494,7 @@ def _(w: World) -> Bad:
 @case("model/empty-folder")
 def _(w: World) -> Bad:
     (w.tmp / "empty").mkdir()
-    return w.refused_sft([str(w.tmp / "empty"), "has no tokenizer.json"], None, str(w.tmp / "empty"))
+    return w.refused_sft([str(w.tmp / "empty"), "has no config.json"], None, str(w.tmp / "empty"))
 
 
 @case("model/a-run-folder-not-its-model")

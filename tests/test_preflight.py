@@ -45,7 +45,13 @@ BAD = [
     (
         "corpus-file-is-a-folder",
         {8: "    corpus: {tasks: [arithmetic], files: [folder]}"},
-        [(8, "stages[0].corpus.files[0]", "folder' is not a file")],
+        [
+            (
+                8,
+                "stages[0].corpus.files[0]",
+                "folder' is a folder but not one `datasets` wrote with save_to_disk",
+            )
+        ],
     ),
     (
         "two-missing-files-reported-together",

@@ -285,7 +285,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     recipe = load_recipe(args.recipe)
     base = Path(args.recipe).resolve().parent
-    run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd())
+    run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd(), base)
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
     text = Path(args.recipe).read_text(encoding="utf-8-sig")
     notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
@@ -348,13 +348,16 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     out = Path(args.out)
     tasks_flag = _tasks_flag(stage)
     ctx = _context(out, kind.tasks(stage), _task_options(args.task_option), tasks_flag)
+    ctx.chat = _chat_options(args)
     if kind.reads == "base":
         sources = [model.path] if model.path else []
     else:
         sources = [args.model] if kind.reads == "model" else args.model
-    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources)
+    template = ctx.chat.chat_template if kind.reads != "base" else model.chat_template
+    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources, chat_template=bool(template))
     settings = as_json(
         {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
+        | ({"chat": ctx.chat.hashed(ctx.base_dir)} if ctx.chat else {})
     )
     digest = settings_hash(stage.kind, settings)
     started, complete = read_marker(out / STARTED), read_marker(out / COMPLETE)
@@ -429,7 +432,7 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
     from temper.stages.markers import COMPLETE, read_hash
 
     if kind.reads == "base":
-        return model.model_dump()
+        return model.weights()
 
     def one(ref: str) -> Any:
         p = Path(ref).expanduser()
@@ -439,6 +442,13 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
         return {"path": str(p.resolve()), "stage_hash": found[0] if found else None}
 
     return one(args.model) if kind.reads == "model" else [one(m) for m in args.model]
+
+
+def _chat_options(args: argparse.Namespace) -> Any:
+    """--model.chat_template / --model.eos_token of a stage command that reads models."""
+    from temper.models.chat import ChatOptions
+
+    return ChatOptions(getattr(args, "chat_template", None), getattr(args, "eos_token", None))
 
 
 def _other_settings(name: str, out: Path, started: dict[str, Any] | None, settings: dict[str, Any]) -> str:
@@ -491,13 +501,18 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def add_stage_command(sub: Any, kind: StageKind) -> None:
     p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
-    if kind.reads == "base":
-        add_config_flags(p, ModelSpec, group="model")  # --preset, --path, --seed
+    if kind.reads == "base":  # --preset, --path, --seed (pretraining renders no chats)
+        add_config_flags(p, ModelSpec, group="model", skip=("chat_template", "eos_token"))
     elif kind.reads == "model":
         p.add_argument("--model", required=True, help="model directory or hub id to start from")
     else:
         p.add_argument(
             "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+        )
+    for name in ("chat_template", "eos_token") if kind.reads != "base" else ():
+        doc = " ".join((ModelSpec.model_fields[name].description or "").split())
+        p.add_argument(
+            f"--model.{name}", dest=name, metavar="VALUE", help=f"{doc} (default: the tokenizer's)"
         )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument(
@@ -550,7 +565,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
-    from temper.models import ModelNotFoundError
+    from temper.models import ChatTemplateError, ModelNotFoundError
     from temper.train.checkpoint import CheckpointError
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
@@ -571,6 +586,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
         err,
         RecipeError
         | ModelNotFoundError
+        | ChatTemplateError
         | DataError
         | StageError
         | CheckpointError

@@ -11,6 +11,7 @@ line and key path, in the form recipe validation uses.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import types
@@ -21,10 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from temper.models.loading import ModelNotFoundError, _check_local, looks_like_path
+from temper.data.formats import DataError
+from temper.data.sources import check_source, count_rows, locate
+from temper.models.chat import ChatTemplateError, template_text
+from temper.models.loading import ModelNotFoundError, _check_local
 from temper.recipe import Recipe, RecipeError, _format_error
 from temper.stages import registry
 from temper.stages.base import Loc
+from temper.stages.context import local_model
 from temper.tasks import make_recipe_task
 
 SAMPLE = 3  # problems drawn per (task, split): enough to find an empty split, cheap for any task
@@ -36,16 +41,25 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
     errors: list[tuple[Loc, str]] = []
     notes: list[str] = []
     if recipe.model.path:
-        note = _check_model(recipe.model.path, errors)
+        note = _check_model(recipe.model.path, errors, base_dir)
         if note:
             notes.append(note)
         chats = [stage.name for stage in recipe.stages if _renders_chats(stage, base_dir)]
-        if chats and not errors and _no_chat_template(recipe.model.path):
-            errors.append((("model", "path"), _no_template_message(recipe.model.path, chats)))
+        if chats and not errors and not recipe.model.chat_template:
+            local = local_model(recipe.model.path, base_dir)
+            if local is not None and _no_chat_template(str(local)):
+                errors.append((("model", "path"), _no_template_message(recipe.model.path, chats)))
+    if recipe.model.chat_template:  # a built-in name or a readable file, before any stage trains
+        try:
+            template_text(recipe.model.chat_template, base_dir)
+        except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
+            errors.append((("model", "chat_template"), str(err)))
     for i, stage in enumerate(recipe.stages):
-        for loc, path in _files(stage):
-            errors += [(("stages", i, *loc), msg) for msg in _check_file(_resolve(base_dir, path))]
+        for loc, spec in _files(stage):
+            problem = check_source(spec, base_dir)
+            errors += [(("stages", i, *loc), problem)] if problem else []
         errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
+        notes += _epoch_notes(stage, base_dir)
         cache = getattr(stage, "cache", None)
         if stage.kind == "pretrain" and cache:
             errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
@@ -65,13 +79,33 @@ def _resolve(base_dir: Path, path: str) -> Path:
     return p if p.is_absolute() else Path(os.path.normpath(base_dir / p))
 
 
-def _check_model(name: str, errors: list[tuple[Loc, str]]) -> str | None:
-    """A local model directory must hold readable files; a hub id must be fetchable now."""
-    if looks_like_path(name) or Path(name).expanduser().is_dir():
+def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> str | None:
+    """A local model directory (relative to the recipe's folder) must hold readable files; a hub
+    id must be fetchable now. A folder found only relative to the working directory is refused,
+    naming both places, rather than sent to the hub as an id."""
+    local = local_model(name, base_dir)
+    if local is not None:
+        if not local.exists():
+            what = (
+                "is a broken symbolic link (or a loop of links)" if local.is_symlink() else "does not exist"
+            )
+            errors.append((("model", "path"), f"model directory {name!r} {what} (tried {local})"))
+            return None
         try:
-            _check_local(name)  # exists, JSON files parse; weights are checked as they load
+            _check_local(str(local))  # exists, JSON files parse; weights are checked as they load
         except ModelNotFoundError as err:
             errors.append((("model", "path"), str(err)))
+        return None
+    here = Path(name).expanduser().resolve()
+    if here.is_dir():
+        errors.append(
+            (
+                ("model", "path"),
+                f"{name!r} is not a folder relative to the recipe (tried {base_dir / name}), but {here} "
+                "exists relative to the current directory: paths in a recipe are relative to the "
+                "recipe's folder; write it relative to the recipe, or absolute",
+            )
+        )
         return None
     if _hub_cached(name):
         return f"model {name!r}: from the hub cache"
@@ -136,29 +170,50 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 
 
 def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
-    """Every entry of a `files` list at any depth of a stage spec (`data.files`, `corpus.files`)."""
+    """Every entry of a `files` or `*_files` list at any depth of a stage spec (`data.files`,
+    `data.eval_files`, `corpus.files`): data sources, checked by `temper.data.sources`."""
     if not isinstance(node, BaseModel):
         return []
     out: list[tuple[Loc, str]] = []
     for key in type(node).model_fields:
         child = getattr(node, key)
-        if key == "files" and isinstance(child, list):
+        if (key == "files" or key.endswith("_files")) and isinstance(child, list):
             out += [((*loc, key, j), path) for j, path in enumerate(child) if isinstance(path, str)]
         else:
             out += _files(child, (*loc, key))
     return out
 
 
-def _check_file(path: Path) -> list[str]:
-    if not path.exists():
-        if path.is_symlink():
-            return [f"file {str(path)!r} is a broken symbolic link (or a loop of links)"]
-        return [f"file {str(path)!r} does not exist"]
-    if not path.is_file():
-        return [f"{str(path)!r} is not a file"]
-    if not os.access(path, os.R_OK):
-        return [f"file {str(path)!r} is not readable (permission denied)"]
-    return []
+def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
+    """The plan's bound on the steps `train.epochs` gives, from the rows: the stage counts them
+    exactly once tokenized (packing, rows too long or skipped make fewer)."""
+    train = getattr(stage, "train", None)
+    if getattr(train, "epochs", None) is None:
+        return []
+    rows = 0
+    if stage.kind == "sft":
+        counts, tasks = stage.data.problems_per_task, stage.data.tasks
+        rows += sum(counts.get(t, 0) for t in tasks) if isinstance(counts, dict) else counts * len(tasks)
+        specs = stage.data.files
+    elif stage.kind == "pretrain":
+        rows += stage.corpus.problems_per_task * len(stage.corpus.tasks)
+        specs = stage.corpus.files
+    else:
+        return []
+    for spec in specs:
+        try:
+            n = count_rows(locate(spec, base_dir))
+        except DataError:  # reported by the source check above, or when the stage reads it
+            return []
+        if n is None:
+            return [f"{stage.name}: {train.epochs:g} epochs; steps counted once {spec!r} is loaded"]
+        rows += n
+    steps = max(1, math.ceil(train.epochs * rows / train.batch_size))
+    packed = "; packing makes fewer" if stage.kind == "pretrain" or getattr(stage, "pack", False) else ""
+    return [
+        f"{stage.name}: {train.epochs:g} epochs of {rows} rows at batch_size {train.batch_size} "
+        f"= at most {steps} steps (exact once tokenized{packed})"
+    ]
 
 
 def _check_cache(path: Path) -> list[str]:
@@ -214,17 +269,24 @@ def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
     return errors
 
 
-def check_stage_inputs(stage: Any, tasks_flag: str, task_options: dict[str, Any], models: list[str]) -> None:
+def check_stage_inputs(
+    stage: Any, tasks_flag: str, task_options: dict[str, Any], models: list[str], chat_template: bool = False
+) -> None:
     """`check_inputs` for a stand-alone stage command, before its --out is created: each input
-    that cannot be used (a --model, a data file, a task split with no problems) at its flag."""
+    that cannot be used (a --model, a data file, a task split with no problems) at its flag.
+    `chat_template`: one is given (--model.chat_template), so a model need not have its own."""
+    cwd = Path.cwd()
     found: list[tuple[Loc, str]] = []
     for name in models:
-        _check_model(name, found)
-        if not found and _renders_chats(stage, Path.cwd()) and _no_chat_template(name):
+        _check_model(name, found, cwd)
+        local = local_model(name, cwd)
+        chats = not chat_template and _renders_chats(stage, cwd)
+        if not found and chats and local is not None and _no_chat_template(str(local)):
             found.append((("model",), _no_template_message(name, [stage.kind])))
     errors = [f"--model: {msg}" for _, msg in found]
-    for loc, path in _files(stage):
-        errors += [f"{_flag(loc)}: {msg}" for msg in _check_file(_resolve(Path.cwd(), path))]
+    for loc, spec in _files(stage):
+        problem = check_source(spec, cwd)
+        errors += [f"{_flag(loc)}: {problem}"] if problem else []
     errors += [f"{_flag(loc)}: {msg}" for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
     only = types.SimpleNamespace(stages=[stage], tasks=task_options)  # what _check_splits reads of a recipe
     errors += [f"{tasks_flag}: {msg}" for _, msg in _check_splits(only)]  # type: ignore[arg-type]
@@ -297,10 +359,13 @@ def _no_chat_template(name: str) -> bool:
 
 
 def _no_template_message(name: str, stages: list[str]) -> str:
+    """`require_chat_template`'s refusal, said at plan time, naming the stages that need one."""
+    from temper.models.chat import TEMPLATES
+
     return (
-        f"{name!r} has no chat template (no chat_template.jinja, nor one in tokenizer_config.json), "
-        f"which stage {', '.join(map(repr, stages))} needs to render prompts: "
-        "use a chat/instruct model, or add the template to the folder"
+        f"the tokenizer of {name!r} has no chat template; set model.chat_template (a Jinja file, or "
+        f"one of {', '.join(TEMPLATES)}; on a stage command --model.chat_template) to say how "
+        f"conversations are rendered, which stage {', '.join(map(repr, stages))} needs"
     )
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
+from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, raise_located
@@ -38,12 +39,26 @@ class ModelSpec(Strict):
     """A local model directory or a hub id (loaded with the transformers Auto classes)."""
     seed: int = 0
     """Initialization seed of a preset."""
+    chat_template: str | None = None
+    """For a tokenizer without one (or to replace it): a built-in template (chatml, llama3, zephyr,
+    temper), a Jinja file, or the template text; saved with every trained model."""
+    eos_token: str | None = None
+    """The token that ends an answer (e.g. '<|im_end|>'): sets the tokenizer's eos, the sampler's
+    stop ids and the saved generation_config.eos_token_id (which keeps the base's eos too)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.path is None):
             raise ValueError("give exactly one of 'preset' or 'path'")
         return self
+
+    def weights(self) -> dict[str, Any]:
+        """The settings that decide the starting weights, as the stage hashes cover them (the chat
+        options are hashed by the stages that chat, so they never retrain a pretrained base)."""
+        return self.model_dump(exclude={"chat_template", "eos_token"})
+
+    def chat(self) -> ChatOptions:
+        return ChatOptions(self.chat_template, self.eos_token)
 
 
 class Recipe(Strict):
@@ -128,8 +143,12 @@ class Recipe(Strict):
             )
         return errors
 
-    def run_dir(self, base: Path) -> Path:
-        return (base / (self.output_dir or f"runs/{self.name}")).resolve()
+    def run_dir(self, base: Path, recipe_dir: Path | None = None) -> Path:
+        """`output_dir` relative to the recipe's folder (`recipe_dir`), as every path a recipe
+        names; the default, runs/<name>, relative to `base` (the working directory)."""
+        if self.output_dir:
+            return ((recipe_dir or base) / Path(self.output_dir).expanduser()).resolve()
+        return (base / "runs" / self.name).resolve()
 
 
 def model_refs(stage: Any) -> list[str]:

@@ -16,25 +16,27 @@ silently win), a line that is not UTF-8, and a row whose format differs from the
 
 from __future__ import annotations
 
-import codecs
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.jsonl import DuplicateKeyError, iter_jsonl
+from temper.jsonl import DuplicateKeyError
 
 ROLES = ("system", "user", "assistant", "tool")
 """The chat roles a row may use; the built-in tokenizer has a special token and template case for each."""
 
 
 class DataError(ValueError):
-    """A row that cannot be used, located by source, line and field."""
+    """A row that cannot be used, located by source, line (or row) and field: `file.jsonl:17: ...`
+    for a text file, `file.parquet: row 17: ...` for a source numbered by row (a label with
+    `by_row`, see `temper.data.sources.SourceLabel`)."""
 
     def __init__(self, source: str, line: int, field: str, problem: str):
         self.source, self.line, self.field, self.problem = source, line, field, problem
-        super().__init__(f"{source}:{line}: field {field!r}: {problem}")
+        at = f"{source}: row {line}" if getattr(source, "by_row", False) else f"{source}:{line}"
+        super().__init__(f"{at}: field {field!r}: {problem}")
 
 
 class NoUsableRowsError(DataError):
@@ -188,26 +190,6 @@ def _decode_error(source: str, line: int, err: Exception) -> DataError:
     return DataError(source, line, "<json>", f"invalid JSON: {err.msg} at column {err.colno}")
 
 
-def _raw_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    if path.suffix == ".txt":
-        data = path.read_bytes()
-        if data.startswith(codecs.BOM_UTF8):
-            data = data[len(codecs.BOM_UTF8) :]
-        for line_no, raw in enumerate(data.split(b"\n"), start=1):
-            try:
-                text = raw.decode("utf-8").rstrip("\r")
-            except UnicodeDecodeError as err:
-                yield line_no, _decode_error(str(path), line_no, err)
-                continue
-            if text.strip():
-                yield line_no, {"text": text}
-        return
-    for line_no, _, row in iter_jsonl(path):
-        if isinstance(row, (json.JSONDecodeError, UnicodeDecodeError, DuplicateKeyError)):
-            row = _decode_error(str(path), line_no, row)
-        yield line_no, row
-
-
 def validate_rows(
     rows: Iterable[tuple[int, Any]], source: str, skip_bad_rows: bool = False
 ) -> tuple[list[Example], LoadReport]:
@@ -239,14 +221,33 @@ def validate_rows(
     return examples, report
 
 
+def load_rows(
+    spec: str | Path, base_dir: Path | None = None, split: str | None = None, skip_bad_rows: bool = False
+) -> tuple[list[Example], LoadReport]:
+    """Validated rows of any data source `temper.data.sources.read_rows` reads (JSONL, JSON array,
+    parquet, arrow, a `save_to_disk` folder, a hub id); relative paths resolve against `base_dir`."""
+    from temper.data.sources import locate, read_rows  # (sources imports this module)
+
+    source = locate(spec, base_dir, split)
+    rows = ((n, row) for _, n, row in read_rows(source, errors="yield"))
+    return validate_rows(rows, source.label, skip_bad_rows)
+
+
 def load_jsonl(path: str | Path, skip_bad_rows: bool = False) -> tuple[list[Example], LoadReport]:
-    """Rows of a .jsonl file (or a .txt file, one `text` row per line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    return validate_rows(_raw_rows(path), str(path), skip_bad_rows)
+    """Rows of a .jsonl file (or a .txt file, one `text` row per line); any other source
+    `load_rows` reads is read too."""
+    return load_rows(path, skip_bad_rows=skip_bad_rows)
 
 
-def load_hf_dataset(dataset: Iterable[dict[str, Any]], name: str = "dataset", skip_bad_rows: bool = False):
-    """Rows of an in-memory HF `datasets.Dataset` (row numbers are 1-based indices)."""
-    return validate_rows(((i + 1, row) for i, row in enumerate(dataset)), name, skip_bad_rows)
+def load_hf_dataset(dataset: Any, name: str = "dataset", skip_bad_rows: bool = False):
+    """Rows of an in-memory HF `datasets.Dataset` (numbered by row from 1), read through Arrow as
+    a parquet or `save_to_disk` source is, so they validate and normalize the same way. A plain
+    iterable of row dicts is read as it is."""
+    from temper.data.sources import SourceLabel, _dataset_rows
+
+    label = SourceLabel(name, by_row=True)
+    if hasattr(dataset, "with_format"):
+        rows: Iterable[tuple[int, Any]] = _dataset_rows(dataset)
+    else:
+        rows = ((i + 1, row) for i, row in enumerate(dataset))
+    return validate_rows(rows, label, skip_bad_rows)

@@ -1,7 +1,9 @@
 """Load and save causal LMs through the transformers Auto classes.
 
 A local directory and a hub id go through the same `from_pretrained` call; the built-in
-presets are created with `temper pretrain` (or `build_preset`) and saved like any model.
+presets are created with `temper pretrain` (or `build_preset`) and saved like any model. A local
+PEFT adapter folder (`lora.save: adapter`) loads as its base with the adapter merged in, so
+every stage accepts one as its model.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from temper import distributed
 from temper.atomic import atomic_dir
+from temper.models.chat import sync_eos
+
+ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
 
 
 class ModelNotFoundError(RuntimeError):
@@ -149,15 +160,48 @@ def load_tokenizer(name: str | os.PathLike) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def is_adapter_dir(name: str | os.PathLike) -> bool:
+    """A local folder holding a PEFT adapter (adapter_config.json) rather than a whole model."""
+    folder = Path(name).expanduser()
+    return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
+
+
+def adapter_base(folder: str | os.PathLike) -> str:
+    """The model an adapter folder was trained on: its `base_model_name_or_path`, a local path taken
+    as written when it exists, else relative to the adapter folder (a run folder that was moved
+    with its base inside), else as a hub id."""
+    folder = Path(folder).expanduser()
+    try:
+        base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelNotFoundError(
+            f"{folder / ADAPTER_CONFIG} names no base_model_name_or_path ({err})"
+        ) from None
+    if not base:
+        raise ModelNotFoundError(f"{folder / ADAPTER_CONFIG} names no base_model_name_or_path")
+    path = Path(base).expanduser()
+    for candidate in (path, folder / path):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    if looks_like_path(base):
+        raise ModelNotFoundError(
+            f"the adapter in {str(folder)!r} was trained on {base!r}, which does not exist (base_model_name_or_path "
+            f"in {ADAPTER_CONFIG}); put the base model there or edit that field"
+        )
+    return base  # a hub id
+
+
 def load_model(
     name: str | os.PathLike,
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
     device = device or default_device()
+    if is_adapter_dir(name):
+        return _load_adapter(Path(name).expanduser(), device, dtype)
     _check_local(str(name), weights=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(name), dtype=dtype or default_dtype(device))
+        model = AutoModelForCausalLM.from_pretrained(_absolute(name), dtype=dtype or default_dtype(device))
     except Exception as err:
         # A local folder that fails to load is a bad model folder whatever transformers raises
         # (a config.json missing a size: a validation error; weights of other shapes: a
@@ -172,14 +216,45 @@ def load_model(
     return model.to(device)
 
 
+def _absolute(name: str | os.PathLike) -> str:
+    """A local folder as an absolute path (what `name_or_path`, and so an adapter's recorded base,
+    becomes), a hub id as it is."""
+    folder = Path(name).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else str(name)
+
+
+def _load_adapter(folder: Path, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
+    """The adapter's base (itself possibly an adapter folder) with the adapter merged in. Its
+    `name_or_path` is the adapter folder, so an adapter trained on it records that as its base."""
+    from peft import PeftModel
+
+    _check_files(folder, weights=False)
+    base = load_model(adapter_base(folder), device, dtype)
+    try:
+        model = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+    except (OSError, ValueError, SafetensorError) as err:
+        raise _not_found(str(folder), err) from err
+    if (folder / "generation_config.json").is_file():  # the eos ids this stage saved (sync_eos)
+        model.generation_config = GenerationConfig.from_pretrained(str(folder))
+    model.config._name_or_path = str(folder.resolve())
+    return model.requires_grad_(True)  # PEFT loads an adapter frozen; a loaded model trains like any other
+
+
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model.
+    The model's generation config stops at the tokenizer's eos too (`sync_eos`), so a plain
+    `generate` on the folder stops where temper's sampler does. A PEFT model writes its adapter
+    (adapter_config.json, adapter_model.safetensors) and the generation config beside it.
 
     Under a multi-process launch only the main process writes; the others wait for it."""
     state = distributed.state()
+    generating = getattr(model, "get_base_model", lambda: model)()
+    sync_eos(generating, tokenizer)
     if state.is_main_process:
         with atomic_dir(out_dir) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            if generating is not model and generating.generation_config is not None:
+                generating.generation_config.save_pretrained(tmp)
     state.wait_for_everyone()
     return Path(out_dir)

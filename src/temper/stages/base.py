@@ -14,13 +14,16 @@ tying them together. The runner, the recipe schema, the CLI and the report look 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
 
 from temper.stages.context import StageContext
 from temper.train.rl_config import RLConfig
@@ -51,6 +54,14 @@ class LoraSpec(Strict):
     alpha: int = Field(32, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
+    save: Literal["merged", "adapter"] = "merged"
+    """merged: the adapter folded into the saved model (a plain model any Auto class loads);
+    adapter: a PEFT adapter folder (adapter_config.json + weights, tokenizer beside it) for
+    `PeftModel.from_pretrained`, which later stages also accept as their model."""
+
+    def adapter_args(self) -> dict[str, Any]:
+        """The keyword arguments of `temper.models.apply_lora`."""
+        return self.model_dump(exclude={"save"})
 
 
 Loc = tuple[str | int, ...]
@@ -71,9 +82,10 @@ def raise_located(errors: list[tuple[Loc, str]]) -> None:
 
 
 def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
-    """Cross-field rules of a supervised `train:` block (the ranges are on the fields)."""
+    """Cross-field rules of a supervised `train:` block (the ranges are on the fields). With
+    `epochs` the steps are known only once the data is read: `epoch_steps` checks them then."""
     out: list[tuple[Loc, str]] = []
-    if config.warmup_steps >= config.max_steps:
+    if config.epochs is None and config.warmup_steps >= config.max_steps:
         out.append(
             (
                 ("warmup_steps",),
@@ -89,6 +101,38 @@ def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
             )
         )
     return out
+
+
+def epochs_rule(data: Any) -> Any:
+    """Refuse a `train:` block giving both `epochs` and `max_steps`. Run on the raw input (a
+    "before" validator): once validated, `max_steps` always has a value (its default)."""
+    train = data.get("train") if isinstance(data, dict) else None
+    if isinstance(train, dict) and train.get("epochs") is not None and train.get("max_steps") is not None:
+        raise Located([(("train", "epochs"), "give epochs or max_steps, not both")])
+    return data
+
+
+def length(config: TrainConfig) -> str:
+    """How long a supervised stage trains, for its plan line: "500 steps" or "2 epochs"."""
+    return f"{config.max_steps} steps" if config.epochs is None else f"{config.epochs:g} epochs"
+
+
+def epoch_steps(config: TrainConfig, sequences: int, stage: str) -> TrainConfig:
+    """`config` with `max_steps` = ceil(epochs x sequences / batch_size) when `epochs` is given
+    (at least 1), said on the console; unchanged otherwise."""
+    if config.epochs is None:
+        return config
+    steps = max(1, math.ceil(config.epochs * sequences / config.batch_size))
+    if config.warmup_steps >= steps:
+        raise StageError(
+            f"{stage}: {config.epochs:g} epochs of {sequences} sequences at batch_size {config.batch_size} "
+            f"are {steps} steps, not more than warmup_steps ({config.warmup_steps}): lower "
+            "train.warmup_steps or raise train.epochs"
+        )
+    Console(stderr=True).print(
+        f"{stage}: {config.epochs:g} epochs of {sequences} sequences at batch_size {config.batch_size} = {steps} steps"
+    )
+    return dataclasses.replace(config, max_steps=steps)
 
 
 # estimators whose baseline is the other samples of the prompt's group: with one sample the

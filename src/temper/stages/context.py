@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.models.chat import ChatOptions
 from temper.tasks.base import Task
 
 
@@ -19,10 +20,27 @@ class StageContext:
     task_options: dict[str, dict[str, Any]]
     models: dict[str, Path] = field(default_factory=dict)  # stage name -> saved model dir
     model_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash
+    chat: ChatOptions = field(default_factory=ChatOptions)  # model.chat_template / eos_token
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def model_source(self, name: str) -> Path | str:
+        """A recipe's `model.path` as it loads: a local folder relative to the recipe's folder, or
+        a hub id as written."""
+        local = local_model(name, self.base_dir)
+        return name if local is None else local
+
+
+def local_model(name: str, base_dir: Path) -> Path | None:
+    """The local folder a model name means, relative to `base_dir`; None for a hub id. A name is
+    local when it exists there, or when only a path can be written that way (`./m`, `~/m`, `a/b/c`)."""
+    from temper.models.loading import looks_like_path
+
+    p = Path(name).expanduser()
+    path = p if p.is_absolute() else (base_dir / p).resolve()
+    return path if path.exists() or looks_like_path(name) else None
 
 
 def settings_hash(*parts: Any) -> str:

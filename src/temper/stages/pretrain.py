@@ -10,7 +10,7 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 from rich.console import Console
@@ -18,9 +18,18 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_dir, atomic_write_json
 from temper.data.dataset import build_sequences
-from temper.data.formats import Example, NoUsableRowsError, load_jsonl
+from temper.data.formats import Example, NoUsableRowsError, load_rows
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
-from temper.stages.base import StageKind, Strict, lazy, raise_located, train_rules
+from temper.stages.base import (
+    StageKind,
+    Strict,
+    epoch_steps,
+    epochs_rule,
+    lazy,
+    length,
+    raise_located,
+    train_rules,
+)
 from temper.stages.context import StageContext, settings_hash
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -35,7 +44,8 @@ class CorpusSpec(Strict):
     """Tasks whose problems and solutions, in plain notation, make the synthetic corpus."""
     problems_per_task: int = Field(20_000, gt=0)
     files: list[str] = []
-    """Extra text: .txt (one document per line) or .jsonl with a `text` field."""
+    """Extra text: .txt (one document per line), or any data set with a `text` column (.jsonl,
+    .json, .parquet, .arrow, a save_to_disk folder, a hub id; `NAME[split]` picks a split)."""
     seed: int = 0
 
 
@@ -49,6 +59,11 @@ class PretrainStage(Strict):
     cache: str | None = None
     """Directory of a previously produced base (e.g. the one shipped in checkpoints/); used
     instead of training when its recorded settings equal this stage's, filled otherwise."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_length(cls, data: Any) -> Any:
+        return epochs_rule(data)
 
     @model_validator(mode="after")
     def _check(self) -> PretrainStage:
@@ -67,7 +82,7 @@ def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:
         for i, problem in enumerate(task.sample("train", stage.corpus.problems_per_task, stage.corpus.seed)):
             examples.append(Example(source=f"task:{name}", line=i + 1, text=task.corpus_text(problem)))
     for path in stage.corpus.files:
-        rows, _ = load_jsonl(ctx.resolve(path))
+        rows, _ = load_rows(path, ctx.base_dir)
         examples += [r for r in rows if r.text is not None] or _no_text(path, len(rows))
     random.Random(stage.corpus.seed).shuffle(examples)
     return examples
@@ -86,13 +101,17 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     setting with a default; the full resolved settings are recorded beside it for provenance.
     `train` is a dataclass, whose fields pydantic always counts as set: its settings that cannot
     change the weights (progress bar, trackers) are left out, and so is `precision` at fp32, the
-    only precision before the setting existed (a base trained in bf16 gets its own hash)."""
+    only precision before the setting existed (a base trained in bf16 gets its own hash), and
+    `epochs` when not given (likewise)."""
     tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
     skip_train = {"progress", "trackers"} | ({"precision"} if stage.train.precision == "fp32" else set())
+    skip_train |= {"epochs"} if stage.train.epochs is None else set()
     settings = stage.model_dump(
         exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
-    return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
+    # pretraining renders no chats: the chat options never retrain a base
+    weights = spec.model_dump(exclude_unset=True, exclude={"chat_template", "eos_token"})
+    return settings_hash("pretrain", weights, tasks, settings)
 
 
 def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: Path) -> Path:
@@ -117,14 +136,16 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         tokenizer = build_tokenizer()
         model = build_preset(spec.preset, tokenizer, seed=spec.seed)
     else:
-        tokenizer, model = load_tokenizer(spec.path), load_model(spec.path)
+        path = ctx.model_source(spec.path)
+        tokenizer, model = load_tokenizer(path), load_model(path)
     sequences, stats = build_sequences(tokenizer, corpus_examples(stage, ctx), stage.max_len, pack=True)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
         f"{stats.tokens} tokens, {stats.truncated} truncated"
     )
-    result = train_supervised(model, sequences, stage.train, out, pad_id=tokenizer.pad_token_id)
+    config = epoch_steps(stage.train, len(sequences), "pretrain")
+    result = train_supervised(model, sequences, config, out, pad_id=tokenizer.pad_token_id)
     save_model(model, tokenizer, model_dir)
     summary = {
         "hash": digest,
@@ -163,7 +184,7 @@ def _fill_cache(cache: Path, out: Path, summary: dict) -> None:
 
 
 def describe(stage: PretrainStage, recipe: Recipe) -> str:
-    what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {stage.train.max_steps} steps"
+    what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {length(stage.train)}"
     return what + (f" (or reuse {stage.cache} if its settings match)" if stage.cache else "")
 
 

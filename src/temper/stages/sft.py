@@ -1,4 +1,8 @@
-"""The SFT stage: chat demonstrations (from tasks and/or TRL-format files) with assistant-only loss."""
+"""The SFT stage: chat demonstrations (from tasks and/or TRL-format data sets) with assistant-only loss.
+
+Data sets are read by `temper.data.sources` (JSONL, JSON arrays, parquet, arrow, `save_to_disk`
+folders, hub ids), so every format gives the same examples and the same row errors.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,22 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences, require_sequences
-from temper.data.formats import Example, load_jsonl
-from temper.models import load_model, load_tokenizer, save_trained, with_lora
-from temper.stages.base import LoraSpec, StageKind, Strict, lazy, raise_located, train_rules
+from temper.data.formats import Example, load_rows
+from temper.data.mask_view import mask_views
+from temper.models import require_chat_template, save_trained, with_lora
+from temper.stages.base import (
+    LoraSpec,
+    StageKind,
+    Strict,
+    epoch_steps,
+    epochs_rule,
+    lazy,
+    length,
+    raise_located,
+    train_rules,
+)
 from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_model
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -27,7 +43,10 @@ class SFTData(Strict):
     problems_per_task: int | dict[str, int] = 2_000
     """Train-split demonstrations per task: one number for all, or {task: number}."""
     files: list[str] = []
-    """JSONL files in TRL formats (messages, or prompt/completion)."""
+    """Data sets in TRL formats (messages, or prompt/completion): .jsonl, .json, .parquet or .arrow
+    files, save_to_disk folders, or hub ids; `NAME[split]` picks a split (default train)."""
+    eval_files: list[str] = []
+    """Held-out data sets (same forms) for the eval loss, beside the tasks' test demonstrations."""
     skip_bad_rows: bool = False
     eval_problems: int = Field(64, ge=0)
     """Test-split demonstrations per task for the eval loss."""
@@ -42,9 +61,14 @@ class SFTStage(Strict):
     pack: bool = False
     train: TrainConfig = TrainConfig()
     lora: LoraSpec | None = None
-    """Train a PEFT LoRA adapter and merge it into the saved model."""
+    """Train a PEFT LoRA adapter; saved merged into the model unless lora.save: adapter."""
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_length(cls, data: Any) -> Any:
+        return epochs_rule(data)
 
     @model_validator(mode="after")
     def _check(self) -> SFTStage:
@@ -74,41 +98,55 @@ def demonstrations(
     return out
 
 
+def file_examples(
+    specs: list[str], ctx: StageContext, skip_bad_rows: bool, skipped: dict[str, int]
+) -> list[Example]:
+    """The validated rows of data sets (paths relative to the recipe's folder), counting skipped
+    rows per data set into `skipped`."""
+    out: list[Example] = []
+    for spec in specs:
+        rows, report = load_rows(spec, ctx.base_dir, skip_bad_rows=skip_bad_rows)
+        out += rows
+        if report.skipped:
+            skipped[spec] = report.skipped
+            console.print(
+                f"[yellow]sft[/]: skipped {report.skipped} bad rows of {spec}; first: {report.errors[0]}"
+            )
+    return out
+
+
 def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], list[Example], dict]:
     data = stage.data
     train = demonstrations(ctx, data.tasks, "train", data.problems_per_task, data.seed)
     skipped: dict[str, int] = {}
-    for path in data.files:
-        rows, report = load_jsonl(ctx.resolve(path), skip_bad_rows=data.skip_bad_rows)
-        train += rows
-        if report.skipped:
-            skipped[path] = report.skipped
-            console.print(
-                f"[yellow]sft[/]: skipped {report.skipped} bad rows of {path}; first: {report.errors[0]}"
-            )
+    train += file_examples(data.files, ctx, data.skip_bad_rows, skipped)
     random.Random(data.seed).shuffle(train)
     held_out = (
         demonstrations(ctx, data.tasks, "test", data.eval_problems, data.seed) if data.eval_problems else []
     )
+    held_out += file_examples(data.eval_files, ctx, data.skip_bad_rows, skipped)
     return train, held_out, skipped
 
 
 def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
-    tokenizer, model = load_tokenizer(source), load_model(source)
+    tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
+    if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
+        require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
     sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
     require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
+    if distributed.is_main():  # the first example of each source with its loss mask, for the report
+        atomic_write_json(out / "examples.json", mask_views(tokenizer, train_rows, stage.max_len))
     console.print(
         f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
         f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out"
     )
-    model = with_lora(model, stage.lora and stage.lora.model_dump())
-    result = train_supervised(
-        model, train, stage.train, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set
-    )
-    model_dir = save_trained(model, tokenizer, out / "model")
+    config = epoch_steps(stage.train, len(train), "sft")
+    model = with_lora(model, stage.lora and stage.lora.adapter_args())
+    result = train_supervised(model, train, config, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set)
+    model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     if distributed.is_main():
         atomic_write_json(
             out / "sft.json",
@@ -116,6 +154,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "data": stats.as_dict(),
                 "skipped_rows": skipped,
                 "steps": result.steps,
+                "epochs": stage.train.epochs,
                 "final_loss": result.final_loss,
                 "eval_loss": result.eval_loss,
                 "seconds": result.seconds,
@@ -128,7 +167,8 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
 
 def describe(stage: SFTStage, recipe: Any) -> str:
     lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
-    return f"sft on {stage.data.tasks + stage.data.files}, {stage.train.max_steps} steps{lora}"
+    held_out = f", eval loss on {stage.data.eval_files}" if stage.data.eval_files else ""
+    return f"sft on {stage.data.tasks + stage.data.files}, {length(stage.train)}{lora}{held_out}"
 
 
 KIND = StageKind(
@@ -138,7 +178,7 @@ KIND = StageKind(
     describe=describe,
     reads="model",
     produces_model=True,
-    help="supervised fine-tuning on task demonstrations and/or JSONL files",
+    help="supervised fine-tuning on task demonstrations and/or data sets (JSONL, parquet, datasets)",
     section=lazy("temper.report.training", "training_section"),
     outputs=("sft.json",),
     tasks=lambda stage: stage.data.tasks,

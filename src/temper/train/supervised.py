@@ -41,6 +41,9 @@ class TrainConfig:
 
     max_steps: Annotated[int, Field(ge=1)] = 500
     """Optimizer steps."""
+    epochs: Annotated[float, Field(gt=0)] | None = None
+    """Passes over the training data, instead of max_steps (give one of the two): the stage sets
+    the steps to ceil(epochs x sequences / batch_size) once the data is tokenized."""
     batch_size: Annotated[int, Field(ge=1)] = 16
     """Sequences per optimizer step, over all processes."""
     micro_batch_size: Annotated[int, Field(ge=0)] = 0
