@@ -270,6 +270,15 @@ _PRETRAIN_STAGE = """\
 """
 
 
+@case("recipe/chat-template-not-jinja")
+def _(w: World) -> Bad:
+    w.file("chat.jinja", "{{ messages[0].content ")  # an expression never closed
+    path, argv = w.recipe(RECIPE.replace("{preset: nano}", "{preset: nano, chat_template: chat.jinja}"))
+    return Bad(
+        argv, [f"{path}:2:", "model.chat_template", "not a valid Jinja template"], fresh=w.tmp / "runs"
+    )
+
+
 @case("recipe/is-a-folder")
 def _(w: World) -> Bad:
     return Bad(["run", str(w.tmp), "--dry-run"], [str(w.tmp), "is a folder"], fresh=w.tmp / "runs")
@@ -553,6 +562,13 @@ case("flag/tasks-unknown")(
 )
 case("flag/lr-infinite")(_flag_case(["--train.lr", "finite number"], "--train.lr", "inf"))
 case("flag/max-len-one")(_flag_case(["--max_len"], "--max_len", "1"))
+
+
+@case("flag/chat-template-not-jinja")
+def _(w: World) -> Bad:
+    template = w.file("chat.jinja", "{% for message in messages %}{{ message.content }}")  # no endfor
+    argv = w.sft(None, None, "--model.chat_template", template)
+    return Bad(argv, ["--model.chat_template", template, "not a valid Jinja template"], fresh=w.out)
 
 
 @case("flag/tracker-not-installed")

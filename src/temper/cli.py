@@ -354,7 +354,7 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     else:
         sources = [args.model] if kind.reads == "model" else args.model
     template = ctx.chat.chat_template if kind.reads != "base" else model.chat_template
-    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources, chat_template=bool(template))
+    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources, chat_template=template)
     settings = as_json(
         {**stage_settings(stage), "input": _stage_input(kind, args, model), "task_options": ctx.task_options}
         | ({"chat": ctx.chat.hashed(ctx.base_dir)} if ctx.chat else {})

@@ -50,10 +50,8 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
             if local is not None and _no_chat_template(str(local)):
                 errors.append((("model", "path"), _no_template_message(recipe.model.path, chats)))
     if recipe.model.chat_template:  # a built-in name or a readable file, before any stage trains
-        try:
-            template_text(recipe.model.chat_template, base_dir)
-        except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
-            errors.append((("model", "chat_template"), str(err)))
+        problem = _template_problem(recipe.model.chat_template, base_dir)
+        errors += [(("model", "chat_template"), problem)] if problem else []
     for i, stage in enumerate(recipe.stages):
         for loc, spec in _files(stage):
             problem = check_source(spec, base_dir)
@@ -270,20 +268,26 @@ def _check_splits(recipe: Recipe) -> list[tuple[Loc, str]]:
 
 
 def check_stage_inputs(
-    stage: Any, tasks_flag: str, task_options: dict[str, Any], models: list[str], chat_template: bool = False
+    stage: Any,
+    tasks_flag: str,
+    task_options: dict[str, Any],
+    models: list[str],
+    chat_template: str | None = None,
 ) -> None:
     """`check_inputs` for a stand-alone stage command, before its --out is created: each input
     that cannot be used (a --model, a data file, a task split with no problems) at its flag.
-    `chat_template`: one is given (--model.chat_template), so a model need not have its own."""
+    `chat_template`: the one given (--model.chat_template), so a model need not have its own."""
     cwd = Path.cwd()
     found: list[tuple[Loc, str]] = []
+    if chat_template and (problem := _template_problem(chat_template, cwd)):
+        found.append((("model", "chat_template"), problem))
     for name in models:
         _check_model(name, found, cwd)
         local = local_model(name, cwd)
         chats = not chat_template and _renders_chats(stage, cwd)
         if not found and chats and local is not None and _no_chat_template(str(local)):
             found.append((("model",), _no_template_message(name, [stage.kind])))
-    errors = [f"--model: {msg}" for _, msg in found]
+    errors = [f"--{'.'.join(map(str, loc))}: {msg}" for loc, msg in found]
     for loc, spec in _files(stage):
         problem = check_source(spec, cwd)
         errors += [f"{_flag(loc)}: {problem}"] if problem else []
@@ -343,6 +347,23 @@ def _chat_rows(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False  # unreadable: reading it later says where
     return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))
+
+
+def _template_problem(value: str, base_dir: Path) -> str | None:
+    """Why a `chat_template` option cannot be used (no such name or file, or Jinja that does not
+    parse, which would otherwise surface as a traceback at the first rendered prompt), or None."""
+    import jinja2
+
+    try:
+        text = template_text(value, base_dir)
+        jinja2.Environment().parse(text)
+    except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
+        return str(err)
+    except jinja2.TemplateSyntaxError as err:
+        return (
+            f"model.chat_template {value!r} is not a valid Jinja template: {err.message} (line {err.lineno})"
+        )
+    return None
 
 
 def _no_chat_template(name: str) -> bool:
