@@ -144,8 +144,15 @@ def test_two_process_temper_run_writes_one_run_folder(tmp_path):
     assert done.stdout.count("arithmetic / rl") == 2  # its test and ood rows: the table is printed once
 
     assert sorted(p.name for p in run.iterdir()) == [
-        "01-pretrain", "02-sft", "03-rl", "04-eval", "plots", "recipe.yaml", "report.html",
-    ]  # fmt: skip
+        ".temper.lock",
+        "01-pretrain",
+        "02-sft",
+        "03-rl",
+        "04-eval",
+        "plots",
+        "recipe.yaml",
+        "report.html",
+    ]  # fmt: skip  (.temper.lock: held by the main process while it writes the run)
     for stage, steps in (("01-pretrain", [2, 4, 6]), ("02-sft", [1, 2, 3, 4]), ("03-rl", [1, 2, 3])):
         rows = [json.loads(line) for line in (run / stage / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == steps, stage

@@ -57,6 +57,9 @@ def test_micro_recipe_end_to_end_then_skips_complete_stages(tmp_path, capsys):
     assert set(results["arithmetic"]["sft"]) == {"test", "ood"}
     html = (run / "report.html").read_text()
     assert "greedy" in html.lower() and "sft" in html and "Reachability probe" in html
+    shown = json.loads((run / "02-sft" / "examples.json").read_text())["examples"]
+    assert [e["source"] for e in shown] == ["task:arithmetic:train", "task:general_points:train"]
+    assert "Model: <b>preset nano (seed 0)" in html and "Training examples as the loss sees them" in html
 
     mtime = (run / "02-sft" / "model" / "model.safetensors").stat().st_mtime
     assert main(["run", str(recipe), "--output-dir", str(run)]) == 0

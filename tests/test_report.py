@@ -1,6 +1,8 @@
 """The run report, built from a hand-made run folder shaped like the runner's and evaluate()'s output."""
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -349,3 +351,181 @@ def test_rl_section_with_a_resumed_rollout_log_and_only_a_probe(tmp_path: Path):
     assert "0% of 8 groups had zero reward variance." in page and "No metrics logged." in page
     assert "&lt;b&gt;step 3 replayed 1&lt;/b&gt;" in page and "step 3 sample" not in page
     assert not (tmp_path / "plots" / "01-rl-curves.png").exists()
+
+
+@pytest.fixture(scope="module")
+def saved_nano(tmp_path_factory) -> Path:
+    from temper.models import build_preset, build_tokenizer, save_trained
+
+    tok = build_tokenizer()
+    return save_trained(build_preset("nano", tok, seed=0), tok, tmp_path_factory.mktemp("m") / "model")
+
+
+@pytest.mark.parametrize(
+    ("model", "stage_models", "expected"),
+    [
+        # a preset: the pretrained base is the "before", even when the stage names only later models
+        ({"preset": "nano"}, ["sft"], ["pretrain", "sft"]),
+        ({"preset": "nano"}, ["sft", "pretrain"], ["pretrain", "sft"]),  # named too: evaluated once
+        ({"preset": "nano"}, [], ["pretrain", "sft"]),
+        # a model.path recipe: the user's own model, named by its path as an eval-only recipe names it
+        ({"path": "PATH"}, [], ["PATH", "pretrain", "sft"]),
+        ({"path": "PATH"}, ["sft"], ["PATH", "sft"]),
+        (None, ["sft"], ["sft"]),  # `temper eval --model ...`: only what was named
+    ],
+)
+def test_eval_stage_evaluates_the_starting_model_once_and_first(
+    tmp_path, monkeypatch, saved_nano, model, stage_models, expected
+):
+    from temper.recipe import ModelSpec
+    from temper.stages import evaluation
+    from temper.stages.base import StageRun
+    from temper.stages.context import StageContext
+    from temper.tasks import make_recipe_task
+
+    loads = []
+    real_load = evaluation.load_model
+    monkeypatch.setattr(evaluation, "load_model", lambda p: loads.append(str(p)) or real_load(p))
+    models = {"pretrain": saved_nano, "sft": saved_nano}
+    task = make_recipe_task("arithmetic", {"max_digits": 1})
+    ctx = StageContext(tmp_path, tmp_path, {"arithmetic": task}, {}, models=dict(models))
+    spec = model and ModelSpec(**{k: str(saved_nano) if v == "PATH" else v for k, v in model.items()})
+    stage = evaluation.EvalStage(
+        kind="eval", models=stage_models, splits=["test"], n_problems=2, k=1, max_new_tokens=2
+    )
+    results = evaluation.KIND.run(stage, StageRun(ctx, tmp_path, spec))
+    names = [str(saved_nano) if n == "PATH" else n for n in expected]
+    assert list(results["arithmetic"]) == names and len(loads) == len(names)
+    assert list(json.loads((tmp_path / "eval.json").read_text())["arithmetic"]) == names
+
+
+def test_no_difference_is_said_only_when_there_is_a_comparison(run: Path):
+    one = {"arithmetic": {"sft": {"test": _result("test", _m(0.45, 0.35, 0.55))}}}
+    (run / "04-eval" / "eval.json").write_text(json.dumps(one))
+    assert "No difference" not in write_report(run).read_text()
+    two = {"arithmetic": {"pretrain": one["arithmetic"]["sft"], **one["arithmetic"]}}
+    (run / "04-eval" / "eval.json").write_text(json.dumps(two))
+    assert "No difference with non-overlapping 95% intervals" in write_report(run).read_text()
+
+
+def _labels(fig) -> list[str]:
+    return [ax.get_ylabel() for ax in fig.axes]
+
+
+def test_rl_curves_leave_out_panels_with_nothing_logged():
+    from temper.report.rl import rl_figure
+
+    full = _rl_rows(4)
+    assert len(rl_figure(full, "x").axes) == 8  # six panels, two with a right-hand axis
+    assert "KL" in _labels(rl_figure(full, "x"))
+    no_kl = [{k: v for k, v in r.items() if k not in ("kl_ref", "entropy")} for r in full]
+    labels = _labels(rl_figure(no_kl, "x"))
+    assert len(labels) == 6 and "KL" not in labels and "entropy (nats)" not in labels
+    # entropy without a KL term: the panel stays, entropy on its own (left) axis
+    entropy_only = [{k: v for k, v in r.items() if k != "kl_ref"} for r in full]
+    labels = _labels(rl_figure(entropy_only, "x"))
+    assert len(labels) == 7 and "KL" not in labels and "entropy (nats)" in labels
+    # NaN everywhere is nothing logged too
+    nan_kl = [r | {"kl_ref": float("nan"), "entropy": None} for r in full]
+    assert "KL" not in _labels(rl_figure(nan_kl, "x"))
+    assert _labels(rl_figure([{"step": 1, "reward": 0.5}], "x")) == ["mean reward"]
+    assert rl_figure([{"step": 1, "loss_scale": 1.0}], "x") is None
+
+
+def test_rl_section_with_metrics_but_no_curve_draws_no_empty_figure(run: Path):
+    (run / "03-rl" / "metrics.jsonl").write_text('{"step": 1, "loss_scale": 1.0}\n')
+    page = write_report(run).read_text()
+    assert "No metrics logged." in page and not (run / "plots" / "03-rl-curves.png").exists()
+
+
+def test_gate_advice_never_suggests_the_setting_already_in_force(tokenizer, capsys, tmp_path):
+    from temper.models import build_preset
+    from temper.rollout import HFSampler
+    from temper.stages.rl import GateError, GateSpec, format_gate
+    from temper.tasks import make_task
+
+    sampler = HFSampler(build_preset("nano", tokenizer, seed=1), tokenizer)  # untrained: never parses
+    tasks = {"arithmetic": make_task("arithmetic")}
+    with pytest.raises(GateError, match="set gate.on_fail: warn to start RL anyway"):
+        format_gate(GateSpec(min_parse_rate=0.5, n_problems=4), sampler, tokenizer, tasks, 4)
+    warned = format_gate(
+        GateSpec(min_parse_rate=0.5, n_problems=4, on_fail="warn"), sampler, tokenizer, tasks, 4
+    )
+    said = " ".join(capsys.readouterr().err.split())  # rich wraps lines
+    assert "RL starts anyway (gate.on_fail: warn)" in said and "set gate.on_fail" not in said
+    assert "set gate.on_fail" not in warned["message"]
+    _stage(tmp_path, "01-rl", "rl", 1.0, {"probe.json": {"gate": warned}})
+    page = write_report(tmp_path).read_text()
+    assert "(on_fail: warn, RL ran anyway)" in page and "RL starts anyway (gate.on_fail: warn)" in page
+
+
+def test_header_names_model_tokenizer_template_and_precision(run: Path, saved_nano: Path):
+    from temper.models.tokenizer import CHAT_TEMPLATE
+
+    shutil.copytree(saved_nano, run / "02-sft" / "model")
+    sft = json.loads((run / "02-sft" / "sft.json").read_text())
+    sft["precision"] = {"dtype": "bf16", "requested": "auto", "reason": "measured", "device_type": "cpu"}
+    (run / "02-sft" / "sft.json").write_text(json.dumps(sft))
+    rl = json.loads((run / "03-rl" / "rl.json").read_text())
+    rl["precision"] = {
+        "train": {"dtype": "fp32", "requested": "fp32"},
+        "sample": {"dtype": "bf16", "requested": "auto", "reason": "cuda"},
+    }
+    (run / "03-rl" / "rl.json").write_text(json.dumps(rl))
+    page = write_report(run).read_text()
+    assert "Model: <b>preset nano (seed 0), trained from scratch</b>" in page
+    n = sum(
+        p.numel()
+        for p in __import__("temper.models", fromlist=["load_model"]).load_model(saved_nano).parameters()
+    )
+    row = re.search(r"<tr><td>02-sft</td>(.*?)</tr>", page).group(1)
+    assert f"<td>llama, {n:,} parameters, float32</td>" in row
+    assert "<td>263</td><td>&lt;|end|&gt;</td><td>&lt;|pad|&gt;</td><td>temper built-in (sha256" in row
+    assert "chat template of 02-sft</summary><pre>" + html.escape(CHAT_TEMPLATE) in page
+    assert "<td>02-sft</td><td>sft</td><td>30.0s</td><td>complete</td><td>bf16 (auto: measured)</td>" in page
+    assert "<td>train fp32, sample bf16 (auto: cuda)</td>" in page
+    assert "<td>01-pretrain</td><td>pretrain</td><td>1m 05s</td><td>complete</td><td>–</td>" in page
+    # a model folder that cannot be read is a flagged row, not a lost page
+    (run / "02-sft" / "model" / "tokenizer.json").write_text("{")
+    page = write_report(run).read_text()
+    assert "<tr class='warn'><td>02-sft</td><td>unreadable: " in page
+
+
+def test_template_names():
+    from temper.report.models import template_name
+
+    assert template_name(None) == template_name("") == "none"
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    assert template_name(chatml).startswith("ChatML (sha256 ") and template_name(chatml).endswith(
+        ", 3 lines)"
+    )
+    assert template_name(chatml) != template_name(chatml + " ")  # the hash tells two apart
+    assert template_name("{{ messages }}").startswith("custom (sha256 ")
+
+
+def test_header_of_a_model_path_recipe_reads_the_users_own_folder(tmp_path: Path, saved_nano: Path):
+    (tmp_path / "recipe.yaml").write_text(f"model: {{path: {saved_nano}}}\n")
+    page = write_report(tmp_path).read_text()
+    assert f"Model: <b>{saved_nano}</b>" in page and f"<tr><td>{saved_nano}</td><td>llama, " in page
+
+
+def test_loss_figure_leaves_out_what_was_not_logged():
+    from temper.report.training import loss_figure
+
+    rows = [json.loads(line) for line in _metrics(4).splitlines()]
+    assert [ax.get_ylabel() for ax in loss_figure(rows, "x").axes] == ["loss", "lr"]
+    assert [ax.get_ylabel() for ax in loss_figure([r | {"lr": None} for r in rows], "x").axes] == ["loss"]
+    assert loss_figure([{"step": 1, "lr": 0.1, "loss": float("nan")}], "x") is None
+
+
+def test_header_shows_a_peft_adapter_folder_as_an_adapter(tmp_path: Path, tokenizer):
+    from temper.models import apply_lora, build_preset
+
+    model = apply_lora(build_preset("nano", tokenizer, seed=0), r=2, alpha=4)
+    _stage(tmp_path, "01-sft", "sft", 1.0, {})
+    folder = tmp_path / "01-sft" / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    n = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    page = write_report(tmp_path).read_text()
+    assert "<tr><td>01-sft</td><td>LORA adapter on " in page and f", {n:,} parameters, ?</td>" in page

@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import fcntl
 import functools
 import json
 import os
+import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -167,19 +171,27 @@ def config_from_args(
             node = node.setdefault(part, {})
         annotation = _fields(owner)[path[-1]][0]
         if _is_dict(annotation) and value.lstrip().startswith("{"):
-            value = yaml.safe_load(value)  # e.g. --train.rewards '{outcome: 1, format: 0.1}'
+            value = _yaml_value(f"--{key[len(group) + 1 :]}", value)  # --train.rewards '{outcome: 1}'
         elif _is_list(annotation) and not (_union_with_str(annotation) and "," not in value):
             value = [v for v in value.split(",") if v]  # (`str | list[str]` keeps a single value a str)
         node[path[-1]] = value
     return data
 
 
+def _yaml_value(flag: str, value: str) -> Any:
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{flag} {value!r}: invalid YAML: {getattr(err, 'problem', err)}") from None
+
+
 def _validate(cls: type, data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
+        flags = " / ".join(f"--{name}" for name in cls.model_fields if name != "kind")
         lines = [
-            f"--{'.'.join(str(x) for x in e['loc'])}: {describe_error(e)}"
+            f"{'--' + '.'.join(str(x) for x in e['loc']) if e['loc'] else flags}: {describe_error(e)}"
             for e in expand_errors(err.errors())
         ]
         raise RecipeError("invalid options:\n  " + "\n  ".join(lines)) from None
@@ -193,7 +205,7 @@ def _task_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
         task, dot, option = key.partition(".")
         if not sep or not dot:
             raise RecipeError(f"--task-option {pair!r}: expected TASK.OPTION=VALUE")
-        parsed = yaml.safe_load(value)
+        parsed = _yaml_value(f"--task-option {key}", value)
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
             parsed = value  # `format=Answer: (.+)` is text; a mapping is written {a: 1}
         out.setdefault(task, {})[option] = parsed
@@ -219,7 +231,7 @@ def _data_task(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
     return name, options
 
 
-def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
+def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]], tasks_flag: str):
     from temper.stages.context import StageContext
     from temper.tasks import TaskOptionError, make_recipe_task
 
@@ -231,7 +243,64 @@ def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]]):
             made[n] = make_recipe_task(n, task_options[n], Path.cwd())
         except TaskOptionError as err:  # an unknown column or reward function: a usage error, no traceback
             raise RecipeError(f"task {n!r}: {'.'.join(map(str, err.option))}: {err}") from None
+        except ValueError as err:  # an unknown task or option, an option out of range
+            raise RecipeError(f"{'--task-option' if options.get(n) else tasks_flag} {n}: {err}") from None
     return StageContext(run_dir=out, base_dir=Path.cwd(), tasks=made, task_options=task_options)
+
+
+def _tasks_flag(stage: Any) -> str:
+    """The flag naming a stage's tasks (`--tasks` of rl and eval, `--data.tasks`, `--corpus.tasks`)."""
+    return next(
+        (f"--{path}" for path in ("tasks", "data.tasks", "corpus.tasks") if _has(stage, path)), "--tasks"
+    )
+
+
+def _has(obj: Any, path: str) -> bool:
+    for part in path.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+LOCK = ".temper.lock"
+
+
+def _lock(folder: Path) -> int | None:
+    """Hold `folder/.temper.lock` for as long as this process writes the folder (rank 0 of a
+    launch): a second temper process aimed at the same folder would remove the first one's
+    scratch files and write its checkpoints over them, so it is refused instead. The lock is
+    the kernel's (`flock`), so a killed process never leaves it held. Returns the descriptor
+    to close when done."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StageError(
+            f"another temper process is writing {folder} (it holds {folder / LOCK}); "
+            "wait for it to finish, or choose another output folder"
+        ) from None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _unused(folder: Path, created: bool) -> None:
+    """Remove a folder this command created when a refusal left nothing in it but
+    markers (a stage's `stage.started.json`, a run's copy of its recipe): a refused plan leaves
+    no folder behind."""
+    if not created or not folder.is_dir() or os.environ.get("RANK", "0") != "0":
+        return
+    if all(
+        p.name in ("stage.started.json", "recipe.yaml", LOCK) for p in folder.rglob("*") if not p.is_dir()
+    ):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -242,13 +311,46 @@ def cmd_run(args: argparse.Namespace) -> None:
     base = Path(args.recipe).resolve().parent
     run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd(), base)
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
-    text = Path(args.recipe).read_text()
+    text = Path(args.recipe).read_text(encoding="utf-8-sig")
     notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
+    _not_another_run(run_dir, recipe.name)
     if args.dry_run:
         print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
         print("\n".join(plan(recipe, run_dir) + notes))
         return
-    run_recipe(recipe, base, run_dir, text)
+    from temper import distributed
+
+    created = not run_dir.exists()
+
+    def take() -> int | None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _lock(run_dir)
+
+    # on the main process; a refusal there (another process holds the folder) stops every process
+    fd = distributed.on_main(take)
+    lock = fd if distributed.is_main() else None  # (the others received the main process's number)
+    try:
+        run_recipe(recipe, base, run_dir, text)
+    except Exception:  # a refusal; an interrupted folder stays, to resume
+        _unused(run_dir, created)
+        raise
+    finally:
+        _unlock(lock)
+
+
+def _not_another_run(run_dir: Path, name: str) -> None:
+    """Refuse a run folder that holds another recipe's run: the runner replaces each stage folder
+    whose settings differ, so it would delete that run's results one stage at a time."""
+    try:
+        found = yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return  # no run there (or not one temper wrote)
+    other = found.get("name") if isinstance(found, dict) else None
+    if isinstance(other, str) and other != name:
+        raise RecipeError(
+            f"{run_dir} holds the run of recipe {other!r} (see its recipe.yaml), not of {name!r}; "
+            "running here would replace its stage folders: choose another --output-dir (or remove that folder)"
+        )
 
 
 def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
@@ -258,6 +360,7 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     complete folder do nothing, other settings into a started or complete one are refused (naming
     the changed keys) unless --overwrite, and the same settings into an unfinished one resume."""
     from temper import distributed  # under torchrun: main-only stages run once, output printed once
+    from temper.preflight import check_stage_inputs
     from temper.stages.markers import COMPLETE, STARTED, as_json, read_marker, stage_settings
     from temper.tasks import task_fingerprints
 
@@ -274,13 +377,23 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     model = None
     if kind.reads == "base":
         model = _validate(ModelSpec, config_from_args(args, ModelSpec, {}, group="model"))
+    if not args.out.strip():  # Path("") is the current folder: never write a stage into it unasked
+        raise RecipeError("--out is empty: name the stage's output folder (e.g. --out runs/sft)")
     out = Path(args.out)
-    ctx = _context(out, kind.tasks(stage), options)
+    tasks_flag = _tasks_flag(stage)
+    ctx = _context(out, kind.tasks(stage), options, tasks_flag)
+    ctx.chat = _chat_options(args)
+    if kind.reads == "base":
+        sources = [model.path] if model.path else []
+    else:
+        sources = [args.model] if kind.reads == "model" else args.model
+    template = ctx.chat.chat_template if kind.reads != "base" else model.chat_template
+    check_stage_inputs(stage, tasks_flag, ctx.task_options, sources, chat_template=template)
     settings = {
         **stage_settings(stage),
         "input": _stage_input(kind, args, model),
         "task_options": ctx.task_options,
-    }
+    } | ({"chat": ctx.chat.hashed(ctx.base_dir)} if ctx.chat else {})
     if fingerprints := task_fingerprints(ctx.tasks):
         settings["task_fingerprints"] = fingerprints  # data tasks: their rows and reward code
     settings = as_json(settings)
@@ -296,12 +409,40 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
             return
         if any(m.get("hash") != digest for m in ours):
             raise StageError(_other_settings(kind.name, out, started, settings))
-    if distributed.is_main():
-        if ours and args.overwrite:
-            shutil.rmtree(out)  # its checkpoints were trained with other settings: never resume them
+    created = not out.exists()
+
+    def prepare() -> int | None:  # on the main process; a refusal there stops every process
         out.mkdir(parents=True, exist_ok=True)
+        fd = _lock(out)
+        if ours and args.overwrite:  # its checkpoints were trained with other settings: never resume them
+            for p in out.iterdir():
+                if p.name != LOCK:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         remove_stale(out)  # what a killed run left half-written (temp model, partial checkpoints)
         atomic_write_json(out / STARTED, {"hash": digest, "settings": settings})
+        return fd
+
+    fd = distributed.on_main(prepare)
+    lock = fd if distributed.is_main() else None  # (the others received the main process's number)
+    try:
+        _run_stage(kind, stage, args, ctx, out, model, digest, created)
+    finally:
+        _unlock(lock)
+
+
+def _run_stage(
+    kind: StageKind,
+    stage: Any,
+    args: argparse.Namespace,
+    ctx: Any,
+    out: Path,
+    model: Any,
+    digest: str,
+    created: bool,
+) -> None:
+    from temper import distributed
+    from temper.stages.markers import COMPLETE
+
     distributed.wait()
     if kind.reads == "models":
         for path in args.model:
@@ -310,7 +451,11 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     start = time.perf_counter()
     source = args.model if kind.reads == "model" else None
     job = StageRun(ctx, out, model, source)
-    result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
+    try:
+        result = distributed.on_main(kind.run, stage, job) if kind.main_only else kind.run(stage, job)
+    except Exception:  # a refusal; an interrupted folder stays, to resume
+        _unused(out, created)
+        raise
     if distributed.is_main():
         atomic_write_json(
             out / COMPLETE, {"hash": digest, "kind": kind.name, "seconds": time.perf_counter() - start}
@@ -325,7 +470,7 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
     from temper.stages.markers import COMPLETE, read_hash
 
     if kind.reads == "base":
-        return model.model_dump()
+        return model.weights()
 
     def one(ref: str) -> Any:
         p = Path(ref).expanduser()
@@ -337,14 +482,32 @@ def _stage_input(kind: StageKind, args: argparse.Namespace, model: Any) -> Any:
     return one(args.model) if kind.reads == "model" else [one(m) for m in args.model]
 
 
+def _chat_options(args: argparse.Namespace) -> Any:
+    """--model.chat_template / --model.eos_token of a stage command that reads models."""
+    from temper.models.chat import ChatOptions
+
+    return ChatOptions(getattr(args, "chat_template", None), getattr(args, "eos_token", None))
+
+
 def _other_settings(name: str, out: Path, started: dict[str, Any] | None, settings: dict[str, Any]) -> str:
     from temper.stages.markers import changed_keys
 
     before = (started or {}).get("settings")
+    if started is not None and not isinstance(before, dict):
+        # `temper run` records only a hash, over the recipe's inputs (the hashes of the stages
+        # before it), which a stage command cannot recompute: say what the folder is instead
+        recipe = out.resolve().parent / "recipe.yaml"
+        run = (
+            f"stage folder of the run {out.resolve().parent}; to resume or redo it, rerun "
+            f"`temper run {recipe} --output-dir {out.resolve().parent}`"
+            if recipe.exists()
+            else "stage folder written by `temper run`; to resume or redo it, rerun that recipe"
+        )
+        return f"{out} is a {run}. To train this {name} stage on its own, choose another --out (or pass --overwrite to replace the folder)"
     what = "; ".join(changed_keys(before, settings)) if isinstance(before, dict) else ""
     return (
         f"{out} holds a {name} stage started with other settings"
-        + (f" ({what})" if what else " (they were not recorded: it was written by `temper run`?)")
+        + (f" ({what})" if what else "")
         + "; pass --overwrite to replace it, or choose another --out"
     )
 
@@ -362,18 +525,32 @@ def model_label(path: str, taken: dict[str, Any]) -> str:
 def cmd_report(args: argparse.Namespace) -> None:
     from temper.report import write_report
 
-    print(write_report(Path(args.run_dir)))
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        what = "is a file, not a run folder" if run_dir.exists() else "does not exist"
+        raise StageError(f"run folder {str(run_dir)!r} {what}")
+    if not any(p.is_dir() and re.match(r"\d+-", p.name) for p in run_dir.iterdir()):
+        raise StageError(
+            f"{run_dir} holds no stage folders (NN-name, as `temper run` writes them): "
+            "give the run folder, e.g. runs/<recipe name>"
+        )
+    print(write_report(run_dir))
 
 
 def add_stage_command(sub: Any, kind: StageKind) -> None:
     p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
-    if kind.reads == "base":
-        add_config_flags(p, ModelSpec, group="model")  # --preset, --path, --seed
+    if kind.reads == "base":  # --preset, --path, --seed (pretraining renders no chats)
+        add_config_flags(p, ModelSpec, group="model", skip=("chat_template", "eos_token"))
     elif kind.reads == "model":
         p.add_argument("--model", required=True, help="model directory or hub id to start from")
     else:
         p.add_argument(
             "--model", required=True, action="append", help="model directory or hub id (repeat to compare)"
+        )
+    for name in ("chat_template", "eos_token") if kind.reads != "base" else ():
+        doc = " ".join((ModelSpec.model_fields[name].description or "").split())
+        p.add_argument(
+            f"--model.{name}", dest=name, metavar="VALUE", help=f"{doc} (default: the tokenizer's)"
         )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument(
@@ -451,7 +628,8 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
-    from temper.models import ModelNotFoundError
+    from temper.models import ChatTemplateError, ModelNotFoundError
+    from temper.train.checkpoint import CheckpointError
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
         what, hint = _FILE_ERRORS[err.errno]
@@ -468,7 +646,15 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
             return f"{path} {what}", hint
         return f"{what}: {path}", hint
     if isinstance(
-        err, RecipeError | ModelNotFoundError | DataError | StageError | FileNotFoundError | ImportError
+        err,
+        RecipeError
+        | ModelNotFoundError
+        | ChatTemplateError
+        | DataError
+        | StageError
+        | CheckpointError
+        | FileNotFoundError
+        | ImportError,
     ):
         return str(err), None
     return None
@@ -505,20 +691,51 @@ def _resume_point(args: argparse.Namespace) -> str:
     return ""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a scheduler ending a job), handled as Ctrl-C is: scratch removed, one line."""
+
+
+_GRACE = 5.0  # seconds after a first Ctrl-C or SIGTERM during which another one is ignored
+_first_signal: list[float] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """Ctrl-C and SIGTERM end the command as an exception, so that half-written folders are
+    removed on the way out. A second one soon after the first (an impatient user, or the copy
+    torchrun forwards to its workers right after the terminal's) is ignored: it would cut that
+    clean-up short, or land in the error handler and print a traceback. Later ones interrupt
+    again, so a command that does not stop can still be stopped."""
+    now = time.monotonic()
+    if _first_signal and now - _first_signal[0] < _GRACE:
+        return
+    _first_signal[:] = [now]
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `temper` command. Errors the user can act on (a bad recipe or input, a model that cannot
     be read, a full disk, a permission, Ctrl-C) end in one line and a hint, exit 2 (130 for
-    Ctrl-C, as a shell does); anything else is a bug and keeps its traceback. TEMPER_DEBUG=1
-    prints the traceback of every error."""
+    Ctrl-C, 143 for SIGTERM, as a shell does); anything else is a bug and keeps its traceback.
+    TEMPER_DEBUG=1 prints the traceback of every error."""
     args = build_parser().parse_args(argv)
     debug = os.environ.get("TEMPER_DEBUG", "") not in ("", "0")
+    # under torchrun every process gets the Ctrl-C and meets the same refusals: rank 0 says so
+    first = os.environ.get("RANK", "0") == "0"
+    on_term = threading.current_thread() is threading.main_thread()  # (signals go to the main thread)
+    before = signal.signal(signal.SIGTERM, _on_signal) if on_term else None
+    before_int = signal.getsignal(signal.SIGINT)
+    if on_term and before_int is signal.default_int_handler:  # (not if a caller installed its own)
+        signal.signal(signal.SIGINT, _on_signal)
+    _first_signal.clear()
     try:
         args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debug:
             traceback.print_exc()
-        print(f"temper: interrupted; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
-        return 130
+        if first:
+            what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+            print(f"temper: {what}; rerun the same command to resume{_resume_point(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(err, Terminated) else 130
     except Exception as err:
         out = getattr(args, "out", None) or getattr(args, "run_folder", None)
         said = _expected(err, Path(out) if out else None)
@@ -527,11 +744,18 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         message, hint = said
-        print(f"temper: error: {message}", file=sys.stderr)
-        if hint:
-            print(f"temper: hint: {hint}", file=sys.stderr)
+        # a refusal of the recipe, flags, data or model is the same on every process of a
+        # launch: rank 0 says it; a file error may be one process's own, so each says its own
+        if first or isinstance(err, OSError):
+            print(f"temper: error: {message}", file=sys.stderr)
+            if hint:
+                print(f"temper: hint: {hint}", file=sys.stderr)
         return 2
     finally:
+        if on_term:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+            if before_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, before_int)
         if "torch.distributed" in sys.modules:  # under torchrun: leave the process group before exit
             from temper import distributed
 

@@ -61,11 +61,21 @@ def _jsonable(x: Any) -> Any:
     return x if x is None or isinstance(x, (bool, int, float, str)) else str(x)
 
 
-def _example(problem: Problem, completion: Sample, score: Score) -> dict[str, Any]:
+def _example(
+    problem: Problem, completion: Sample, score: Score, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, Any]:
+    """One shown completion. `completion` is what the model generated, special tokens kept and
+    marked (⟨<|im_end|>⟩; the stop token it ended on is left out, `stop_reason` says it), so an
+    end-of-turn token generation ran past is seen; `graded` is the text the task graded (special
+    tokens removed, cut at a stop string) when it differs."""
+    from temper.models.chat import shown_completion
+
+    shown = shown_completion(tokenizer, completion.token_ids, completion.stop_reason)
     return {
         "id": problem.id,
         "prompt": problem.prompt,
-        "completion": completion.text,
+        "completion": shown,
+        **({"graded": completion.text} if completion.text != shown else {}),
         "stop_reason": completion.stop_reason,
         "score": {
             "reward": float(score.reward),
@@ -106,8 +116,16 @@ def evaluate(
     (it counts against accuracy and parse rate, as RL gives it no reward); `verifier_errors`
     counts them among the `graded` completions (greedy and sampled), `reasons` among the greedy
     ones, and the tables show them in a column of their own.
+
+    `special_tokens` counts, per special token, the completions (greedy and sampled) holding it
+    where generation went on past it, and `stop_warning` turns that into one line naming the fix
+    (`temper.models.chat.stop_warning`: a template's end of turn that is not a stop id), so 100%
+    truncation is not read as "SFT is not done" or "raise max_new_tokens". Shown completions keep
+    their special tokens, marked (`_example`); grading sees the cleaned text.
     """
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
+    from temper.models.chat import stop_warning, unstopped_specials
+    from temper.rollout.sampler import sampler_stop_ids
 
     if k < 0 or n_problems < 1:
         raise ValueError("evaluate needs k >= 0 and n_problems >= 1")
@@ -140,6 +158,8 @@ def evaluate(
             f"pass@{k}": _unit_mean([pass_at_k(k, c, k) for c in correct_P]),
         }
     reasons = Counter(str(s.details.get("reason", "unknown")) for s in scores)
+    completions = greedy + [c for cs in sampled for c in cs] if k else greedy
+    specials = unstopped_specials(tokenizer, [(c.token_ids, c.stop_reason) for c in completions])
     return {
         "task": task.name,
         "split": split,
@@ -152,8 +172,22 @@ def evaluate(
         "reasons": dict(reasons.most_common()),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
-        "examples": _examples(problems, greedy, scores, n_examples),
+        "examples": _examples(problems, greedy, scores, n_examples, tokenizer),
+        "special_tokens": dict(specials.most_common()),
+        "stop_warning": stop_warning(
+            tokenizer, specials, len(completions), sampler_stop_ids(sampler, tokenizer)
+        ),
     }
+
+
+def stop_warnings(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """Each distinct end-of-turn warning of a results table, with the rows it came from."""
+    rows: dict[str, list[str]] = {}
+    for label, by_split in results.items():
+        for split, r in by_split.items():
+            if r.get("stop_warning"):
+                rows.setdefault(r["stop_warning"], []).append(f"{label} {split}")
+    return [f"{', '.join(where)}: {warning}" for warning, where in rows.items()]
 
 
 def _is_verifier_error(score: Score) -> bool:
@@ -161,7 +195,11 @@ def _is_verifier_error(score: Score) -> bool:
 
 
 def _examples(
-    problems: Sequence[Problem], greedy: Sequence[Sample], scores: Sequence[Score], n: int
+    problems: Sequence[Problem],
+    greedy: Sequence[Sample],
+    scores: Sequence[Score],
+    n: int,
+    tokenizer: PreTrainedTokenizerBase,
 ) -> list[dict[str, Any]]:
     """The first `n` greedy completions, then (so a broken verifier is seen, not only counted) the
     first greedy completion whose verifier raised, if none of the first `n` did."""
@@ -169,7 +207,7 @@ def _examples(
     shown = rows[:n]
     if n and not any(_is_verifier_error(s) for _, _, s in shown):
         shown += [r for r in rows[n:] if _is_verifier_error(r[2])][:1]
-    return [_example(*r) for r in shown]
+    return [_example(*r, tokenizer) for r in shown]
 
 
 def evaluate_splits(

@@ -56,3 +56,5 @@ def iter_jsonl(
             yield line_no, text, json.loads(text, object_pairs_hook=_strict_object)
         except (json.JSONDecodeError, DuplicateKeyError) as err:
             yield line_no, text, err
+        except RecursionError:  # json's C decoder recurses once per nested `[` or `{`
+            yield line_no, text, json.JSONDecodeError("nested too deeply to read", text, 0)

@@ -10,9 +10,11 @@ line and key path, in the form recipe validation uses.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 
 from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, locate
+from temper.models.chat import ChatTemplateError, template_text
 from temper.models.loading import ModelNotFoundError, _check_local
 from temper.recipe import Recipe, RecipeError, _format_error
 from temper.stages import registry
@@ -41,10 +44,19 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         note = _check_model(recipe.model.path, errors, base_dir)
         if note:
             notes.append(note)
+        chats = [stage.name for stage in recipe.stages if _renders_chats(stage, base_dir)]
+        if chats and not errors and not recipe.model.chat_template:
+            local = local_model(recipe.model.path, base_dir)
+            if local is not None and _no_chat_template(str(local)):
+                errors.append((("model", "path"), _no_template_message(recipe.model.path, chats)))
+    if recipe.model.chat_template:  # a built-in name or a readable file, before any stage trains
+        problem = _template_problem(recipe.model.chat_template, base_dir)
+        errors += [(("model", "chat_template"), problem)] if problem else []
     for i, stage in enumerate(recipe.stages):
         for loc, spec in _files(stage):
             problem = check_source(spec, base_dir)
             errors += [(("stages", i, *loc), problem)] if problem else []
+        errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
         notes += _epoch_notes(stage, base_dir)
         cache = getattr(stage, "cache", None)
         if stage.kind == "pretrain" and cache:
@@ -61,8 +73,8 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
 
 def _resolve(base_dir: Path, path: str) -> Path:
     """As `StageContext.resolve`: relative to the recipe's folder."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (base_dir / p).resolve()
+    p = Path(path).expanduser()  # (not .resolve(): it raises on a loop of symbolic links)
+    return p if p.is_absolute() else Path(os.path.normpath(base_dir / p))
 
 
 def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> str | None:
@@ -72,7 +84,10 @@ def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> st
     local = local_model(name, base_dir)
     if local is not None:
         if not local.exists():
-            errors.append((("model", "path"), f"model directory {name!r} does not exist (tried {local})"))
+            what = (
+                "is a broken symbolic link (or a loop of links)" if local.is_symlink() else "does not exist"
+            )
+            errors.append((("model", "path"), f"model directory {name!r} {what} (tried {local})"))
             return None
         try:
             _check_local(str(local))  # exists, JSON files parse; weights are checked as they load
@@ -250,3 +265,143 @@ def _check_splits(recipe: Recipe, base_dir: Path | None = None) -> list[tuple[Lo
                 )
             )
     return errors
+
+
+def check_stage_inputs(
+    stage: Any,
+    tasks_flag: str,
+    task_options: dict[str, Any],
+    models: list[str],
+    chat_template: str | None = None,
+) -> None:
+    """`check_inputs` for a stand-alone stage command, before its --out is created: each input
+    that cannot be used (a --model, a data file, a task split with no problems) at its flag.
+    `chat_template`: the one given (--model.chat_template), so a model need not have its own."""
+    cwd = Path.cwd()
+    found: list[tuple[Loc, str]] = []
+    if chat_template and (problem := _template_problem(chat_template, cwd)):
+        found.append((("model", "chat_template"), problem))
+    for name in models:
+        _check_model(name, found, cwd)
+        local = local_model(name, cwd)
+        chats = not chat_template and _renders_chats(stage, cwd)
+        if not found and chats and local is not None and _no_chat_template(str(local)):
+            found.append((("model",), _no_template_message(name, [stage.kind])))
+    errors = [f"--{'.'.join(map(str, loc))}: {msg}" for loc, msg in found]
+    for loc, spec in _files(stage):
+        problem = check_source(spec, cwd)
+        errors += [f"{_flag(loc)}: {problem}"] if problem else []
+    errors += [f"{_flag(loc)}: {msg}" for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
+    only = types.SimpleNamespace(stages=[stage], tasks=task_options)  # what _check_splits reads of a recipe
+    errors += [f"{tasks_flag}: {msg}" for _, msg in _check_splits(only)]  # type: ignore[arg-type]
+    if errors:
+        raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(errors))
+
+
+def _world_rules(stage: Any) -> list[tuple[Loc, str]]:
+    """A launch of N processes (torchrun sets WORLD_SIZE) splits each batch evenly among them:
+    the trainers refuse a batch that does not split, but only once the stage has started."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    train = getattr(stage, "train", None)
+    if world <= 1 or train is None:
+        return []
+    out: list[tuple[Loc, str]] = []
+    for name in ("batch_size", "prompts_per_step"):  # supervised, RL
+        size = getattr(train, name, None)
+        if isinstance(size, int) and size % world:
+            out.append((("train", name), f"{size} is not divisible by the {world} processes of this launch"))
+    micro = getattr(train, "micro_batch_size", 0)
+    per_process = getattr(train, "batch_size", 0) // world
+    if micro and per_process and not getattr(train, "batch_size", 0) % world and per_process % micro:
+        out.append(
+            (
+                ("train", "micro_batch_size"),
+                f"{micro} does not divide the per-process batch {per_process} (batch_size over {world} processes)",
+            )
+        )
+    return out
+
+
+def _flag(loc: Loc) -> str:
+    """The stage command flag of a key path: ("data", "files", 0) -> --data.files."""
+    return "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
+
+
+def _renders_chats(stage: Any, base_dir: Path) -> bool:
+    """Whether a stage renders prompts through the model's chat template: task prompts (RL,
+    eval) and SFT demonstrations of tasks do (a file of plain `text` rows need not)."""
+    if stage.kind in ("rl", "eval"):
+        return True
+    if stage.kind != "sft":
+        return False
+    return bool(stage.data.tasks) or any(_chat_rows(_resolve(base_dir, f)) for f in stage.data.files)
+
+
+def _chat_rows(path: Path) -> bool:
+    """Whether a data file holds conversations (its first row; a file mixing formats is refused
+    when it is read): `messages`, or a prompt given as a list of messages."""
+    try:
+        with path.open("rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        row = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return False  # unreadable: reading it later says where
+    return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))
+
+
+def _template_problem(value: str, base_dir: Path) -> str | None:
+    """Why a `chat_template` option cannot be used (no such name or file, or Jinja that does not
+    parse, which would otherwise surface as a traceback at the first rendered prompt), or None."""
+    import jinja2
+
+    try:
+        text = template_text(value, base_dir)
+        jinja2.Environment().parse(text)
+    except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
+        return str(err)
+    except jinja2.TemplateSyntaxError as err:
+        return (
+            f"model.chat_template {value!r} is not a valid Jinja template: {err.message} (line {err.lineno})"
+        )
+    return None
+
+
+def _no_chat_template(name: str) -> bool:
+    """A local model folder whose tokenizer has no chat template (a hub id is not looked at)."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return False
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return False
+    try:
+        return "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False  # no readable tokenizer_config.json: loading it says what is wrong
+
+
+def _no_template_message(name: str, stages: list[str]) -> str:
+    """`require_chat_template`'s refusal, said at plan time, naming the stages that need one."""
+    from temper.models.chat import TEMPLATES
+
+    return (
+        f"the tokenizer of {name!r} has no chat template; set model.chat_template (a Jinja file, or "
+        f"one of {', '.join(TEMPLATES)}; on a stage command --model.chat_template) to say how "
+        f"conversations are rendered, which stage {', '.join(map(repr, stages))} needs"
+    )
+
+
+def _tracker_rules(stage: Any) -> list[tuple[Loc, str]]:
+    """A tracker that is not installed is refused now, not when its stage starts training."""
+    names = getattr(getattr(stage, "train", None), "trackers", None) or []
+    if not names:
+        return []
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    return [
+        (("train", "trackers", i), f"tracker {name!r} is not installed: pip install {name}")
+        for i, name in enumerate(names)
+        if name in LOGGER_TYPE_TO_CLASS
+        and getattr(LOGGER_TYPE_TO_CLASS[name], "__module__", "").startswith("accelerate.")
+        and name not in available
+    ]

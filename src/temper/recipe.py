@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
+from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, raise_located
@@ -38,12 +39,26 @@ class ModelSpec(Strict):
     """A local model directory or a hub id (loaded with the transformers Auto classes)."""
     seed: int = 0
     """Initialization seed of a preset."""
+    chat_template: str | None = None
+    """For a tokenizer without one (or to replace it): a built-in template (chatml, llama3, zephyr,
+    temper), a Jinja file, or the template text; saved with every trained model."""
+    eos_token: str | None = None
+    """The token that ends an answer (e.g. '<|im_end|>'): sets the tokenizer's eos, the sampler's
+    stop ids and the saved generation_config.eos_token_id (which keeps the base's eos too)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.path is None):
             raise ValueError("give exactly one of 'preset' or 'path'")
         return self
+
+    def weights(self) -> dict[str, Any]:
+        """The settings that decide the starting weights, as the stage hashes cover them (the chat
+        options are hashed by the stages that chat, so they never retrain a pretrained base)."""
+        return self.model_dump(exclude={"chat_template", "eos_token"})
+
+    def chat(self) -> ChatOptions:
+        return ChatOptions(self.chat_template, self.eos_token)
 
 
 class Recipe(Strict):
@@ -71,6 +86,11 @@ class Recipe(Strict):
         errors: list[tuple[Loc, str]] = []
         if not self.stages:
             errors.append((("stages",), "a recipe needs at least one stage"))
+        # names become folders (runs/<name>/NN-<stage name>): a slash or `..` would put them elsewhere
+        if not self.output_dir and _not_a_folder_name(self.name):
+            errors.append(
+                (("name",), f"{self.name!r} {_not_a_folder_name(self.name)} (it names the run folder)")
+            )
         for name, options in self.tasks.items():
             try:
                 make_recipe_task(name, options or {}, base_dir)
@@ -89,6 +109,13 @@ class Recipe(Strict):
                     )
                 )
             names.append(stage.name)
+            if _not_a_folder_name(stage.name):
+                errors.append(
+                    (
+                        ("stages", i, "name"),
+                        f"{stage.name!r} {_not_a_folder_name(stage.name)} (it names the stage's folder)",
+                    )
+                )
             kind = registry.get(stage.kind)
             for task in kind.tasks(stage):
                 if task not in self.tasks:
@@ -156,6 +183,15 @@ def _value_loc(node: Any, field: str, value: Any) -> Loc:
         if sub:
             return (key, *sub)
     return ()
+
+
+def _not_a_folder_name(name: str) -> str:
+    """Why `name` cannot be one folder's name ("" when it can)."""
+    if not name.strip():
+        return "is empty"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is not a plain folder name (no '/', '\\', '.' or '..')"
+    return ""
 
 
 def _task_loc(name: str, options: dict[str, Any]) -> Loc:
@@ -291,11 +327,31 @@ def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str
     return f"{where}: {path or '<recipe>'}: {message}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, but a key given twice in one mapping is an error at its second line
+    (PyYAML keeps the last value silently, so an edit to the first copy would do nothing)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first at line {seen[key]}); the second would silently win",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
     """Validate a recipe's text; `base_dir` (default: the working directory) is where its task
     entries' relative paths resolve (`load_recipe` passes the recipe file's folder)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  # a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -312,8 +368,23 @@ def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = No
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} does not exist")
-    return parse_recipe(path.read_text(), str(path), path.resolve().parent)
+        what = (
+            "is a folder, not a recipe file"
+            if path.is_dir()
+            else "is a broken symbolic link (or a loop of links)"
+            if path.is_symlink()
+            else "does not exist"
+        )
+        raise RecipeError(f"recipe file {str(path)!r} {what}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # (a byte-order mark, which some editors write, is fine)
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise RecipeError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); is this a recipe file?"
+        ) from None
+    return parse_recipe(text, str(path), path.resolve().parent)
 
 
 __all__ = [

@@ -31,7 +31,7 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
     stage = recipe.stages[index]
     reads, refs = registry.get(stage.kind).reads, model_refs(stage)
     if reads == "base":
-        return None, recipe.model.model_dump()
+        return None, recipe.model.weights()
     if reads == "models":
         return None, {m: ctx.model_hashes[m] for m in (refs or ctx.model_hashes)}
     if refs:
@@ -39,12 +39,14 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
     if ctx.models:  # the latest model
         return list(ctx.models.values())[-1], list(ctx.model_hashes.values())[-1]
     # the user's model: a local folder (relative to the recipe) or a hub id
-    return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.model_dump()
+    return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.weights()
 
 
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
+    if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
+        parts.append(ctx.chat.hashed(ctx.base_dir))
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
@@ -78,14 +80,16 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     if recipe_text and main:
         atomic_write_text(run_dir / "recipe.yaml", recipe_text)
     tasks = {name: make_recipe_task(name, opts, base_dir) for name, opts in recipe.tasks.items()}
-    ctx = StageContext(run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks)
+    ctx = StageContext(
+        run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks, chat=recipe.model.chat()
+    )
     for i, stage in enumerate(recipe.stages):
         kind = registry.get(stage.kind)
         out = stage_dir(run_dir, i, stage.name)
         if kind.reads == "models" and not ctx.models and recipe.model.path:
             # no model stage before it (an eval-only recipe): it reads the recipe's own model
             ctx.models[recipe.model.path] = ctx.model_source(recipe.model.path)  # type: ignore[assignment]  # a hub id stays a str
-            ctx.model_hashes[recipe.model.path] = settings_hash(recipe.model.model_dump())
+            ctx.model_hashes[recipe.model.path] = settings_hash(recipe.model.weights())
         digest = _stage_hash(recipe, i, ctx)
         marker = out / "stage.json"
         if marker.exists() and read_hash(marker) == digest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,11 +35,22 @@ def with_lora(model: PreTrainedModel, lora: Mapping[str, Any] | None) -> PreTrai
     return apply_lora(model, **lora) if lora else model
 
 
+LoraSave = Literal["merged", "adapter"]
+
+
 def save_trained(
-    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+    model: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    lora_save: LoraSave = "merged",
 ) -> Path:
-    """Save a plain model any Auto class loads: a LoRA model has its adapter merged first."""
+    """Save a trained model. A LoRA model is saved as `lora_save` says: "merged" (the adapter
+    folded into the base: a plain model any Auto class loads) or "adapter" (a PEFT adapter folder,
+    tokenizer beside it, that `PeftModel.from_pretrained(base, out_dir)` loads, and that every
+    temper stage accepts as its model)."""
     if isinstance(model, PeftModel):
+        if lora_save == "adapter":
+            return save_adapter(model, tokenizer, out_dir)
         return merge_and_save(model, tokenizer, out_dir)
     return save_model(model, tokenizer, out_dir)
 
@@ -48,3 +59,14 @@ def merge_and_save(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir
     """Fold the adapter into the base weights and save a plain model any Auto class loads."""
     merged = model.merge_and_unload()
     return save_model(merged, tokenizer, out_dir)
+
+
+def save_adapter(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """Save the adapter alone. Its `base_model_name_or_path` is the folder (or hub id) the base
+    was loaded from, a local folder as an absolute path, so the adapter loads from any working
+    directory (`temper.models.loading.adapter_base` also tries it relative to the adapter)."""
+    for config in model.peft_config.values():
+        base = config.base_model_name_or_path or model.get_base_model().name_or_path
+        local = Path(str(base)).expanduser()
+        config.base_model_name_or_path = str(local.resolve()) if local.is_dir() else base
+    return save_model(model, tokenizer, out_dir)

@@ -27,6 +27,12 @@ td { font-variant-numeric: tabular-nums; }
 .box { background: #fff4e0; border-left: 4px solid #e90; padding: 0.4em 0.8em; margin: 0.8em 0; }
 img { max-width: 100%; display: block; margin: 0.8em 0; }
 pre { background: #f7f7f7; padding: 0.5em; white-space: pre-wrap; word-break: break-word; margin: 0.3em 0; }
+.toks { font: 13px/1.9 ui-monospace, monospace; white-space: pre-wrap; background: #fafafa; padding: 0.5em; border: 1px solid #eee; }
+p .toks { padding: 0.1em 0.2em; }
+.toks > span { display: inline-block; white-space: pre; border: 1px solid #ddd; border-radius: 2px; margin: 0 1px 1px 0; padding: 0 1px; line-height: 1.4; color: #888; }
+.toks > span.sup { background: #c9efc9; border-color: #7c7; color: #111; }
+.toks > span.sp { font-weight: bold; color: #a05; }
+.toks .ws { color: #bbb; } .toks > span.sup .ws { color: #4a4; }
 details { margin: 0.4em 0; } summary { cursor: pointer; } .ex { border-top: 1px solid #eee; padding: 0.4em 0; }
 """
 

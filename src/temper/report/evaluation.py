@@ -109,9 +109,10 @@ def eval_section(stage: Stage, plots: Path) -> str:
         said = "".join(
             f"<li class='{'good' if up else 'bad'}'>{_esc(s)}</li>" for s, up in highlights(by_model)
         )
-        parts.append(
-            f"<ul>{said}</ul>" if said else "<p>No difference with non-overlapping 95% intervals.</p>"
-        )
+        if said:
+            parts.append(f"<ul>{said}</ul>")
+        elif len(by_model) > 1:  # with one model there is nothing to compare
+            parts.append("<p>No difference with non-overlapping 95% intervals.</p>")
         parts.append(eval_table(by_model))
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
         parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))

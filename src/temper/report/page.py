@@ -9,6 +9,7 @@ from pathlib import Path
 
 from temper.atomic import atomic_write_text
 from temper.report.common import CSS, Stage, _box, _duration, _esc, _read_json, _table
+from temper.report.models import models_table, precision
 from temper.report.training import training_section
 from temper.stages import registry
 
@@ -44,9 +45,6 @@ def unknown_section(stage: Stage, plots: Path) -> str:
 Section = Callable[[Stage, Path], str]
 
 
-Section = Callable[[Stage, Path], str]
-
-
 def section_for(kind: str) -> Section:
     """The kind's registered section; "training" is a training stage that stopped before stage.json
     (its curve so far)."""
@@ -56,22 +54,44 @@ def section_for(kind: str) -> Section:
     return found.section if found and found.section else unknown_section
 
 
+def _precision(stage: Stage) -> str:
+    try:
+        return precision(stage)
+    except ValueError:  # an unreadable summary: the stage's own section names it
+        return "?"
+
+
+def _models(run_dir: Path, stages: list[Stage]) -> str:
+    """The model and tokenizer block; a broken file in it is a note, not a lost page."""
+    try:
+        return models_table(run_dir, stages)
+    except (OSError, ValueError) as e:
+        return _box([f"could not read the models: {e}"])
+
+
 def header(run_dir: Path, stages: list[Stage]) -> str:
-    """Run name, when the page was written, total time and a row per stage (incomplete ones flagged)."""
+    """Run name, when the page was written, total time, the model and tokenizers, and a row per
+    stage with the precision it ran in (incomplete ones flagged)."""
     total = sum(s.seconds for s in stages if s.seconds is not None)
     open_ = {i for i, s in enumerate(stages) if s.seconds is None}
     rows = [
-        [s.folder.name, s.kind, _duration(s.seconds), "incomplete" if i in open_ else "complete"]
+        [
+            s.folder.name,
+            s.kind,
+            _duration(s.seconds),
+            "incomplete" if i in open_ else "complete",
+            _precision(s),
+        ]
         for i, s in enumerate(stages)
     ]
-    table = _table(rows, ["stage", "kind", "time", "status"], open_)
+    table = _table(rows, ["stage", "kind", "time", "status", "precision"], open_)
     recipe = run_dir / "recipe.yaml"
     if recipe.exists():
         table += f"<details><summary>recipe.yaml</summary><pre>{_esc(recipe.read_text())}</pre></details>"
     written = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (
         f"<h1>{_esc(run_dir.name)}</h1><p><small>report written {written} · total stage time {_duration(total)}"
-        f" · {_esc(run_dir.resolve())}</small></p>{table or '<p>No stages yet.</p>'}"
+        f" · {_esc(run_dir.resolve())}</small></p>{_models(run_dir, stages)}{table or '<p>No stages yet.</p>'}"
     )
 
 

@@ -46,6 +46,7 @@ def gate_and_probe(gate: Mapping[str, Any] | None, probe: Mapping[str, Any] | No
             f"{_pct(gate.get('threshold', 0))}.</p>"
         )
         parts.append(_table([[t, _pct(v)] for t, v in rates.items()], ["task", "parse rate"], low))
+        parts.append(_box([gate["message"]] if gate.get("message") else []))
     if probe:
         causes = _causes(probe)
         zero = probe.get("zero_variance", 0.0)
@@ -69,9 +70,16 @@ def gate_and_probe(gate: Mapping[str, Any] | None, probe: Mapping[str, Any] | No
     return "".join(parts)
 
 
+def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[Any, float]]:
+    """(step, value) where `key` is a finite number."""
+    return [
+        (r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])
+    ]
+
+
 def _plot(ax: Any, rows: list[dict[str, Any]], key: str, *args: Any, **kw: Any) -> bool:
     """Plot `key` over steps where it is a finite number; False when no row has it."""
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+    pts = _points(rows, key)
     if len(pts) == 1:  # a line of one point draws nothing
         kw.setdefault("marker", "o")
     if pts:
@@ -79,25 +87,34 @@ def _plot(ax: Any, rows: list[dict[str, Any]], key: str, *args: Any, **kw: Any) 
     return bool(pts)
 
 
-def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure:
-    """Six panels over steps: reward, accuracy/parse rate (+ evals), zero-variance by cause, KL and
-    entropy, response length and truncation, clip fraction. One figure: one render, one PNG."""
-    fig = Figure(figsize=(11, 9), layout="constrained")
-    fig.suptitle(title)
-    axes = fig.subplots(3, 2, sharex=True)
-    (rew, acc), (zv, kl), (length, clip) = axes
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    _plot(rew, rows, "reward", label="reward", lw=2, color="k")
+def _twin(ax: Any, rows: list[dict[str, Any]], key: str, label: str, ylabel: str) -> Any:
+    """`key` in red on a right-hand axis beside `ax`'s series, or on `ax` itself when `ax` has
+    none (a panel whose main series was not logged); returns the axis drawn on."""
+    if ax.lines:
+        twin = ax.twinx()
+        _plot(twin, rows, key, color="C3", label=label)
+        twin.set_ylabel(ylabel, color="C3")
+        return twin
+    _plot(ax, rows, key, color="C3", label=label)
+    ax.set_ylabel(ylabel)
+    return ax
+
+
+def _reward(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    _plot(ax, rows, "reward", label="reward", lw=2, color="k")
     for k in (k for k in keys if k.startswith("reward/")):
-        _plot(rew, rows, k, "--", label=k.split("/", 1)[1])
-    rew.set(ylabel="mean reward")
-    _plot(acc, rows, "accuracy", label="accuracy")
-    _plot(acc, rows, "parse_rate", label="parse rate")
+        _plot(ax, rows, k, "--", label=k.split("/", 1)[1])
+    ax.set(ylabel="mean reward")
+
+
+def _accuracy(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    _plot(ax, rows, "accuracy", label="accuracy")
+    _plot(ax, rows, "parse_rate", label="parse rate")
     tasks = list(dict.fromkeys(k.split("/")[1] for k in keys if k.startswith("eval/")))
     for i, task in enumerate(tasks):  # greedy held-out evals: colour of the metric, a marker per task
         for what, color, face in (("accuracy", "C0", None), ("parse_rate", "C1", "none")):
             _plot(
-                acc,
+                ax,
                 rows,
                 f"eval/{task}/{what}",
                 "osD^v"[i % 5],
@@ -105,39 +122,87 @@ def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure:
                 mfc=face,
                 label=f"eval {task} {what}",
             )
-    acc.set(ylabel="share of samples", ylim=(-0.03, 1.03))
+    ax.set(ylabel="share of samples", ylim=(-0.03, 1.03))
+
+
+def _zero_variance(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
     order = {c: i for i, c in enumerate(CAUSES)}  # a cause keeps its colour across runs
     causes = sorted({c for r in rows for c in _causes(r)}, key=lambda c: order.get(c, len(CAUSES)))
     pts = [r for r in rows if "zero_variance" in r]
     if causes and pts:
-        zv.stackplot(
+        ax.stackplot(
             [r["step"] for r in pts],
             *[[r.get(f"zero_variance/{c}") or 0 for r in pts] for c in causes],
             labels=causes,
             colors=[f"C{order.get(c, 9)}" for c in causes],
             alpha=0.8,
         )
-    _plot(zv, rows, "zero_variance", color="k", lw=1, label="total")
-    zv.set(ylabel="zero-variance groups", ylim=(0, 1.03))
-    _plot(kl, rows, "kl", label="kl (k3 loss term)")
-    _plot(kl, rows, "kl_ref", label="kl to reference (k1)")
-    ent = kl.twinx()
-    if _plot(ent, rows, "entropy", color="C3", label="entropy"):
-        ent.set_ylabel("entropy (nats)", color="C3")
-    kl.set(ylabel="KL")
-    _plot(length, rows, "response_length", label="response length")
-    length.set(ylabel="tokens", xlabel="step")
-    trunc = length.twinx()
-    if _plot(trunc, rows, "truncation_rate", color="C3", label="truncation rate"):
-        trunc.set_ylabel("truncation rate", color="C3")
-        trunc.set_ylim(-0.03, 1.03)
-    _plot(clip, rows, "clip_frac", label="policy clip fraction")
-    _plot(clip, rows, "value_clip_frac", label="value clip fraction")
-    clip.set(ylabel="clipped share", xlabel="step")
-    for ax, twin in ((rew, None), (acc, None), (zv, None), (kl, ent), (length, trunc), (clip, None)):
+    _plot(ax, rows, "zero_variance", color="k", lw=1, label="total")
+    ax.set(ylabel="zero-variance groups", ylim=(0, 1.03))
+
+
+def _kl_entropy(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    _plot(ax, rows, "kl", label="kl (k3 loss term)")
+    _plot(ax, rows, "kl_ref", label="kl to reference (k1)")
+    if ax.lines:
+        ax.set(ylabel="KL")
+    return _twin(ax, rows, "entropy", "entropy", "entropy (nats)") if _points(rows, "entropy") else None
+
+
+def _length(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    _plot(ax, rows, "response_length", label="response length")
+    if ax.lines:
+        ax.set(ylabel="tokens")
+    if not _points(rows, "truncation_rate"):
+        return None
+    twin = _twin(ax, rows, "truncation_rate", "truncation rate", "truncation rate")
+    twin.set_ylim(-0.03, 1.03)
+    return twin
+
+
+def _clip(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    _plot(ax, rows, "clip_frac", label="policy clip fraction")
+    _plot(ax, rows, "value_clip_frac", label="value clip fraction")
+    ax.set(ylabel="clipped share")
+
+
+# (panel, the metrics it draws: a panel none of whose metrics was logged is left out)
+PANELS = (
+    (_reward, lambda k: k == "reward" or k.startswith("reward/")),
+    (_accuracy, lambda k: k in ("accuracy", "parse_rate") or k.startswith("eval/")),
+    (_zero_variance, lambda k: k == "zero_variance" or k.startswith("zero_variance/")),
+    (_kl_entropy, lambda k: k in ("kl", "kl_ref", "entropy")),
+    (_length, lambda k: k in ("response_length", "truncation_rate")),
+    (_clip, lambda k: k in ("clip_frac", "value_clip_frac")),
+)
+
+
+def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
+    """Up to six panels over steps, two per row: reward, accuracy/parse rate (+ evals),
+    zero-variance by cause, KL and entropy, response length and truncation, clip fraction. A panel
+    whose metrics were never logged (KL without a KL term, say) is left out rather than drawn
+    empty; None when there is no panel at all. One figure: one render, one PNG."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    logged = [k for k in keys if k != "step" and _points(rows, k)]
+    panels = [draw for draw, wants in PANELS if any(wants(k) for k in logged)]
+    if not panels:
+        return None
+    n_rows, n_cols = (len(panels) + 1) // 2, min(2, len(panels))
+    fig = Figure(figsize=(11 if n_cols == 2 else 6, 0.6 + 2.8 * n_rows), layout="constrained")
+    fig.suptitle(title)
+    grid = fig.subplots(n_rows, n_cols, sharex=True, squeeze=False).ravel()
+    for ax in grid[len(panels) :]:  # an odd count: the last row has one panel
+        fig.delaxes(ax)
+    for i, (ax, draw) in enumerate(zip(grid, panels, strict=False)):
+        twin = draw(ax, rows, keys)  # a right-hand axis the panel added, if any
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        handles = [h for a in (ax, twin) if a is not None for h in a.get_legend_handles_labels()[0]]
+        if i + n_cols >= len(panels):  # the lowest panel of its column carries the step axis
+            ax.set_xlabel("step")
+            ax.xaxis.set_tick_params(labelbottom=True)
+        handles = [
+            h for a in dict.fromkeys((ax, twin)) if a is not None for h in a.get_legend_handles_labels()[0]
+        ]
         if handles:
             ax.legend(handles=handles, fontsize=8)
     return fig
@@ -220,9 +285,10 @@ def rl_section(stage: Stage, plots: Path) -> str:
         _box(bad),
         gate_and_probe(summary.get("gate") or pre.get("gate"), summary.get("probe") or pre.get("probe")),
     ]
-    if rows:
-        name = stage.folder.name
-        parts.append(_embed(rl_figure(rows, name), plots / f"{name}-curves.png", f"{name} RL curves"))
+    name = stage.folder.name
+    fig = rl_figure(rows, name) if rows else None
+    if fig is not None:
+        parts.append(_embed(fig, plots / f"{name}-curves.png", f"{name} RL curves"))
     else:
         parts.append("<p>No metrics logged.</p>")
     parts.append(rl_compute(summary, rows))

@@ -1,4 +1,5 @@
-"""The section of a supervised training stage (pretrain, sft): loss curve, throughput, data counts."""
+"""The section of a supervised training stage (pretrain, sft): loss curve, throughput, data counts,
+and one example per data source with the tokens the loss trains on marked."""
 
 from __future__ import annotations
 
@@ -9,15 +10,29 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _box, _embed, _number, _read_json, _table, read_metrics
+from temper.report.common import Stage, _box, _embed, _esc, _number, _read_json, _table, read_metrics
+
+# whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
+_VISIBLE = {" ": "·", "\t": "→", "\n": "↵", "\r": "␍"}
+LEGEND = (
+    '<p>Legend: <span class="toks"><span class="sup">supervised</span></span> a token the loss trains '
+    'on; <span class="toks"><span>context</span></span> one it does not; '
+    '<span class="toks"><span class="sp">&lt;|special|&gt;</span></span> a special token; '
+    '<span class="toks"><span class="ws">·</span> <span class="ws">↵</span> <span class="ws">→</span></span> '
+    "a space, a newline, a tab. Hover a token for its id.</p>"
+)
 
 
-def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure:
-    """Train loss (and held-out loss points) over steps, the learning rate in a strip below."""
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
+    """Train loss (and held-out loss points) over steps, the learning rate in a strip below when
+    it was logged; None when no loss was (an empty plot says nothing)."""
     train = [(r["step"], r["loss"]) for r in rows if math.isfinite(r.get("loss", math.nan))]
     held = [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None]
+    lr = [(r["step"], r["lr"]) for r in rows if r.get("lr") is not None]
+    if not train and not held:
+        return None
+    fig = Figure(figsize=(7.5, 4.5 if lr else 3.4), layout="constrained")
+    ax, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1)) if lr else (fig.subplots(), None)
     if train:
         ax.plot(*zip(*train, strict=True), label="train loss", lw=1.5)
     if held:
@@ -28,13 +43,14 @@ def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure:
     ax.set(title=title, ylabel="loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    lr = [(r["step"], r["lr"]) for r in rows if r.get("lr") is not None]
-    if lr:
+    bottom = ax_lr or ax
+    if ax_lr is not None:
         ax_lr.plot(*zip(*lr, strict=True), color="C2")
-    ax_lr.set(xlabel="step", ylabel="lr")
-    ax_lr.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-    ax_lr.grid(alpha=0.3)
+        ax_lr.set(ylabel="lr")
+        ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        ax_lr.grid(alpha=0.3)
+    bottom.set(xlabel="step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 
 
@@ -43,9 +59,10 @@ def training_section(stage: Stage, plots: Path) -> str:
     rows, bad = read_metrics(stage.folder / "metrics.jsonl")
     summary = _read_json(stage.folder / f"{stage.kind}.json") or {}
     parts = [_box(bad)]
-    if rows:
+    fig = loss_figure(rows, stage.folder.name) if rows else None
+    if fig is not None:
         name = stage.folder.name
-        parts.append(_embed(loss_figure(rows, name), plots / f"{name}-loss.png", f"{name} loss"))
+        parts.append(_embed(fig, plots / f"{name}-loss.png", f"{name} loss"))
         tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
         if tps:
             mean = sum(tps) / len(tps)
@@ -61,4 +78,57 @@ def training_section(stage: Stage, plots: Path) -> str:
         counts += [] if summary["skipped_rows"] else [["skipped rows", 0]]
     loud = ("data: truncated", "data: dropped", "skipped")
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
-    return "".join(parts) + _table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)")
+    parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    return "".join(parts) + mask_section(stage.folder / "examples.json")
+
+
+def _token(piece: str, token_id: int, special: bool, supervised: bool) -> str:
+    """One token as a span: its text escaped, whitespace made visible; an empty piece is part of a
+    character that the next token completes."""
+    text = (
+        "".join(f'<span class="ws">{_VISIBLE[c]}</span>' if c in _VISIBLE else _esc(c) for c in piece)
+        or '<span class="ws">▯</span>'
+    )
+    cls = " ".join(c for c, on in (("sup", supervised), ("sp", special)) if on)
+    title = f"id {token_id}{' (special)' if special else ''}: {'supervised' if supervised else 'not trained'}"
+    attrs = f' class="{cls}"' if cls else ""
+    # the line break goes after the span: inside it would split the token's box over two lines
+    return f'<span{attrs} title="{_esc(title)}">{text}</span>' + "\n" * piece.count("\n")
+
+
+def mask_example(view: dict[str, Any]) -> str:
+    """One example from examples.json (`temper.data.mask_view`): a caption, warnings for a mask
+    that cannot teach the model to answer or to stop, and the tokens."""
+    pieces, mask, special, ids = view["pieces"], view["mask"], view["special"], view["ids"]
+    n_sup = sum(mask)
+    where = f"{view['source']}, row {view['line']}"
+    said = f"{where}: {len(ids)} tokens, {n_sup} supervised" + (
+        " (truncated at max_len)" if view.get("truncated") else ""
+    )
+    warn = []
+    if not n_sup:
+        warn.append(f"{where}: no token is supervised; this example teaches nothing")
+    eos = view.get("eos_token")
+    if (
+        n_sup
+        and eos
+        and not view.get("truncated")
+        and not any(p == eos and m for p, m in zip(pieces, mask, strict=True))
+    ):
+        warn.append(
+            f"{where}: the tokenizer's eos_token {eos!r} is not among the supervised tokens, so the model "
+            "does not learn to end its answer with it; generation that stops only at eos may not stop"
+        )
+    spans = "".join(_token(*t) for t in zip(pieces, ids, special, mask, strict=True))
+    return f"<p>{_esc(said)}</p>{_box(warn)}<div class='toks'>{spans}</div>"
+
+
+def mask_section(path: Path) -> str:
+    """The examples of a stage's examples.json under a legend; nothing when the stage wrote none."""
+    views = (_read_json(path) or {}).get("examples") or []
+    if not views:
+        return ""
+    return (
+        "<h3>Training examples as the loss sees them</h3><p>The first example of each data source, "
+        "token by token.</p>" + LEGEND + "".join(mask_example(v) for v in views)
+    )

@@ -3,7 +3,8 @@
 A group whose samples all get the same reward has zero advantage under every group-relative
 estimator, so it teaches nothing. The cause decides the fix: all correct (task too easy: harder
 problems), all wrong (too hard or the base cannot reach it: SFT or a curriculum), parse failure
-(format not learned: SFT is not done), truncated (max_new_tokens too small), verifier error.
+(format not learned: SFT is not done), truncated (max_new_tokens too small, or generation does not
+stop at the template's end of turn: `temper.models.chat.stop_warning`), verifier error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ ADVICE = {  # cause -> what it means and what to do; the probe's console warning
     "all_correct": "every sample already right: too easy to learn from; use harder problems",
     "all_wrong": "no sample right: too hard for this policy; more SFT, easier problems or a larger group",
     "parse_failure": "no answer could be parsed: the format is not learned; SFT first, or a format reward",
-    "truncated": "every sample hit max_new_tokens: raise max_new_tokens",
+    "truncated": (
+        "every sample hit max_new_tokens: raise max_new_tokens, unless the samples ran past the chat "
+        "template's end of turn (the probe then names it: set model.eos_token)"
+    ),
     "verifier_error": "the grader failed: check the task's verifier",
     "equal_other": "parsed but equal partial rewards: check the reward components",
 }

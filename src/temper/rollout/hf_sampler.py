@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from temper.models.chat import eos_ids
 from temper.precision import FP32, PrecisionChoice
 from temper.rollout.fast_decode import LlamaDecodeStep, SharedPrefixDecoder
 from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
@@ -44,16 +45,9 @@ from temper.rollout.sampling import choose_tokens, row_uniforms
 def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The tokenizer's eos id together with the model's `generation_config.eos_token_id`.
 
-    Chat models often stop on more than one id (Qwen2.5: `<|im_end|>` and `<|endoftext|>`)."""
-    ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(config_eos, int):
-        config_eos = [config_eos]
-    for i in config_eos or []:
-        if int(i) not in ids:
-            ids.append(int(i))
+    Chat models often stop on more than one id (Qwen2.5: `<|im_end|>` and `<|endoftext|>`); the
+    recipe's `model.eos_token` sets both (temper.models.chat)."""
+    ids = eos_ids(model, tokenizer)
     if not ids:
         raise ValueError("neither the tokenizer nor the model's generation config names an eos id")
     return ids

@@ -25,9 +25,12 @@ import copy
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SampleStopReason = Literal["eos", "stop", "length"]
 
@@ -74,6 +77,16 @@ class Sampler(Protocol):
     def sync(self, model: torch.nn.Module) -> None:
         """Make the sampler use `model`'s current weights (call after each optimizer update)."""
         ...
+
+
+def sampler_stop_ids(sampler: Sampler, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids `sampler` stops at: the tokenizer's eos and its model's generation config
+    (HFSampler reads both, `hf_sampler.stop_ids`), plus an engine's configured `stop_token_ids`
+    (VLLMSampler)."""
+    from temper.models.chat import eos_ids
+
+    ids = eos_ids(getattr(sampler, "model", None), tokenizer)
+    return ids + [int(i) for i in getattr(sampler, "stop_token_ids", []) if int(i) not in ids]
 
 
 def check_sample_args(

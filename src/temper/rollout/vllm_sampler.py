@@ -48,12 +48,13 @@ class VLLMSampler:
     """`Sampler` backed by `vllm.LLM`.
 
     model: a model directory or hub id vLLM can load (e.g. what `temper.models.save_model` wrote).
+    stop_token_ids: ids to stop at besides the model's own eos ids (the recipe's `model.eos_token`).
     llm_kwargs: passed to `vllm.LLM` (gpu_memory_utilization, max_model_len, dtype, ...).
     For cheap weight syncs run vLLM in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the
     weights then reach the engine without crossing a process boundary.
     """
 
-    def __init__(self, model: str | os.PathLike, **llm_kwargs: Any):
+    def __init__(self, model: str | os.PathLike, stop_token_ids: Sequence[int] = (), **llm_kwargs: Any):
         try:
             import vllm
         except ImportError as err:
@@ -73,7 +74,8 @@ class VLLMSampler:
                 ) from err
             raise
         self.tokenizer = self.llm.get_tokenizer()
-        self._stop_token_ids = self._config_stop_ids(str(model))
+        self.stop_token_ids = self._config_stop_ids(str(model))
+        self.stop_token_ids += [int(i) for i in stop_token_ids if int(i) not in self.stop_token_ids]
 
     def _config_stop_ids(self, model: str) -> list[int]:
         """The generation config's eos ids (vLLM stops on the tokenizer's eos by itself)."""
@@ -134,7 +136,7 @@ class VLLMSampler:
                 repetition_penalty=1.0,
                 max_tokens=max_new_tokens,
                 stop=list(stop) or None,
-                stop_token_ids=self._stop_token_ids or None,
+                stop_token_ids=self.stop_token_ids or None,
                 seed=seed,
                 logprobs=0,  # the sampled token's logprob only
             )

@@ -34,14 +34,17 @@ if TYPE_CHECKING:
 
 # the trainers' dataclasses are validated like the rest of the recipe (unknown keys are errors) and
 # their attribute docstrings become the descriptions the CLI's --help shows
-TrainConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+# (and no value may be inf or nan: `lr: .inf` or `temperature: .inf` would run and train nothing)
+TrainConfig.__pydantic_config__ = ConfigDict(
+    extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+)
+RLConfig.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class Strict(BaseModel):
     """A recipe block: unknown keys are errors, attribute docstrings are field descriptions."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class LoraSpec(Strict):
@@ -51,6 +54,14 @@ class LoraSpec(Strict):
     alpha: int = Field(32, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
+    save: Literal["merged", "adapter"] = "merged"
+    """merged: the adapter folded into the saved model (a plain model any Auto class loads);
+    adapter: a PEFT adapter folder (adapter_config.json + weights, tokenizer beside it) for
+    `PeftModel.from_pretrained`, which later stages also accept as their model."""
+
+    def adapter_args(self) -> dict[str, Any]:
+        """The keyword arguments of `temper.models.apply_lora`."""
+        return self.model_dump(exclude={"save"})
 
 
 Loc = tuple[str | int, ...]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.models.chat import ChatOptions
 from temper.tasks.base import Task
 
 
@@ -19,6 +20,7 @@ class StageContext:
     task_options: dict[str, dict[str, Any]]
     models: dict[str, Path] = field(default_factory=dict)  # stage name -> saved model dir
     model_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash
+    chat: ChatOptions = field(default_factory=ChatOptions)  # model.chat_template / eos_token
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()

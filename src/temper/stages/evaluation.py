@@ -9,11 +9,13 @@ from typing import Any, Literal
 from pydantic import Field
 from rich.console import Console
 
-from temper.evaluate import evaluate_splits, format_table, write_eval
-from temper.models import load_model, load_tokenizer
+from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
+from temper.models import load_model
+from temper.models.chat import eos_ids
 from temper.rollout import HFSampler
-from temper.stages.base import StageKind, Strict, lazy
+from temper.stages.base import StageKind, StageRun, Strict, lazy
 from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_tokenizer, whole_model
 
 console = Console(stderr=True)
 
@@ -22,7 +24,8 @@ class EvalStage(Strict):
     kind: Literal["eval"]
     name: str = "eval"
     models: list[str] = []
-    """Stages whose models to evaluate side by side; default: every model stage so far."""
+    """Stages whose models to evaluate side by side; default: every model stage so far. The model
+    the run started from is always evaluated too, first, so the table has a before and an after."""
     tasks: list[str] = []
     """Default: every task of the recipe."""
     splits: list[Literal["train", "test", "ood"]] = ["test", "ood"]
@@ -36,21 +39,39 @@ class EvalStage(Strict):
     """Generation backend: hf (in-process transformers) or vllm (GPU)."""
 
 
-def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
-    """Results as {task: {model stage: {split: result}}}, written to `out/eval.json`. Each model
-    is loaded once, into the stage's sampler backend, and serves every task and split."""
-    models = stage.models or list(ctx.models)
+def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
+    """(name, path) of the model the run started from: the recipe's `model.path` (named by that
+    path, as an eval-only recipe names it), or for a preset the first model stage's output (the
+    pretrained base: a preset's random init is no "before" worth a row). None for `temper eval`,
+    whose --model list is all there is."""
+    if job.model is None:
+        return None
+    if job.model.path:
+        return job.model.path, job.ctx.models.get(job.model.path, job.model.path)
+    return next(iter(job.ctx.models.items()), None)
+
+
+def run_eval(
+    stage: EvalStage, ctx: StageContext, out: Path, start: tuple[str, Path | str] | None = None
+) -> dict[str, Any]:
+    """Results as {task: {model: {split: result}}}, written to `out/eval.json`: the starting
+    model `start` first (once, even when `models` names it too), then the stage's models. Each
+    model is loaded once, into the stage's sampler backend, and serves every task and split."""
+    paths = dict([start]) if start else {}
+    paths |= {name: ctx.models[name] for name in stage.models or list(ctx.models)}
+    models = list(paths)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     for model_name in models:
-        path = ctx.models[model_name]
-        tokenizer = load_tokenizer(path)
+        path = paths[model_name]
+        model = None if stage.sampler == "vllm" else load_model(path)
+        tokenizer = load_chat_tokenizer(path, ctx, model)  # the recipe's chat options, as training saw them
         if stage.sampler == "vllm":
             from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
-            sampler = VLLMSampler(path)
+            sampler = VLLMSampler(whole_model(path, "sampler: vllm"), stop_token_ids=eos_ids(None, tokenizer))
         else:
-            sampler = HFSampler(load_model(path), tokenizer, max_batch_rows=64)
+            sampler = HFSampler(model, tokenizer, max_batch_rows=64)
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
@@ -64,7 +85,7 @@ def run_eval(stage: EvalStage, ctx: StageContext, out: Path) -> dict[str, Any]:
                 temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
             )
-        del sampler  # one model in memory at a time: drop this one before the next loads
+        del sampler, model  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 
@@ -75,17 +96,18 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
         for task, by_model in results.items()
         for model, by_split in by_model.items()
     }
-    return format_table(flat)
+    return format_table(flat) + "".join(f"\nwarning: {w}" for w in stop_warnings(flat))
 
 
 def describe(stage: EvalStage, recipe: Any) -> str:
-    return f"eval {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+    start = recipe.model.path or "the pretrained base"
+    return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
 
 
 KIND = StageKind(
     name="eval",
     spec=EvalStage,
-    run=lambda stage, job: run_eval(stage, job.ctx, job.out),
+    run=lambda stage, job: run_eval(stage, job.ctx, job.out, starting_model(job)),
     describe=describe,
     reads="models",
     produces_model=False,

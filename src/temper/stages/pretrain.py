@@ -18,7 +18,7 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_dir, atomic_write_json
 from temper.data.dataset import build_sequences
-from temper.data.formats import Example, load_rows
+from temper.data.formats import Example, NoUsableRowsError, load_rows
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
 from temper.stages.base import (
     StageKind,
@@ -67,7 +67,10 @@ class PretrainStage(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> PretrainStage:
-        raise_located([(("train", *loc), msg) for loc, msg in train_rules(self.train)])
+        errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
+        if not self.corpus.tasks and not self.corpus.files:
+            errors.append((("corpus",), "the corpus is empty: give tasks (their problems) or files (text)"))
+        raise_located(errors)
         return self
 
 
@@ -80,13 +83,15 @@ def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:
             examples.append(Example(source=f"task:{name}", line=i + 1, text=task.corpus_text(problem)))
     for path in stage.corpus.files:
         rows, _ = load_rows(path, ctx.base_dir)
-        examples += [r for r in rows if r.text is not None] or _no_text(path)
+        examples += [r for r in rows if r.text is not None] or _no_text(path, len(rows))
     random.Random(stage.corpus.seed).shuffle(examples)
     return examples
 
 
-def _no_text(path: str) -> list[Example]:
-    raise ValueError(f"corpus file {path!r} has no 'text' rows to pre-train on")
+def _no_text(path: str, rows: int) -> list[Example]:
+    raise NoUsableRowsError(
+        [path], f"{rows} rows read, none with a 'text' field (chat rows are for sft, not pretrain)"
+    )
 
 
 def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> str:
@@ -104,7 +109,9 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     settings = stage.model_dump(
         exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
-    return settings_hash("pretrain", spec.model_dump(exclude_unset=True), tasks, settings)
+    # pretraining renders no chats: the chat options never retrain a base
+    weights = spec.model_dump(exclude_unset=True, exclude={"chat_template", "eos_token"})
+    return settings_hash("pretrain", weights, tasks, settings)
 
 
 def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: Path) -> Path:

@@ -12,13 +12,17 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.evaluate import evaluate
-from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.models import load_model, save_trained, with_lora
+from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout import HFSampler, Sampler
+from temper.rollout.hf_sampler import stop_ids
+from temper.rollout.sampler import sampler_stop_ids
 from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, raise_located, rl_rules
 from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, train_rl
 
@@ -73,11 +77,18 @@ HELD_OUT_SEED = 4242  # which held-out problems the gate and the periodic evals 
 
 
 def greedy_eval(
-    sampler: Sampler, tokenizer, tasks: dict[str, Task], n: int, max_new_tokens: int, split: str = "test"
+    sampler: Sampler,
+    tokenizer,
+    tasks: dict[str, Task],
+    n: int,
+    max_new_tokens: int,
+    split: str = "test",
+    stop_warnings: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy and parse rate per task on `n` held-out problems: `evaluate` with k = 0, so
     the numbers are the eval stage's for the same problems (seed HELD_OUT_SEED, `n` problems).
-    A task whose verifier raised also reports how many completions it failed on."""
+    A task whose verifier raised also reports how many completions it failed on; a task whose
+    completions ran past an end-of-turn token has its `stop_warning` put in `stop_warnings`."""
     out: dict[str, float] = {}
     for name, task in tasks.items():
         r = evaluate(
@@ -95,41 +106,58 @@ def greedy_eval(
         out[f"{name}/parse_rate"] = r["metrics"]["parse_rate"]["value"]
         if r["verifier_errors"]:
             out[f"{name}/verifier_errors"] = r["verifier_errors"]
+        if stop_warnings is not None and r["stop_warning"]:
+            stop_warnings[name] = r["stop_warning"]
     return out
 
 
 def format_gate(
     gate: GateSpec, sampler: Sampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
 ) -> dict[str, Any]:
-    """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold."""
-    evals = greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens)
+    """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold. When
+    the completions ran past the template's end of turn, that is named as the cause, not SFT."""
+    unstopped: dict[str, str] = {}
+    evals = greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens, stop_warnings=unstopped)
     rates = {k: v for k, v in evals.items() if k.endswith("parse_rate")}
     errors = {k.split("/")[0]: int(v) for k, v in evals.items() if k.endswith("verifier_errors")}
     failing = {k: v for k, v in rates.items() if v < gate.min_parse_rate}
     result = {"threshold": gate.min_parse_rate, "parse_rates": rates, "passed": not failing}
     if errors:
         result["verifier_errors"] = errors
+    if unstopped:
+        result["stop_warnings"] = unstopped
     if failing:
         detail = ", ".join(f"{k.split('/')[0]} {100 * v:.0f}%" for k, v in failing.items())
         message = (
             f"format gate: parse rate below {100 * gate.min_parse_rate:.0f}% on held-out prompts ({detail}): "
-            "the policy does not yet answer in the required format, so SFT is not done. "
-            "Run (more) SFT first, or set gate.on_fail: warn to start RL anyway."
         )
+        stops = [f"{t}: {w}" for t, w in unstopped.items() if f"{t}/parse_rate" in failing]
+        if stops:  # the answers may be right and never end: the fix is the stop token, not more SFT
+            message += "generation does not stop at the end of the answer (" + "; ".join(stops) + ")."
+        else:
+            message += "the policy does not yet answer in the required format, so SFT is not done."
+        if gate.on_fail == "stop":  # the way out that is not taken already
+            message += (" Fix the stop token" if stops else " Run (more) SFT first") + (
+                ", or set gate.on_fail: warn to start RL anyway."
+            )
+        else:
+            message += " RL starts anyway (gate.on_fail: warn); groups that cannot parse carry no signal."
         if errors:  # a crashing verifier also reads as unparsed: say so rather than blame SFT alone
             said = ", ".join(f"{t} {n} of {gate.n_problems}" for t, n in errors.items())
             message += f" The verifier raised on some completions ({said}): check the task's verifier."
         if gate.on_fail == "stop":
             raise GateError(message)
+        result["message"] = message  # the report shows it beside the rates
         console.print(f"[yellow]warning[/]: {message}")
     return result
 
 
 def reachability_probe(
     sampler: Sampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Sample `groups` groups from the starting policy, as RL will, and report the share whose
-    rewards are all equal (no learning signal), by cause."""
+    rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
+    ran past a special token such as the template's end of turn."""
     probe = RLConfig(
         **{
             **config.__dict__,
@@ -151,10 +179,21 @@ def reachability_probe(
         f"reachability probe: {100 * stats['zero_variance']:.0f}% of {len(sampled)} groups have zero reward "
         f"variance" + (f" ({', '.join(f'{k} {100 * v:.0f}%' for k, v in causes.items())})" if causes else "")
     )
+    # completions that ran past a special token: the stop token is wrong, whatever the cause reads
+    found = unstopped_specials(tokenizer, [(r.sample.token_ids, r.sample.stop_reason) for r in rollouts])
+    unstopped = stop_warning(tokenizer, found, len(rollouts), sampler_stop_ids(sampler, tokenizer))
+    if unstopped:
+        stats["stop_warning"] = unstopped
+        console.print(f"[yellow]warning[/]: reachability probe: {unstopped}")
     if stats["zero_variance"] >= NO_SIGNAL_SHARE:
+        said = {cause: advice(cause) for cause in causes}
+        if unstopped:  # truncated / unparsed because the answer never ends: not max_new_tokens, not SFT
+            said |= {
+                c: "generation does not stop (above)" for c in ("truncated", "parse_failure") if c in said
+            }
         console.print(
             f"[yellow]warning[/]: {NO_SIGNAL_WARNING} "
-            + " ".join(f"{cause}: {advice(cause)}." for cause in causes)
+            + " ".join(f"{cause}: {text}." for cause, text in said.items())
         )
     return stats
 
@@ -179,13 +218,13 @@ class _AdapterDisabled(torch.nn.Module):
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     config = stage.train
     torch.manual_seed(config.seed)
-    tokenizer, model = load_tokenizer(source), load_model(source)
+    tokenizer, model = load_chat_model(source, ctx)
     model.eval()
     tasks = {name: ctx.tasks[name] for name in stage.tasks}
     if stage.sampler == "vllm":
         from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
-        sampler = VLLMSampler(source)
+        sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
     else:
         sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
     # The gate and the probe run on the main process (the others wait and get its verdict, or
@@ -204,12 +243,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
     reference = None
     if stage.lora:
-        model = with_lora(model, stage.lora.model_dump())
+        model = with_lora(model, stage.lora.adapter_args())
         if isinstance(sampler, HFSampler):
             sampler.sync(model)  # sample from the adapter model; vLLM receives weights after each update
         reference = _AdapterDisabled(model) if config.kl_coef > 0 else None
     elif config.kl_coef > 0:
-        reference = load_model(source).eval().requires_grad_(False)
+        reference = load_model(source).eval().requires_grad_(False)  # the eos options change no logit
 
     def evaluate(step: int) -> dict[str, float]:
         return greedy_eval(sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens)
@@ -224,7 +263,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         reference=reference,
         evaluate=evaluate,
     )
-    model_dir = save_trained(model, tokenizer, out / "model")
+    model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     summary |= {
         "steps": result.steps,
         "seconds": result.seconds,

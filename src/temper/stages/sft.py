@@ -17,7 +17,8 @@ from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_rows
-from temper.models import load_model, load_tokenizer, save_trained, with_lora
+from temper.data.mask_view import mask_views
+from temper.models import require_chat_template, save_trained, with_lora
 from temper.stages.base import (
     LoraSpec,
     StageKind,
@@ -30,6 +31,7 @@ from temper.stages.base import (
     train_rules,
 )
 from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_model
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -59,7 +61,7 @@ class SFTStage(Strict):
     pack: bool = False
     train: TrainConfig = TrainConfig()
     lora: LoraSpec | None = None
-    """Train a PEFT LoRA adapter and merge it into the saved model."""
+    """Train a PEFT LoRA adapter; saved merged into the model unless lora.save: adapter."""
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
 
@@ -127,20 +129,24 @@ def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], lis
 
 
 def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
-    tokenizer, model = load_tokenizer(source), load_model(source)
+    tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
+    if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
+        require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
     sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
     require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
+    if distributed.is_main():  # the first example of each source with its loss mask, for the report
+        atomic_write_json(out / "examples.json", mask_views(tokenizer, train_rows, stage.max_len))
     console.print(
         f"sft: {stats.examples} examples ({stats.truncated} truncated, {stats.dropped} dropped), "
         f"{stats.supervised_tokens} supervised tokens, {len(eval_set)} held-out"
     )
     config = epoch_steps(stage.train, len(train), "sft")
-    model = with_lora(model, stage.lora and stage.lora.model_dump())
+    model = with_lora(model, stage.lora and stage.lora.adapter_args())
     result = train_supervised(model, train, config, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set)
-    model_dir = save_trained(model, tokenizer, out / "model")
+    model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     if distributed.is_main():
         atomic_write_json(
             out / "sft.json",

@@ -43,9 +43,23 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read back (damaged on disk, or edited): named, with what to do."""
+
+
 def load_checkpoint(path: Path, accelerator: Accelerator) -> int:
     """Restore what `accelerator` prepared and this process's RNG in place; return the step.
 
-    Prepare the same objects in the same order as the run that saved it."""
-    accelerator.load_state(str(path))
-    return json.loads((path / "state.json").read_text())["step"]
+    Prepare the same objects in the same order as the run that saved it. A checkpoint is written
+    whole or not at all, so one that fails to load was damaged afterwards; whatever torch,
+    pickle or Accelerate raise for it, the error names the folder rather than a traceback."""
+    try:
+        step = json.loads((path / "state.json").read_text())["step"]
+        accelerator.load_state(str(path))
+    except Exception as err:
+        why = " ".join(str(err).split())[:200] or type(err).__name__
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {why}); remove that folder to "
+            f"resume from the checkpoint before it, or remove {path.parent.parent} to start the stage over"
+        ) from err
+    return step

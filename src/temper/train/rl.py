@@ -229,7 +229,7 @@ def train_rl(
                 row |= rollout_metrics(groups, config, t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
                 for g in groups[: config.log_rollouts]:
-                    for rec in rollout_record(step + 1, g):
+                    for rec in rollout_record(step + 1, g, tokenizer):
                         rollouts.log(rec)
                 # 2. tensors, reference logprobs and values (no grad), advantages
                 with precision.applied(model, reference):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rollout.sampler import Sample
@@ -150,14 +151,16 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
     return Packed(ids.to(device), positions.to(device), index.to(device), completions_B_T[mask_B_T.bool()])
 
 
-def rollout_record(step: int, group: Group) -> list[dict[str, Any]]:
-    """JSON rows for rollouts.jsonl (what the report shows as sample rollouts)."""
+def rollout_record(step: int, group: Group, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """JSON rows for rollouts.jsonl (what the report shows as sample rollouts). With the tokenizer,
+    `completion` keeps the special tokens generation ran past, marked, as eval examples do
+    (`temper.models.chat.shown_completion`), and `graded` is the text graded when it differs."""
     return [
         {
             "step": step,
             "problem": r.problem.id,
             "prompt": r.problem.prompt,
-            "completion": r.sample.text,
+            **_completion(r.sample, tokenizer),
             "reward": r.reward,
             "parts": r.parts,
             "correct": r.score.correct,
@@ -167,3 +170,10 @@ def rollout_record(step: int, group: Group) -> list[dict[str, Any]]:
         }
         for r in group.rollouts
     ]
+
+
+def _completion(sample: Sample, tokenizer: Any) -> dict[str, str]:
+    if tokenizer is None:
+        return {"completion": sample.text}
+    shown = shown_completion(tokenizer, sample.token_ids, sample.stop_reason)
+    return {"completion": shown} | ({"graded": sample.text} if sample.text != shown else {})

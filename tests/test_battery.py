@@ -1,0 +1,997 @@
+"""The bad-input battery (issue 7): distinct bad inputs and faults across recipes, data files,
+model folders, CLI flags and interrupts, each taken through the `temper` command end to end.
+
+Every case asserts the same four things: the exit code (2 for a refusal, 130 for Ctrl-C, 143 for
+SIGTERM), one `temper: error:` line (or block) naming the place (file:line, key path, field, path
+or flag), no traceback, and nothing half-written: no `.tmp-`/`.old-` scratch anywhere, no output
+folder created for a refused plan, and a folder that already held work left byte for byte as it
+was. Cases run in-process through `temper.cli.main` where that is faithful (it is the whole
+command: argument parsing, checks, the error handler); the three interrupts use a real
+subprocess and a real signal.
+
+A case is a function from a `World` (a scratch folder, a saved nano model) to a `Bad`: add one
+with `@case("class/name")`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import temper
+from temper.cli import main
+from temper.models import build_preset, build_tokenizer, load_model, save_model
+from temper.train.checkpoint import list_checkpoints
+
+GOOD = {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}
+
+
+def _row(*messages: tuple[str, str]) -> str:
+    return json.dumps({"messages": [{"role": r, "content": c} for r, c in messages]}) + "\n"
+
+
+ROW = _row(("user", "1+1"), ("assistant", "2"))
+
+
+@dataclass
+class Bad:
+    """One bad input: the command and what its refusal must name."""
+
+    argv: list[str] | None
+    names: list[str]
+    code: int = 2
+    fresh: Path | None = None
+    """An output folder the refusal must not create (nor leave behind)."""
+    keep: Path | None = None
+    """A folder holding earlier work, which must be left exactly as it was."""
+    run: Callable[[], tuple[int, str]] | None = None
+    """Instead of `main(argv)` in-process: (exit code, stderr)."""
+    quiet: bool = False
+    """No `temper:` line is expected (a kill -9 says nothing; its rerun finishes)."""
+    then: Callable[[], None] | None = None
+    """Further checks, after the common ones."""
+
+
+@dataclass
+class World:
+    tmp: Path
+    saved: Path
+    capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch
+    resumed: list[int] = field(default_factory=list)
+    said: str = ""  # the command's stderr, for the checks that follow
+
+    @property
+    def out(self) -> Path:
+        return self.tmp / "out"
+
+    def file(self, name: str, content: str | bytes) -> str:
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return str(path)
+
+    def model(self, damage: Callable[[Path], object] | None = None, name: str = "model") -> str:
+        folder = self.tmp / name
+        shutil.copytree(self.saved, folder)
+        if damage:
+            damage(folder)
+        return str(folder)
+
+    def loop(self, name: str) -> str:
+        """A symbolic link that points, through another, back at itself."""
+        a, b = self.tmp / name, self.tmp / f"{name}.other"
+        a.symlink_to(b)
+        b.symlink_to(a)
+        return str(a)
+
+    def sft(self, data: str | None = None, model: str | None = None, *extra: str) -> list[str]:
+        data = data if data is not None else self.file("good.jsonl", ROW * 4)
+        model = model if model is not None else str(self.saved)
+        return [
+            "sft", "--model", model, "--out", str(self.out), "--data.files", data,
+            "--train.max_steps", "1", "--train.warmup_steps", "0", "--train.batch_size", "2",
+            "--data.eval_problems", "0", *extra,
+        ]  # fmt: skip
+
+    def refused_sft(
+        self, names: list[str], data: str | None = None, model: str | None = None, *extra: str
+    ) -> Bad:
+        return Bad(self.sft(data, model, *extra), names, fresh=self.out)
+
+    def recipe(self, text: str, *flags: str) -> tuple[str, list[str]]:
+        path = self.file("recipe.yaml", text)
+        return path, ["run", path, *(flags or ("--dry-run",))]
+
+
+CASES: dict[str, Callable[[World], Bad]] = {}
+
+
+def case(name: str) -> Callable[[Callable[[World], Bad]], Callable[[World], Bad]]:
+    def register(build: Callable[[World], Bad]) -> Callable[[World], Bad]:
+        assert name not in CASES, name
+        CASES[name] = build
+        return build
+
+    return register
+
+
+# --- recipes --------------------------------------------------------------------------------
+
+RECIPE = """\
+name: battery
+model: {preset: nano}
+tasks:
+  arithmetic: {max_digits: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 10}
+    train: {max_steps: 2, batch_size: 2, warmup_steps: 0}
+  - kind: sft
+    data: {tasks: [arithmetic], problems_per_task: 10, eval_problems: 0}
+    train: {max_steps: 2, batch_size: 2, warmup_steps: 0}
+"""
+
+
+def _edit(line: int, text: str) -> str:
+    """RECIPE with its 1-based `line` replaced by `text` (so the other lines keep their numbers)."""
+    lines = RECIPE.splitlines()
+    lines[line - 1] = text
+    return "\n".join(lines) + "\n"
+
+
+def _recipe_case(text: str | bytes, where: Callable[[str], list[str]], *flags: str) -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        path = w.file("recipe.yaml", text)
+        return Bad(["run", path, *(flags or ("--dry-run",))], where(path), fresh=w.tmp / "runs")
+
+    return build
+
+
+case("recipe/yaml-syntax")(
+    _recipe_case(_edit(2, "model: {preset: nano"), lambda p: [f"{p}:3:", "invalid YAML"])
+)
+case("recipe/tab-indentation")(
+    _recipe_case(_edit(4, "\tarithmetic: {max_digits: 2}"), lambda p: [f"{p}:4:", "'\\t'"])
+)
+case("recipe/top-level-list")(
+    _recipe_case("- kind: sft\n- kind: rl\n", lambda p: [p, "must be a YAML mapping"])
+)
+case("recipe/empty-file")(_recipe_case("", lambda p: [p, "must be a YAML mapping"]))
+case("recipe/not-utf8")(
+    _recipe_case(
+        RECIPE.encode().replace(b"battery", b"b\xe4ttery"), lambda p: [f"{p}:1:", "not UTF-8", "0xe4"]
+    )
+)
+case("recipe/duplicate-key")(
+    _recipe_case(
+        RECIPE.replace("{preset: nano}\n", "{preset: nano}\nmodel: {preset: micro}\n"),
+        lambda p: [f"{p}:3:", "'model' is given twice (first at line 2)"],
+    )
+)
+case("recipe/undefined-alias")(_recipe_case(_edit(2, "model: *base"), lambda p: [f"{p}:2:", "alias"]))
+case("recipe/stage-not-a-mapping")(_recipe_case(RECIPE + "  - eval\n", lambda p: [f"{p}:12:", "stages[2]"]))
+case("recipe/stage-kind-typo")(
+    _recipe_case(_edit(9, "  - kind: sfft"), lambda p: [f"{p}:9:", "stages[1].kind", "did you mean 'sft'"])
+)
+case("recipe/value-of-wrong-type")(
+    _recipe_case(
+        _edit(8, "    train: {max_steps: ten, batch_size: 2, warmup_steps: 0}"),
+        lambda p: [f"{p}:8:", "stages[0].train.max_steps"],
+    )
+)
+case("recipe/infinite-value")(
+    _recipe_case(
+        _edit(11, "    train: {max_steps: 2, batch_size: 2, warmup_steps: 0, lr: .inf}"),
+        lambda p: [f"{p}:11:", "stages[1].train.lr", "finite number"],
+    )
+)
+case("recipe/pretrain-corpus-empty")(
+    _recipe_case(_edit(7, "    corpus: {}"), lambda p: [f"{p}:7:", "stages[0].corpus", "corpus is empty"])
+)
+case("recipe/unknown-task")(
+    _recipe_case(
+        _edit(10, "    data: {tasks: [arithmetc], problems_per_task: 10, eval_problems: 0}"),
+        lambda p: [f"{p}:10:", "stages[1]", "'arithmetc'"],
+    )
+)
+case("recipe/data-file-missing")(
+    _recipe_case(
+        _edit(10, "    data: {files: [nope.jsonl], eval_problems: 0}"),
+        lambda p: [f"{p}:10:", "stages[1].data.files[0]", "nope.jsonl", "does not exist"],
+    )
+)
+case("recipe/model-folder-missing")(
+    _recipe_case(_edit(2, "model: {path: ./no-model}"), lambda p: [f"{p}:2:", "model.path", "no-model"])
+)
+case("recipe/task-split-empty")(
+    _recipe_case(
+        _edit(4, "  arithmetic: {max_digits: 2, test_fraction: 0.999999}"),
+        lambda p: [f"{p}:4:", "tasks.arithmetic", "yields no train problems"],
+    )
+)
+
+
+@case("recipe/batch-not-divisible-by-the-launch")
+def _(w: World) -> Bad:
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("WORLD_SIZE", "2")
+    text = _edit(11, "    train: {max_steps: 2, batch_size: 3, warmup_steps: 0}")
+    path, argv = w.recipe(text)
+    return Bad(argv, [f"{path}:11:", "stages[1].train.batch_size", "2 processes"], fresh=w.tmp / "runs")
+
+
+case("recipe/stage-name-with-a-slash")(
+    _recipe_case(RECIPE + "    name: sft/v2\n", lambda p: [f"{p}:12:", "stages[1].name", "plain folder name"])
+)
+case("recipe/run-name-climbing-out")(
+    _recipe_case(_edit(1, "name: ../../elsewhere"), lambda p: [f"{p}:1:", "name", "plain folder name"])
+)
+
+
+@case("recipe/output-dir-holding-another-recipes-run")
+def _(w: World) -> Bad:
+    run = w.tmp / "run"
+    w.file("run/recipe.yaml", RECIPE.replace("name: battery", "name: last-week"))
+    w.file("run/01-pretrain/stage.json", '{"hash": "0123456789abcdef", "kind": "pretrain"}')
+    _, argv = w.recipe(RECIPE, "--output-dir", str(run))
+    return Bad(argv, [str(run), "recipe 'last-week'", "another --output-dir"], keep=run)
+
+
+@case("recipe/model-without-chat-template")
+def _(w: World) -> Bad:
+    base = w.model(_unlink("chat_template.jinja"), name="base")
+    text = RECIPE.replace("{preset: nano}", f"{{path: {base}}}").replace(_PRETRAIN_STAGE, "")
+    path, argv = w.recipe(text)
+    return Bad(argv, [f"{path}:2:", "model.path", "no chat template", "'sft'"], fresh=w.tmp / "runs")
+
+
+_PRETRAIN_STAGE = """\
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 10}
+    train: {max_steps: 2, batch_size: 2, warmup_steps: 0}
+"""
+
+
+@case("recipe/chat-template-not-jinja")
+def _(w: World) -> Bad:
+    w.file("chat.jinja", "{{ messages[0].content ")  # an expression never closed
+    path, argv = w.recipe(RECIPE.replace("{preset: nano}", "{preset: nano, chat_template: chat.jinja}"))
+    return Bad(
+        argv, [f"{path}:2:", "model.chat_template", "not a valid Jinja template"], fresh=w.tmp / "runs"
+    )
+
+
+@case("recipe/is-a-folder")
+def _(w: World) -> Bad:
+    return Bad(["run", str(w.tmp), "--dry-run"], [str(w.tmp), "is a folder"], fresh=w.tmp / "runs")
+
+
+@case("recipe/missing")
+def _(w: World) -> Bad:
+    return Bad(["run", str(w.tmp / "r.yaml"), "--dry-run"], [str(w.tmp / "r.yaml"), "does not exist"])
+
+
+@case("recipe/symlink-loop")
+def _(w: World) -> Bad:
+    path = w.loop("r.yaml")
+    return Bad(["run", path, "--dry-run"], [path, "loop"], fresh=w.tmp / "runs")
+
+
+@case("recipe/output-dir-is-a-file")
+def _(w: World) -> Bad:
+    taken = w.file("taken", "keep me")
+    _, argv = w.recipe(RECIPE, "--output-dir", taken)
+    return Bad(
+        argv, [taken, "is a file where a folder is needed"], then=lambda: _same(Path(taken), "keep me")
+    )
+
+
+@case("recipe/output-dir-under-proc")
+def _(w: World) -> Bad:
+    _, argv = w.recipe(RECIPE, "--output-dir", "/proc/temper-battery/run")
+    return Bad(argv, ["/proc/temper-battery"], fresh=Path("/proc/temper-battery"))
+
+
+def _same(path: Path, text: str) -> None:
+    assert path.read_text() == text
+
+
+# --- data files (through `temper sft`, and `temper pretrain` for a corpus) -------------------
+
+
+def _data_case(
+    content: str | bytes, where: Callable[[str], list[str]], *extra: str
+) -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        path = w.file("data.jsonl", content)
+        return w.refused_sft(where(path), path, None, *extra)
+
+    return build
+
+
+case("data/not-utf8")(
+    _data_case(ROW.encode() + b'{"messages": "\xff"}\n', lambda p: [f"{p}:2:", "not UTF-8"])
+)
+case("data/invalid-json")(_data_case(ROW + '{"messages": [\n', lambda p: [f"{p}:2:", "invalid JSON"]))
+case("data/row-is-a-list")(_data_case(ROW + "[1, 2]\n", lambda p: [f"{p}:2:", "must be a JSON object"]))
+case("data/empty-file")(_data_case("", lambda p: [p, "no usable training rows", "0 rows read"]))
+case("data/blank-lines-only")(_data_case("\n  \n\r\n", lambda p: [p, "no usable training rows"]))
+case("data/gzip-compressed")(
+    _data_case(gzip.compress(ROW.encode() * 3, mtime=0), lambda p: [f"{p}:1:", "not UTF-8"])
+)
+case("data/nested-too-deep")(
+    _data_case("[" * 100_000 + "]" * 100_000 + "\n", lambda p: [f"{p}:1:", "nested too deeply"])
+)
+case("data/duplicate-json-key")(
+    _data_case(
+        '{"messages": [{"role": "user", "content": "a", "content": "b"}, {"role": "assistant", "content": "c"}]}\n',
+        lambda p: [f"{p}:1:", "content"],
+    )
+)
+case("data/empty-assistant-turn")(
+    _data_case(
+        _row(("user", "1+1"), ("assistant", " ")), lambda p: [f"{p}:1:", "messages[1].content", "empty"]
+    )
+)
+case("data/tool-result-without-a-call")(
+    _data_case(
+        _row(("user", "1+1"), ("tool", "2"), ("assistant", "2")), lambda p: [f"{p}:1:", "messages[1].role"]
+    )
+)
+case("data/lone-assistant-turn")(
+    _data_case(_row(("assistant", "2")), lambda p: [f"{p}:1:", "messages[0].role", "nothing to condition on"])
+)
+case("data/mixed-row-formats")(
+    _data_case(ROW + json.dumps({"prompt": "1+1", "completion": "2"}) + "\n", lambda p: [f"{p}:2:"])
+)
+case("data/content-not-a-string")(
+    _data_case(
+        '{"messages": [{"role": "user", "content": NaN}, {"role": "assistant", "content": "2"}]}\n',
+        lambda p: [f"{p}:1:", "messages[0].content", "must be a string"],
+    )
+)
+case("data/unknown-role")(
+    _data_case(
+        _row(("human", "1+1"), ("assistant", "2")), lambda p: [f"{p}:1:", "messages[0].role", "'human'"]
+    )
+)
+case("data/every-row-longer-than-max-len")(
+    _data_case(
+        _row(("user", "9" * 300), ("assistant", "2")) * 3,
+        lambda p: [p, "3 longer than max_len=16"],
+        "--max_len",
+        "16",
+    )
+)
+
+
+@case("data/folder-given-as-file")
+def _(w: World) -> Bad:
+    (w.tmp / "rows").mkdir()
+    return w.refused_sft(
+        ["--data.files", str(w.tmp / "rows"), "name a data file inside it"], str(w.tmp / "rows")
+    )
+
+
+@case("data/missing")
+def _(w: World) -> Bad:
+    return w.refused_sft(["--data.files", "nope.jsonl", "does not exist"], str(w.tmp / "nope.jsonl"))
+
+
+@case("data/symlink-loop")
+def _(w: World) -> Bad:
+    path = w.loop("rows.jsonl")
+    return w.refused_sft(["--data.files", path, "does not exist"], path)
+
+
+@case("data/unreadable")
+def _(w: World) -> Bad:
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    path = w.file("secret.jsonl", ROW)
+    os.chmod(path, 0)
+    return w.refused_sft(["--data.files", path, "not readable"], path)
+
+
+@case("data/pretrain-corpus-of-chat-rows")
+def _(w: World) -> Bad:
+    path = w.file("chat.jsonl", ROW * 3)
+    argv = ["pretrain", "--preset", "nano", "--out", str(w.out), "--corpus.files", path]
+    argv += ["--train.max_steps", "1", "--train.warmup_steps", "0"]
+    return Bad(argv, [path, "none with a 'text' field"], fresh=w.out)
+
+
+# --- model folders (through `temper sft --model`) --------------------------------------------
+
+
+def _model_case(damage: Callable[[Path], object], *names: str) -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        model = w.model(damage)
+        return w.refused_sft([model, *names], None, model)
+
+    return build
+
+
+def _truncate(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+
+
+def _set_config(**changes: object) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+    return damage
+
+
+def _unlink(*patterns: str) -> Callable[[Path], None]:
+    return lambda folder: [p.unlink() for pattern in patterns for p in folder.glob(pattern)]
+
+
+def _weights_folder(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").mkdir()
+
+
+def _garbage_bin(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_text("<html>404</html>")
+
+
+def _no_special_tokens(folder: Path) -> None:
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+
+
+case("model/no-tokenizer-files")(_model_case(_unlink("tokenizer*"), "has no tokenizer.json"))
+case("model/truncated-weights")(_model_case(_truncate, "model.safetensors", "truncated"))
+case("model/weights-is-a-folder")(_model_case(_weights_folder, "model.safetensors", "is a folder"))
+case("model/config-not-an-object")(
+    _model_case(lambda f: (f / "config.json").write_text("[1, 2]"), "config.json", "JSON object")
+)
+case("model/config-size-inconsistent")(_model_case(_set_config(hidden_size=7), "hidden size"))
+case("model/unknown-model-type")(_model_case(_set_config(model_type="nonsense"), "nonsense"))
+case("model/weights-of-another-shape")(
+    _model_case(_set_config(intermediate_size=96), "holds no loadable model")
+)
+case("model/tokenizer-without-pad-or-eos")(_model_case(_no_special_tokens, "neither a pad nor an eos token"))
+case("model/garbage-pytorch-bin")(_model_case(_garbage_bin, "holds no loadable model", "Weights only load"))
+
+
+@case("model/no-chat-template-for-rl")
+def _(w: World) -> Bad:
+    model = w.model(_unlink("chat_template.jinja"))
+    argv = ["rl", "--model", model, "--out", str(w.out), "--tasks", "arithmetic", "--train.steps", "1"]
+    return Bad(argv, ["--model", model, "no chat template", "'rl'"], fresh=w.out)
+
+
+@case("model/no-chat-template-for-chat-rows")
+def _(w: World) -> Bad:
+    model = w.model(_unlink("chat_template.jinja"))
+    return w.refused_sft(["--model", model, "no chat template"], None, model)
+
+
+@case("model/missing")
+def _(w: World) -> Bad:
+    return w.refused_sft(["--model", str(w.tmp / "nomodel"), "does not exist"], None, str(w.tmp / "nomodel"))
+
+
+@case("model/is-a-file")
+def _(w: World) -> Bad:
+    path = w.file("model.txt", "weights")
+    return w.refused_sft(["--model", path, "is a file"], None, path)
+
+
+@case("model/empty-folder")
+def _(w: World) -> Bad:
+    (w.tmp / "empty").mkdir()
+    return w.refused_sft([str(w.tmp / "empty"), "has no config.json"], None, str(w.tmp / "empty"))
+
+
+@case("model/a-run-folder-not-its-model")
+def _(w: World) -> Bad:
+    (w.tmp / "run" / "02-sft").mkdir(parents=True)
+    w.model(name="run/02-sft/model")
+    run = str(w.tmp / "run")
+    return w.refused_sft([run, "did you mean", str(w.tmp / "run" / "02-sft" / "model")], None, run)
+
+
+@case("model/hub-id-offline")
+def _(w: World) -> Bad:
+    w.monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return w.refused_sft(
+        ["--model", "nosuch-org/nosuch-model", "HF_HUB_OFFLINE"], None, "nosuch-org/nosuch-model"
+    )
+
+
+@case("model/symlink-loop")
+def _(w: World) -> Bad:
+    path = w.loop("model")
+    return w.refused_sft(["--model", path, "loop"], None, path)
+
+
+# --- CLI flags ---------------------------------------------------------------------------------
+
+
+def _flag_case(names: list[str], *extra: str, code: int = 2) -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        return Bad(w.sft(None, None, *extra), names, code=code, fresh=w.out)
+
+    return build
+
+
+case("flag/lr-not-a-number")(_flag_case(["--train.lr", "valid number"], "--train.lr", "3e-4x"))
+case("flag/batch-size-zero")(
+    _flag_case(["--train.batch_size", "greater than or equal to 1"], "--train.batch_size", "0")
+)
+case("flag/schedule-typo")(
+    _flag_case(["--train.schedule", "did you mean 'cosine'"], "--train.schedule", "cosin")
+)
+case("flag/unknown-flag")(_flag_case(["unrecognized arguments: --train.lrr"], "--train.lrr", "1"))
+case("flag/task-option-without-value")(
+    _flag_case(["--task-option", "TASK.OPTION=VALUE"], "--task-option", "arithmetic")
+)
+case("flag/task-option-unknown-task")(
+    _flag_case(["--task-option nosuch", "unknown task"], "--task-option", "nosuch.max_digits=2")
+)
+case("flag/task-option-unknown-option")(
+    _flag_case(
+        ["--task-option arithmetic", "unknown option 'digits'"], "--task-option", "arithmetic.digits=2"
+    )
+)
+case("flag/tasks-unknown")(
+    _flag_case(["--data.tasks arithmatic", "unknown task"], "--data.tasks", "arithmatic")
+)
+case("flag/lr-infinite")(_flag_case(["--train.lr", "finite number"], "--train.lr", "inf"))
+case("flag/max-len-one")(_flag_case(["--max_len"], "--max_len", "1"))
+
+
+@case("flag/chat-template-not-jinja")
+def _(w: World) -> Bad:
+    template = w.file("chat.jinja", "{% for message in messages %}{{ message.content }}")  # no endfor
+    argv = w.sft(None, None, "--model.chat_template", template)
+    return Bad(argv, ["--model.chat_template", template, "not a valid Jinja template"], fresh=w.out)
+
+
+@case("flag/tracker-not-installed")
+def _(w: World) -> Bad:
+    import importlib.util
+
+    if importlib.util.find_spec("dvclive"):
+        pytest.skip("dvclive is installed here")
+    argv = w.sft(None, None, "--train.trackers", "dvclive")
+    return Bad(argv, ["--train.trackers", "pip install dvclive"], fresh=w.out)
+
+
+@case("flag/yaml-value-unclosed")
+def _(w: World) -> Bad:
+    argv = ["rl", "--model", str(w.saved), "--out", str(w.out), "--tasks", "arithmetic"]
+    return Bad([*argv, "--train.rewards", "{outcome: 1"], ["--train.rewards", "invalid YAML"], fresh=w.out)
+
+
+@case("flag/task-split-empty")
+def _(w: World) -> Bad:
+    argv = ["rl", "--model", str(w.saved), "--out", str(w.out), "--tasks", "arithmetic"]
+    argv += ["--task-option", "arithmetic.test_fraction=0.999999"]
+    return Bad(argv, ["--tasks", "'arithmetic' yields no train problems"], fresh=w.out)
+
+
+@case("flag/preset-and-path")
+def _(w: World) -> Bad:
+    argv = ["pretrain", "--preset", "nano", "--path", str(w.saved), "--out", str(w.out)]
+    return Bad([*argv, "--corpus.tasks", "arithmetic"], ["--preset / --path", "exactly one"], fresh=w.out)
+
+
+@case("flag/pretrain-without-corpus")
+def _(w: World) -> Bad:
+    argv = ["pretrain", "--preset", "nano", "--out", str(w.out), "--train.warmup_steps", "0"]
+    return Bad(argv, ["--corpus", "corpus is empty"], fresh=w.out)
+
+
+@case("flag/eval-split-unknown")
+def _(w: World) -> Bad:
+    argv = [
+        "eval",
+        "--model",
+        str(w.saved),
+        "--out",
+        str(w.out),
+        "--tasks",
+        "arithmetic",
+        "--splits",
+        "test,dev",
+    ]
+    return Bad(argv, ["--splits", "'dev'"], fresh=w.out)
+
+
+@case("flag/batch-not-divisible-by-the-launch")
+def _(w: World) -> Bad:
+    """Under `torchrun --nproc_per_node 3` a batch of 2 cannot be split: refused before the stage
+    starts (the trainer would refuse it only after loading the model and the data)."""
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("WORLD_SIZE", "3")
+    return Bad(w.sft(), ["--train.batch_size", "not divisible by the 3 processes"], fresh=w.out)
+
+
+@case("flag/report-of-a-missing-folder")
+def _(w: World) -> Bad:
+    return Bad(
+        ["report", str(w.tmp / "runs" / "nope")],
+        [str(w.tmp / "runs" / "nope"), "does not exist"],
+        fresh=w.tmp / "runs",
+    )
+
+
+@case("flag/report-of-a-folder-without-stages")
+def _(w: World) -> Bad:
+    w.file("notes/todo.txt", "not a run")
+    return Bad(
+        ["report", str(w.tmp / "notes")],
+        [str(w.tmp / "notes"), "holds no stage folders"],
+        keep=w.tmp / "notes",
+    )
+
+
+@case("flag/out-empty")
+def _(w: World) -> Bad:
+    argv = w.sft()
+    argv[argv.index("--out") + 1] = ""
+    return Bad(argv, ["--out is empty"])  # (and the working folder stays empty: checked for every case)
+
+
+@case("flag/out-is-a-file")
+def _(w: World) -> Bad:
+    taken = w.file("taken.txt", "keep me")
+    argv = w.sft()
+    argv[argv.index("--out") + 1] = taken
+    return Bad(
+        argv, [taken, "is a file where a folder is needed"], then=lambda: _same(Path(taken), "keep me")
+    )
+
+
+@case("flag/out-under-proc")
+def _(w: World) -> Bad:
+    argv = w.sft()
+    argv[argv.index("--out") + 1] = "/proc/temper-battery/out"
+    return Bad(argv, ["/proc/temper-battery"], fresh=Path("/proc/temper-battery"))
+
+
+@case("flag/rerun-with-other-settings")
+def _(w: World) -> Bad:
+    assert main(w.sft()) == 0
+    return Bad(w.sft(None, None, "--train.lr", "0.5"), [str(w.out), "train.lr", "--overwrite"], keep=w.out)
+
+
+@case("flag/out-is-a-temper-run-stage-folder")
+def _(w: World) -> Bad:
+    """`temper run` records a hash over the recipe's inputs that a stage command cannot recompute:
+    the refusal says what the folder is and which command resumes it."""
+    run = w.tmp / "run"
+    w.file("run/recipe.yaml", RECIPE)
+    w.file("run/02-sft/stage.started.json", '{"hash": "0123456789abcdef"}')
+    w.file("run/02-sft/stage.json", '{"hash": "0123456789abcdef", "kind": "sft", "seconds": 1.0}')
+    argv = w.sft()
+    argv[argv.index("--out") + 1] = str(run / "02-sft")
+    return Bad(
+        argv, ["stage folder of the run", f"temper run {run / 'recipe.yaml'}", "another --out"], keep=run
+    )
+
+
+# --- faults and interrupts ---------------------------------------------------------------------
+
+PRETRAIN = [
+    "pretrain", "--preset", "nano", "--corpus.tasks", "arithmetic", "--corpus.problems_per_task", "40",
+    "--max_len", "32", "--train.batch_size", "2", "--train.warmup_steps", "0", "--train.progress", "false",
+]  # fmt: skip
+
+
+def _pretrain(out: Path, steps: int, save_every: int) -> list[str]:
+    return [
+        *PRETRAIN,
+        "--out",
+        str(out),
+        "--train.max_steps",
+        str(steps),
+        "--train.save_every",
+        str(save_every),
+    ]
+
+
+def _spy_resume(w: World) -> None:
+    """Record the step each in-process training resumes from."""
+    import temper.train.supervised as supervised
+
+    real = supervised.load_checkpoint
+
+    def load(path, accelerator):
+        w.resumed.append(step := real(path, accelerator))
+        return step
+
+    w.monkeypatch.setattr(supervised, "load_checkpoint", load)
+
+
+def _signalled(out: Path, command: list[str], sig: signal.Signals) -> tuple[int, str]:
+    """Run `command` in a subprocess; send `sig` once its first checkpoint exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(temper.__file__).parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "temper.cli", *command],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out / "checkpoints") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert list_checkpoints(out / "checkpoints"), err
+    return proc.returncode, err
+
+
+@case("interrupt/sigint-then-resume")
+def _(w: World) -> Bad:
+    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 30, 5)
+
+    def resume() -> None:
+        step = int(re.search(r"resume from step (\d+)", w.said).group(1))  # type: ignore[union-attr]
+        _spy_resume(w)
+        assert main(command) == 0
+        assert w.resumed == [step] and json.loads((out / "pretrain.json").read_text())["steps"] == 30
+        assert not [p for p in out.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
+
+    return Bad(
+        None,
+        ["interrupted", "rerun the same command to resume from step", str(out / "checkpoints" / "step-")],
+        code=130,
+        run=lambda: _signalled(out, command, signal.SIGINT),
+        then=lambda: (_no_model(out), resume()),
+    )
+
+
+@case("interrupt/sigterm")
+def _(w: World) -> Bad:
+    out = w.tmp / "base"
+    return Bad(
+        None,
+        ["terminated (SIGTERM)", "resume from step", str(out / "checkpoints" / "step-")],
+        code=128 + signal.SIGTERM,
+        run=lambda: _signalled(out, _pretrain(out, 400, 5), signal.SIGTERM),
+        then=lambda: _no_model(out),
+    )
+
+
+@case("interrupt/kill-9-then-resume")
+def _(w: World) -> Bad:
+    """kill -9 says nothing; the same command then resumes from the newest checkpoint, removes
+    what the kill left half-written and finishes."""
+    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 30, 5)
+
+    def killed_then_resumed() -> tuple[int, str]:
+        code, err = _signalled(out, command, signal.SIGKILL)
+        assert code == -signal.SIGKILL and "Traceback" not in err
+        (
+            out / "checkpoints" / ".step-0000099.tmp-k9"
+        ).mkdir()  # as a kill inside a checkpoint write leaves it
+        _spy_resume(w)
+        w.capsys.readouterr()
+        return main(command), w.capsys.readouterr().err
+
+    def finished() -> None:
+        assert w.resumed and w.resumed[0] >= 5  # resumed, not started over
+        assert json.loads((out / "pretrain.json").read_text())["steps"] == 30
+        load_model(out / "model")
+
+    return Bad(None, [], code=0, quiet=True, run=killed_then_resumed, then=finished)
+
+
+@case("interrupt/second-ctrl-c-during-the-clean-up")
+def _(w: World) -> Bad:
+    """Ctrl-C pressed twice (or torchrun forwarding its own copy): the second must not cut short
+    the removal of the half-written model, nor print a traceback."""
+    import temper.atomic as atomic
+    import temper.stages.sft as sft
+
+    real = atomic.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the second press, as the clean-up starts
+        time.sleep(0.01)  # (a Python signal handler runs at the next bytecode)
+        return real(path, *args, **kwargs)
+
+    def interrupted(model, train, config, out, **kwargs):
+        with atomic.atomic_dir(Path(out) / "model") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            w.monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+            os.kill(os.getpid(), signal.SIGINT)  # the first press
+            time.sleep(1)
+
+    w.monkeypatch.setattr(sft, "train_supervised", interrupted)
+    return Bad(
+        w.sft(), ["interrupted", "rerun the same command to resume"], code=130, then=lambda: _no_model(w.out)
+    )
+
+
+@case("interrupt/ctrl-c-on-a-rank-other-than-0-is-silent")
+def _(w: World) -> Bad:
+    """Under torchrun every process gets the Ctrl-C: only rank 0 says so."""
+    import temper.stages.sft as sft
+    from temper import distributed
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("RANK", "1")
+    w.monkeypatch.setattr(sft, "train_supervised", interrupted)
+    return Bad(w.sft(), [], code=130, quiet=True)
+
+
+@case("flag/refusal-on-a-rank-other-than-0-is-silent")
+def _(w: World) -> Bad:
+    """Every process of a launch refuses the same bad flag: only rank 0 prints it."""
+    from temper import distributed
+
+    distributed.state()  # this process's state is decided before the launcher's variable is set
+    w.monkeypatch.setenv("RANK", "1")
+    return Bad(w.sft(None, None, "--train.lr", "-1"), [], quiet=True, fresh=w.out)
+
+
+def _held(folder: Path) -> None:
+    """Hold the folder's lock as a temper process writing it would (a second open file
+    description is a second holder, as another process's would be)."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".temper.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _HELD.append(fd)
+
+
+_HELD: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_held_locks():
+    yield
+    while _HELD:
+        os.close(_HELD.pop())
+
+
+@case("fault/second-command-into-a-folder-being-written")
+def _(w: World) -> Bad:
+    assert main(w.sft()) == 0
+    (w.out / "stage.json").unlink()  # unfinished, as while the first command is still training
+    _held(w.out)
+    return Bad(w.sft(), ["another temper process is writing", str(w.out)], keep=w.out)
+
+
+@case("fault/second-run-into-a-run-folder-being-written")
+def _(w: World) -> Bad:
+    path, argv = w.recipe(RECIPE, "--output-dir", str(w.tmp / "run"))
+    _held(w.tmp / "run")
+    return Bad(argv, ["another temper process is writing", str(w.tmp / "run")], keep=w.tmp / "run")
+
+
+@case("fault/corrupt-checkpoint-in-an-unfinished-folder")
+def _(w: World) -> Bad:
+    out, command = w.tmp / "base", _pretrain(w.tmp / "base", 4, 2)
+    assert main(command) == 0
+    (out / "stage.json").unlink()  # as if killed after its last checkpoint
+    shutil.rmtree(out / "model")
+    (out / "checkpoints" / "step-0000004" / "pytorch_model.bin").write_bytes(b"\0" * 64)
+    return Bad(
+        command, [str(out / "checkpoints" / "step-0000004"), "cannot be read", "remove that folder"], keep=out
+    )
+
+
+@case("fault/disk-full-during-a-checkpoint")
+def _(w: World) -> Bad:
+    import errno
+
+    import torch
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no path
+
+    w.monkeypatch.setattr(torch, "save", full)
+    argv = w.sft(None, None, "--train.save_every", "1")
+    return Bad(
+        argv,
+        ["disk is full", str(w.out / "checkpoints" / "step-0000001")],
+        then=lambda: _no_model(w.out),
+    )
+
+
+def _no_model(out: Path) -> None:
+    assert not (out / "model").exists()
+
+
+# --- the battery -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    tokenizer = build_tokenizer()
+    return save_model(
+        build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path_factory.mktemp("saved") / "model"
+    )
+
+
+def _files(folder: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every folder (None) under `folder`."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))
+    }
+
+
+_SAID = re.compile(r"^temper(?: \w+)?: (error|interrupted|terminated)")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_is_refused_cleanly(name, saved, tmp_path, capsys, monkeypatch):
+    root = tmp_path / "cwd"  # the command's working folder: a relative path lands here, nowhere else
+    root.mkdir()
+    monkeypatch.chdir(root)
+    w = World(tmp_path / "w", saved, capsys, monkeypatch)
+    w.tmp.mkdir()
+    bad = CASES[name](w)
+    before = _files(bad.keep) if bad.keep else None
+    capsys.readouterr()
+    if bad.run:
+        code, err = bad.run()
+    else:
+        try:
+            code = main(bad.argv)
+        except SystemExit as exit:  # argparse's refusal of an unknown flag
+            code = exit.code
+        except KeyboardInterrupt:  # would stop pytest itself rather than fail the test
+            pytest.fail("KeyboardInterrupt escaped temper.cli.main")
+        err = capsys.readouterr().err
+    w.said = err
+
+    assert code == bad.code, err
+    assert "Traceback" not in err, err
+    said = [i for i, line in enumerate(err.splitlines()) if _SAID.match(line)]
+    if bad.quiet:
+        assert said == [], err
+    else:
+        assert len(said) == 1, err  # one error line (the lines of a block follow it indented)
+        block = "\n".join(err.splitlines()[said[0] :])
+        for place in bad.names:
+            assert place in block, (place, block)
+    scratch = [str(p) for p in tmp_path.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
+    assert scratch == [], scratch
+    assert list(root.iterdir()) == []
+    if bad.fresh is not None:
+        assert not bad.fresh.exists(), sorted(bad.fresh.rglob("*"))
+    if bad.keep is not None:
+        assert _files(bad.keep) == before
+    if bad.then:
+        bad.then()
+
+
+def test_the_battery_is_large_and_spans_every_class():
+    classes = {name.split("/")[0] for name in CASES}
+    assert len(CASES) >= 50
+    assert classes == {"recipe", "data", "model", "flag", "interrupt", "fault"}
