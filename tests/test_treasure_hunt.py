@@ -244,6 +244,16 @@ def test_q_learning_converges_on_4x4():
     assert evaluate(short, env, [HAND]).success_rate == 0.0
 
 
+def test_optimistic_start_explores_a_detour():
+    # a 10-move snake under a 16-step limit: a random walk almost never gets there in 300 episodes,
+    # optimistic initial values (the default, q_init = 1) try untried moves first and do
+    snake = GridMap.parse("S....\n####.\n$....")
+    env = GymTreasureHunt(snake, max_steps=16)
+    for seed in range(3):
+        assert evaluate(train(env, 300, seed), env, [snake]).steps == (10,)
+        assert evaluate(train(env, 300, seed, QConfig(q_init=0.0)), env, [snake]).success_rate == 0.0
+
+
 def test_q_update_by_hand():
     # S . $ with right greedy everywhere (epsilon 0), alpha 0.5, gamma 0.95
     grid = GridMap.parse("S.$")

@@ -4,7 +4,12 @@
 
 with an epsilon-greedy behaviour policy whose epsilon decays per episode,
 epsilon_k = max(epsilon_min, epsilon_start * epsilon_decay ** k), and ties among greedy actions
-broken at random (a zero-initialized table otherwise always tries action 0 first). A truncated
+broken at random, and optimistic initial values (Sutton & Barto section 2.6): every untried
+action starts at `q_init` = 1, the treasure's reward, so the greedy choice tries what it has not
+tried yet and exploration is systematic rather than a random walk. On the benchmark's 6x6 map (a
+16-move detour past traps, 36-step limit) zero-initialized tables first won after 983 and 5,536
+episodes on two seeds and never in 10,000 on the third; with q_init = 1 all three first won within
+~150 episodes and all ended at the 16-move optimum. A truncated
 episode (step limit) bootstraps from s' like any other step: the time limit is not part of the
 state, so cutting the return there would teach that the state is worth nothing (Pardo et al. 2018,
 "Time Limits in Reinforcement Learning").
@@ -35,6 +40,8 @@ class QConfig:
     epsilon_min: float = 0.05
     epsilon_decay: float = 0.995
     """Per-episode factor: epsilon reaches epsilon_min after ~600 episodes."""
+    q_init: float = 1.0
+    """Initial value of every entry (optimistic: the largest reward of treasure_hunt)."""
 
 
 @dataclass
@@ -62,13 +69,17 @@ def train(
     env, episodes: int, seed: int, config: QConfig | None = None, q0: np.ndarray | None = None
 ) -> QTable:
     """Q-learning on `env` (Discrete observations and actions) for `episodes` episodes from `seed`,
-    from the table `q0` (default zeros; e.g. a table trained on another map, to fine-tune it).
+    from the table `q0` (default: every entry config.q_init; e.g. a table trained on another map, to fine-tune it).
 
     The env is reset with `seed` once (its own generator continues from there), the behaviour
     policy draws from random.Random(seed): the result is a pure function of the arguments."""
     config = config or QConfig()
     n_states, n_actions = env.observation_space.n, env.action_space.n
-    q = np.zeros((n_states, n_actions)).tolist() if q0 is None else np.asarray(q0, dtype=np.float64).tolist()
+    q = (
+        np.full((n_states, n_actions), config.q_init).tolist()
+        if q0 is None
+        else np.asarray(q0, dtype=np.float64).tolist()
+    )
     if len(q) != n_states or len(q[0]) != n_actions:
         raise ValueError(f"q0 has shape {np.shape(q0)}, the env needs ({n_states}, {n_actions})")
     rng = random.Random(seed)
