@@ -26,12 +26,13 @@ Per-step signals (the `info` of `step`), for a later process reward: the move ta
 impassable; None on a trap) and `closer` / `farther`.
 
 Text formats (rows and columns count from 0, row 0 at the top):
-    observation   position: row 1, col 0
-                  treasure: row 3, col 3
-                  view:
-                  ###
-                  #@.
-                  #^.
+    map           S..#        observation at the start (view 3)
+                  .#^.        position: row 0, col 0
+                  ...$        treasure: row 2, col 3
+                  ^...        view:
+                              ###
+                              #@.
+                              #.#
     answer        any short text naming one move: "left", "I go down.", "Move: up"
 """
 
