@@ -288,3 +288,16 @@ def test_evaluate_transfer_on_hand_made_maps():
     assert result.success_rate == 0.5 and result.mean_steps == 1.5
     none = evaluate(table, env, maps[2:])
     assert none.success_rate == 0.0 and math.isnan(none.mean_steps)
+
+
+def test_q_learning_on_another_gymnasium_env():
+    # any Discrete env: gymnasium's own FrozenLake (deterministic), wins read from a positive terminal reward
+    import gymnasium as gym
+
+    env = gym.make("FrozenLake-v1", is_slippery=False)
+    table = train(env, 300, seed=0)
+    assert table.wins[-50:].mean() > 0.5 and not table.wins[:10].any()
+    state, _ = env.reset()
+    for _ in range(6):  # the shortest path on the 4x4 lake
+        state, reward, terminated, truncated, _ = env.step(table.act(state))
+    assert (state, reward, terminated) == (15, 1.0, True)
