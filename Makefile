@@ -44,6 +44,7 @@ bench: setup
 		--presets runs/quickstart/02-sft/model --prompts 16 --group 8 --tokens 128; \
 	else echo "bench: run 'make demo' first for the 16 x 8 x 128 GRPO shape"; fi
 	PYTHONPATH=. $(BIN)/python benchmarks/dist_rl.py
+	PYTHONPATH=. $(BIN)/python benchmarks/q_learning.py
 
 clean:
 	rm -rf $(VENV) runs
