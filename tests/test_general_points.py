@@ -224,3 +224,11 @@ def test_empty_split_is_a_clear_error():
 def test_invalid_config(options):
     with pytest.raises(ValueError):
         GeneralPointsConfig(**options)
+
+
+def test_a_card_used_more_times_than_dealt_is_wrong_cards():
+    """The cards are a multiset: 10*2+2+2 uses one K and three 2s of the hand K K 2 2, the same set
+    of values {10, 2}, and must not pass for it."""
+    kk22 = hand(["K", "K", "2", "2"], (10, 10, 10))
+    assert grade("Answer: 10*2+2+2", kk22)[3] == "wrong_cards"
+    assert grade("Answer: 10+10+2+2", kk22)[3] == "correct"
