@@ -37,12 +37,13 @@ def test_value_loss_clips_at_0_2_by_default():
         torch.tensor([[1.0, 0.1]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2)
     )
     torch.testing.assert_close(loss, torch.tensor([[0.5, 0.005]]))
-    # v = -1, v_old = 0, R = -0.5: unclipped 0.25, clipped -0.2 -> 0.09; the clipped one is not larger
+    # v = 1, v_old = 0, R = 2: unclipped (1 - 2)^2 = 1, clipped (0.2 - 2)^2 = 3.24 is larger:
+    # 0.5 * 3.24 = 1.62, the clip is what bounds this update
     loss, stats = value_loss(
-        torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.tensor([[-0.5]]), torch.ones(1, 1)
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1)
     )
-    torch.testing.assert_close(loss, torch.tensor([[0.125]]))
-    assert stats["clip_frac"].item() == 0.0
+    torch.testing.assert_close(loss, torch.tensor([[1.62]]))
+    assert stats["clip_frac"].item() == 1.0
 
 
 def test_masked_mean_of_one_valid_token_is_that_token():
