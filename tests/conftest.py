@@ -10,6 +10,19 @@ import pytest  # noqa: E402
 from temper.models import build_preset, build_tokenizer  # noqa: E402
 
 
+def pytest_sessionstart(session):
+    """Empty every functools cache in temper, so that a session started inside a process that
+    already ran tests (mutmut forks each mutant's run from the process of the clean run) computes
+    its results anew: a cached solver answer would hide a mutant of the solver (TESTING.md)."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if name == "temper" or name.startswith("temper."):
+            for obj in list(vars(module).values()):
+                if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info"):
+                    obj.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

@@ -88,3 +88,34 @@ def test_group_estimators_need_two_samples(fn):
 def test_integer_rewards_are_accepted_and_shape_is_kept():
     adv = grpo(torch.tensor([[1, 0], [0, 0]]))
     assert adv.shape == (2, 2) and adv.is_floating_point()
+
+
+# ---- exact small cases that killed surviving mutants (TESTING.md) ------------------------------
+
+
+def test_two_samples_per_group_are_enough_for_every_group_estimator():
+    pair = torch.tensor([[1.0, 0.0]])
+    torch.testing.assert_close(dr_grpo(pair), torch.tensor([[0.5, -0.5]]))
+    torch.testing.assert_close(rloo(pair), torch.tensor([[1.0, -1.0]]))  # 2/1 * (r - mean)
+    # one group: centered (0.5, -0.5), batch mean 0, biased std 0.5 -> (1, -1) up to eps
+    torch.testing.assert_close(reinforce_pp(pair, eps=0.0), torch.tensor([[1.0, -1.0]]))
+
+
+def test_reinforce_pp_eps_is_added_to_the_batch_std():
+    # rewards ((1, 0), (0, 0)): centered ((0.5, -0.5), (0, 0)), batch mean 0,
+    # biased std sqrt((0.25 + 0.25) / 4) = sqrt(0.125); eps = 0.25 is added, not subtracted
+    r = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    s = math.sqrt(0.125)
+    expected = torch.tensor([[0.5 / (s + 0.25), -0.5 / (s + 0.25)], [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(reinforce_pp(r, eps=0.25), expected)
+    # the default eps is 1e-8: invisible next to std = 0.354
+    torch.testing.assert_close(reinforce_pp(r), reinforce_pp(r, eps=0.0), rtol=1e-7, atol=0.0)
+    torch.testing.assert_close(reinforce_pp(r)[0, 0], torch.tensor(0.5 / s, dtype=torch.float64))
+
+
+def test_reinforce_pp_without_baseline_on_three_samples_per_prompt():
+    # no group baseline, N = 3: batch mean 1/3 over (1, 0, 0), biased std sqrt(2/9)
+    r = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    m, s = 1 / 3, math.sqrt(2 / 9)
+    expected = torch.tensor([[(1 - m) / s, -m / s, -m / s]], dtype=torch.float64)
+    torch.testing.assert_close(reinforce_pp(r, group_baseline=False, eps=0.0), expected)

@@ -224,3 +224,59 @@ def test_empty_split_is_a_clear_error():
 def test_invalid_config(options):
     with pytest.raises(ValueError):
         GeneralPointsConfig(**options)
+
+
+def test_a_card_used_more_times_than_dealt_is_wrong_cards():
+    """The cards are a multiset: 10*2+2+2 uses one K and three 2s of the hand K K 2 2, the same set
+    of values {10, 2}, and must not pass for it."""
+    kk22 = hand(["K", "K", "2", "2"], (10, 10, 10))
+    assert grade("Answer: 10*2+2+2", kk22)[3] == "wrong_cards"
+    assert grade("Answer: 10+10+2+2", kk22)[3] == "correct"
+
+
+# ---- the solver, exactly (each case failed on a mutant of the solver; TESTING.md) -------------
+
+
+@pytest.mark.parametrize(
+    "values,target,steps,expression",
+    [
+        # natural steps first, pairs tried from the highest values down
+        ([10, 8, 3, 1], 24, ("10-1=9", "9*8=72", "72/3=24"), "(10-1)*8/3"),
+        ([1, 1, 1, 8], 24, ("1+1=2", "2+1=3", "8*3=24"), "8*(1+1+1)"),
+        ([4, 4, 10, 10], 24, ("10*10=100", "100-4=96", "96/4=24"), "(10*10-4)/4"),
+        ([2, 2, 3], 3, ("3+2=5", "5-2=3"), "3+2-2"),
+        # fractions only when no natural route exists; fractional operands in parentheses
+        ([1, 5, 5, 5], 24, ("1/5=1/5", "5-(1/5)=24/5", "5*(24/5)=24"), "5*(5-1/5)"),
+        ([3, 3, 8, 8], 24, ("8/3=8/3", "3-(8/3)=1/3", "8/(1/3)=24"), "8/(3-8/3)"),
+        # negative steps last (only a negative target needs them here)
+        ([2, 1], -1, ("1-2=-1",), "1-2"),
+        ([3, 2, 1], -3, ("1-2=-1", "3*(-1)=-3"), "3*(1-2)"),
+    ],
+)
+def test_solve_gives_the_simplest_route_in_a_fixed_order(values, target, steps, expression):
+    for order in (values, list(reversed(values))):  # the same solution for any order of the cards
+        assert solve(order, target) == (steps, expression)
+
+
+def test_meet_in_the_middle_agrees_with_the_full_reachable_set():
+    """`solvable` splits each hand and asks what the other side needs; `_reach` of the whole hand
+    is the direct answer. Every 4-card hand of ranks 1..7, to 24 and to 10."""
+    from fractions import Fraction
+    from itertools import combinations_with_replacement
+
+    from temper.tasks.general_points import _reach
+
+    for target in (24, 10):
+        for hand in combinations_with_replacement(range(1, 8), 4):
+            direct = Fraction(target) in _reach(tuple(Fraction(v) for v in hand))
+            assert solvable(hand, target) == direct, (hand, target)
+    assert not solvable([7, 7, 7, 7], 24) and solvable([1, 5, 5, 5], 24)
+
+
+def test_ood_deals_ranks_up_to_ten_plus_the_faces_and_test_deals_one_to_max_rank():
+    from temper.tasks.general_points import GeneralPointsConfig, _ranks
+
+    assert _ranks(GeneralPointsConfig(), "ood") == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+    assert _ranks(GeneralPointsConfig(), "test") == tuple(range(1, 14))
+    assert _ranks(GeneralPointsConfig(max_rank=5), "ood") == (1, 2, 3, 4, 5, 11, 12, 13)
+    assert _ranks(GeneralPointsConfig(max_rank=5), "train") == (1, 2, 3, 4, 5)

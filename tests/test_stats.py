@@ -84,3 +84,63 @@ def test_bootstrap_ci():
     _, nlo, nhi = mean_ci(values)
     assert lo == pytest.approx(nlo, abs=0.03) and hi == pytest.approx(nhi, abs=0.03)
     assert bootstrap_ci([2.0, 2.0], fn=max, n_boot=10) == (2.0, 2.0)
+
+
+# ---- exact edges (each assertion below failed on a mutant of temper/stats.py; TESTING.md) ----
+
+
+def test_invalid_arguments_name_the_bound_they_break():
+    with pytest.raises(ValueError, match=r"need 0 <= c <= n and 1 <= k <= n, got n=4, c=5, k=1"):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError, match=r"need 0 <= successes <= n, got 3, 2"):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError, match=r"^mean_ci needs at least one value$"):
+        mean_ci([])
+    with pytest.raises(ValueError, match=r"^bootstrap_ci needs at least one value and n_boot >= 1$"):
+        bootstrap_ci([], n_boot=10)
+    with pytest.raises(ValueError, match=r"n_boot >= 1"):
+        bootstrap_ci([1.0, 2.0], n_boot=0)
+
+
+def test_wilson_default_z_is_1_96_and_the_upper_end_is_clipped_at_one():
+    assert wilson_interval(8, 10) == wilson_interval(8, 10, 1.96)
+    # s = n = 5: center + half is 1 in exact arithmetic and 1.0000000000000002 in floats
+    assert wilson_interval(5, 5)[1] == 1.0
+
+
+def test_mean_ci_of_two_values_has_a_spread():
+    # m = 2, s = sqrt(((1-2)^2 + (3-2)^2) / 1) = sqrt(2), se = s / sqrt(2) = 1
+    m, lo, hi = mean_ci([1.0, 3.0], z=1.0)
+    assert m == 2.0
+    assert lo == pytest.approx(1.0, abs=1e-12) and hi == pytest.approx(3.0, abs=1e-12)
+
+
+def test_quantile_interpolates_between_order_statistics_like_numpy_linear():
+    from temper.stats import _quantile
+
+    xs = [10.0, 20.0, 30.0, 40.0]
+    assert _quantile(xs, 0.5) == 25.0  # pos 1.5
+    assert _quantile(xs, 0.9) == pytest.approx(37.0)  # pos 2.7: between the last two
+    assert _quantile(xs, 1.0) == 40.0  # pos 3: the last one, no index past the end
+    assert _quantile(xs, 0.0) == 10.0
+    assert _quantile([7.0], 0.3) == 7.0
+
+
+def test_bootstrap_ci_is_the_quantiles_of_fn_over_seeded_resamples():
+    import random
+
+    values = [1.0, 2.0, 4.0, 8.0, 16.0]  # distinct subset sums: every resample statistic differs
+    rng = random.Random(3)
+    stats = sorted(sum(rng.choices(values, k=5)) for _ in range(5))
+    # alpha = 0.5 -> quantiles 0.25 and 0.75 of 5 order statistics: positions 1 and 3 exactly
+    assert bootstrap_ci(values, fn=sum, n_boot=5, seed=3, alpha=0.5) == (stats[1], stats[3])
+    # the defaults are n_boot=1000, seed=0, alpha=0.05
+    assert bootstrap_ci(values) == bootstrap_ci(values, n_boot=1000, seed=0, alpha=0.05)
+    many = [float(2**i) for i in range(12)]  # 12 values: resample means rarely tie
+    assert bootstrap_ci(many) == bootstrap_ci(many, n_boot=1000, seed=0, alpha=0.05)
+    assert bootstrap_ci(many, n_boot=1000) != bootstrap_ci(many, n_boot=1001)
+    assert bootstrap_ci(many, seed=0) != bootstrap_ci(many, seed=1)
+    # one value, one resample: both ends are that statistic
+    assert bootstrap_ci([5.0]) == (5.0, 5.0)
+    one = bootstrap_ci([1.0, 2.0], fn=sum, n_boot=1, seed=0)
+    assert one[0] == one[1] and one[0] in (2.0, 3.0, 4.0)
