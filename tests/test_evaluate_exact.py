@@ -121,7 +121,10 @@ def test_the_whole_record_by_hand(tokenizer):
         "graded",
         "verifier_errors",
         "examples",
+        "special_tokens",
+        "stop_warning",
     }
+    assert (r["special_tokens"], r["stop_warning"]) == ({}, None)  # the fake tokenizer has no specials in the text
     # greedy: right at i = 0, 2, 4, 6; i = 3 raised; i = 5 has no reason
     assert r["reasons"] == {"right": 4, "wrong": 1, "verifier_error": 1, "unknown": 1}
     assert (r["graded"], r["verifier_errors"]) == (7 + 14, 1)
@@ -143,18 +146,22 @@ def test_the_whole_record_by_hand(tokenizer):
     assert m2 + Z95 * s2 / math.sqrt(7) > 1.0 and mean2["hi"] == 1.0
     assert mean2["lo"] == pytest.approx(m2 - Z95 * s2 / math.sqrt(7), rel=1e-12)
 
+    # "completion" is what the sampled ids show (decoded with special tokens marked: the scripted
+    # sampler's one id is its eos, so nothing), "graded" the text the task graded when they differ
     assert r["examples"] == [
         {
             "id": "p0",
             "prompt": "question 0",
-            "completion": "g0",
+            "completion": "",
+            "graded": "g0",
             "stop_reason": "eos",
             "score": {"reward": 1.0, "correct": True, "parsed": True, "reason": "right", "answer": None},
         },
         {
             "id": "p1",
             "prompt": "question 1",
-            "completion": "g1",
+            "completion": "",
+            "graded": "g1",
             "stop_reason": "eos",
             "score": {"reward": 0.0, "correct": False, "parsed": True, "reason": "wrong", "answer": "7/2"},
         },
@@ -162,7 +169,8 @@ def test_the_whole_record_by_hand(tokenizer):
         {
             "id": "p3",
             "prompt": "question 3",
-            "completion": "g3",
+            "completion": "",
+            "graded": "g3",
             "stop_reason": "eos",
             "score": {
                 "reward": 0.0,
