@@ -7,6 +7,7 @@ with the probe's reason, only on a host where no tier works.
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -266,3 +267,28 @@ def test_default_workspace_is_fresh_and_reachable():
     finally:
         shutil.rmtree(a.workspace)
         shutil.rmtree(b.workspace)
+
+
+def test_probe_finds_tier_a_where_user_namespaces_work():
+    """Guards against a regression in the sandbox's flags silently turning the battery into skips:
+    where plain `unshare` can make the namespaces, the probe must find tier A."""
+    unshare = shutil.which("unshare")
+    if unshare is None or HOST.bwrap is None:
+        pytest.skip("no unshare or no bubblewrap binary to compare the probe against")
+    argv = [
+        unshare,
+        "--user",
+        "--map-root-user",
+        "--net",
+        "--pid",
+        "--ipc",
+        "--uts",
+        "--mount",
+        "--fork",
+        "true",
+    ]
+    if os.geteuid() == 0:  # as the uid the sandbox runs as
+        argv = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", *argv]
+    if subprocess.run(argv, capture_output=True).returncode != 0:
+        pytest.skip("user namespaces do not work on this host: tier A is rightly unavailable")
+    assert HOST.tier == "bwrap", HOST.reason

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -93,6 +94,13 @@ def _chown_tree(root: Path, uid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone, and with it the namespace
 
 
 def _check_reachable(workspace: Path) -> None:
@@ -310,6 +318,7 @@ class Sandbox:
         open_fds = set(bufs) | {status_r}
         timed_out = False
         child_pid = None
+        ns_init = None  # a pidfd on the PID namespace's init, to wait for the namespace's death
         exited_at = None
         while open_fds:
             now = time.monotonic()
@@ -336,7 +345,8 @@ class Sandbox:
                     continue
                 if fd == status_r:
                     status += chunk
-                    child_pid = child_pid or self._child_pid(status)
+                    if child_pid is None and (child_pid := self._child_pid(status)) is not None:
+                        ns_init = _pidfd(child_pid)
                     continue
                 buf = bufs[fd]
                 room = cap - len(buf)
@@ -345,6 +355,21 @@ class Sandbox:
                 dropped += max(0, len(chunk) - max(room, 0))
         sel.close()
         returncode = proc.wait()
+        if ns_init is not None:
+            # bwrap's outer process exits as soon as the init reports the program's status, while the
+            # kernel may still be killing the namespace's other processes (a setsid daemon was seen in
+            # state D after run returned). Kill the init (a no-op if it is already going) and wait
+            # for it to exit, which the kernel only lets happen once every process in it is gone.
+            try:
+                signal.pidfd_send_signal(ns_init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            dead = select.select([ns_init], [], [], 10.0)[0]
+            os.close(ns_init)
+            if not dead:
+                raise SandboxError(
+                    f"the sandbox's processes (namespace init {child_pid}) did not die in 10 s"
+                )
         wall = time.monotonic() - t0
         out, err = (bytes(bufs[f.fileno()]) for f in (proc.stdout, proc.stderr))
         proc.stdout.close()
