@@ -169,8 +169,9 @@ def test_daemon_dies_with_the_episode(sbx):
     marker = "31337.271828"
     code = (
         "import subprocess\n"
-        f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True,\n"
-        "    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "for _ in range(20):\n"  # many, so a teardown still in progress when run returns shows
+        f"    subprocess.Popen(['sleep', '{marker}'], start_new_session=True,\n"
+        "        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         f"subprocess.Popen(['nohup', 'sleep', '{marker}'])\n"  # this one keeps stdout open
         "print('started')\n"
     )
