@@ -47,7 +47,7 @@ class Limits:
     memory_mb: int = 1024  # RLIMIT_AS per process (a backstop: it bounds one process, not the tree)
     procs: int = 64  # RLIMIT_NPROC, counted in the sandbox's own user namespace
     file_mb: int = 64  # RLIMIT_FSIZE: the largest file one write may grow
-    tmp_mb: int = 64  # size of the tmpfs at /tmp
+    tmp_mb: int = 64  # size of each tmpfs: /tmp and /dev/shm
     output_bytes: int = 1 << 20  # kept per stream; the rest is read and dropped, and flagged
     nofile: int = 256  # RLIMIT_NOFILE
 
@@ -160,8 +160,10 @@ class Sandbox:
                 "unisolated unless you pass unsafe=True (rlimits only: no filesystem, network or "
                 "process isolation)."
             )
+        if self.host.prlimit is None:  # tier A needs it too, so only the unsafe path gets here
+            raise SandboxUnavailable("even unsafe=True needs `prlimit` (util-linux) to set rlimits")
         self.tier = self.host.tier or "unsafe"
-        self.python = python or _default_python()
+        self.python = python
         self.ro_binds = tuple(ro_binds)
         self.workspace.mkdir(parents=True, exist_ok=True)
         self._uid = SANDBOX_UID if os.geteuid() == 0 else None
@@ -206,7 +208,7 @@ class Sandbox:
                 f"code is {len(code.encode())} bytes, over the {_MAX_ARG}-byte argument limit; "
                 "write it into the workspace and use run_cmd"
             )
-        prefix = [self.python, "-B", "-c"] if lang == "python" else _LANGS[lang]
+        prefix = [self.python or _default_python(), "-B", "-c"] if lang == "python" else _LANGS[lang]
         return self.run_cmd([*prefix, code])
 
     def _rlimit_args(self) -> list[str]:
@@ -237,6 +239,13 @@ class Sandbox:
             str(self.limits.tmp_mb << 20),
             "--tmpfs",
             "/tmp",
+            # bwrap's /dev is a tmpfs as large as host memory: a capped /dev/shm, the rest read-only
+            "--size",
+            str(self.limits.tmp_mb << 20),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
             "--bind",
             str(self.workspace),
             "/workspace",
