@@ -334,6 +334,9 @@ class Sandbox:
             if now >= deadline and not timed_out:
                 timed_out = True
                 self._kill(proc, child_pid or self._child_pid(status))
+            if timed_out and now > deadline + 10.0:  # the kill did not close the pipes: never hang
+                self._kill(proc, None)
+                raise SandboxError("the sandbox kept its output open 10 s after the wall-clock kill")
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
             # The unsafe tier has no PID namespace: an orphan holding the pipes open is killed with
