@@ -1,0 +1,29 @@
+"""The sandbox that untrusted code from the model runs in (tool calls, code interpreters, graders).
+
+`Sandbox(workspace, Limits(...)).run(code)` returns a `RunResult`; `probe()` says which tier this host
+gives (tier A: bubblewrap with every namespace, read-only system directories, no capabilities, rlimits,
+a wall-clock kill of the whole process tree, capped output). A failure of the sandbox itself raises
+`SandboxError`; a host with no working tier raises `SandboxUnavailable` unless `unsafe=True`.
+"""
+
+from temper.sandbox.probe import SANDBOX_UID, HostProbe, probe
+from temper.sandbox.sandbox import (
+    Limits,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailable,
+    workspace_root,
+)
+
+__all__ = [
+    "SANDBOX_UID",
+    "HostProbe",
+    "Limits",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxUnavailable",
+    "probe",
+    "workspace_root",
+]
