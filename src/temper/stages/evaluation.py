@@ -47,7 +47,7 @@ def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
     if job.model is None:
         return None
     if job.model.path:
-        return job.model.path, job.ctx.models.get(job.model.path, job.model.path)
+        return job.model.path, job.ctx.models.get(job.model.path) or job.ctx.model_source(job.model.path)
     return next(iter(job.ctx.models.items()), None)
 
 
