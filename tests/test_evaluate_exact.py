@@ -124,7 +124,10 @@ def test_the_whole_record_by_hand(tokenizer):
         "special_tokens",
         "stop_warning",
     }
-    assert (r["special_tokens"], r["stop_warning"]) == ({}, None)  # the fake tokenizer has no specials in the text
+    assert (r["special_tokens"], r["stop_warning"]) == (
+        {},
+        None,
+    )  # the fake tokenizer has no specials in the text
     # greedy: right at i = 0, 2, 4, 6; i = 3 raised; i = 5 has no reason
     assert r["reasons"] == {"right": 4, "wrong": 1, "verifier_error": 1, "unknown": 1}
     assert (r["graded"], r["verifier_errors"]) == (7 + 14, 1)

@@ -107,6 +107,8 @@ def _project(tmp_path: Path, model: Path) -> Path:
         "  - kind: sft\n"
         "    data: {files: [../data/train.parquet, ../data/ds], eval_files: ['../data/ds[test]']}\n"
         "    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}\n"
+        "  - {kind: eval, tasks: [arithmetic], splits: [test], n_problems: 2, k: 1, max_new_tokens: 4}\n"
+        "tasks: {arithmetic: {max_digits: 1}}\n"
     )
     return recipe
 
@@ -123,6 +125,9 @@ def test_recipe_paths_resolve_against_the_recipe_folder_from_any_directory(
     summary = json.loads((stage / "sft.json").read_text())
     assert summary["data"]["examples"] == 12 and summary["eval_loss"] is not None
     assert not (elsewhere / "runs").exists()
+    # the eval's starting model is the recipe's ../models/m, found from the recipe's folder too
+    evaluated = json.loads((tmp_path / "runs" / "paths" / "02-eval" / "eval.json").read_text())
+    assert list(evaluated["arithmetic"]) == ["../models/m", "sft"]
 
 
 def test_a_path_found_only_relative_to_the_working_directory_is_refused_naming_both(
