@@ -7,6 +7,7 @@ its `evaluate()` in the same way).
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +25,18 @@ def split_of(key: str, test_fraction: float) -> str:
     else "train". sha256 rather than `hash()`, which Python salts per process."""
     point = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return "test" if point < test_fraction else "train"
+
+
+def draw(rows: list, key: str, n: int, repeat: bool) -> list:
+    """`n` of `rows` in an order seeded by `key`: without repeats (at most all of them) for held-out
+    splits; with `repeat`, whole seeded shuffles one after another, so RL always gets `n` prompts."""
+    rng = random.Random(key)
+    if not repeat:
+        return rng.sample(rows, min(n, len(rows)))
+    out: list = []
+    while len(out) < n:
+        out += rng.sample(rows, len(rows))
+    return out[:n]
 
 
 @dataclass(frozen=True)

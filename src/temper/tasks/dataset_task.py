@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from temper.data.formats import DataError
-from temper.tasks.base import Problem, Score, TaskOptionError, check_split, split_of, verifier_error
+from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of, verifier_error
 from temper.tasks.reward_functions import (
     GRADERS,
     RewardFunction,
@@ -263,13 +262,7 @@ class DataTask:
                 "train": "check split_column / test_fraction",
             }[split]
             raise ValueError(f"task {self.name!r} has no {split} rows: {how}")
-        rng = random.Random(f"{self.name}/{split}/{seed}")
-        if split != "train":
-            return rng.sample(rows, min(n, len(rows)))
-        out: list[Problem] = []
-        while len(out) < n:
-            out += rng.sample(rows, len(rows))
-        return out[:n]
+        return draw(rows, f"{self.name}/{split}/{seed}", n, repeat=split == "train")
 
     def score(self, problem: Problem, completion: str) -> Score:
         return self.score_batch([problem], [completion])[0]

@@ -15,13 +15,12 @@ parsed = an answer was found.
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from temper.tasks.base import Problem, Score, TaskOptionError, check_split, split_of
+from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of
 from temper.tasks.expression import extract_answer
 
 _TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -103,13 +102,7 @@ class ReasoningGym:
             raise ValueError(
                 f"task {self.name!r} has no {split} problems (reasoning-gym gives train and test)"
             )
-        rng = random.Random(f"{self.name}/{split}/{seed}")
-        if split != "train":
-            return rng.sample(rows, min(n, len(rows)))
-        out: list[Problem] = []
-        while len(out) < n:
-            out += rng.sample(rows, len(rows))
-        return out[:n]
+        return draw(rows, f"{self.name}/{split}/{seed}", n, repeat=split == "train")
 
     def score(self, problem: Problem, completion: str) -> Score:
         answer = _answer(completion)
