@@ -1,0 +1,79 @@
+"""A `Trajectory`: one episode as token-exact segments, what the policy sampled and what the
+environment inserted, plus per-step rewards, signals and the outcome.
+
+Segments concatenate to the exact token sequence the policy read and wrote. Policy segments keep
+the sampler's token ids verbatim with their logprobs (never re-tokenized from text, which would
+misalign the importance ratio's denominator); prompt and environment segments have no logprobs
+and are never trained on. `turn` numbers the policy's actions (0, 1, ...): every token of a
+policy segment belongs to the action whose text `Env.step` received; env and prompt segments
+have turn -1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from temper.tasks.base import Score
+
+StopReason = Literal[
+    "done",  # the environment ended the episode
+    "max_turns",  # the turn limit
+    "max_tokens",  # the episode's token budget (prompt excluded)
+    "length",  # a policy turn hit max_new_tokens without ending its turn
+    "timeout",  # an environment step ran past its time limit
+    "env_error",  # the environment raised (an infrastructure error, counted, never a reward)
+    "not_prefix",  # the chat template re-rendered the history differently from what was sampled
+]
+
+
+@dataclass
+class Segment:
+    token_ids: list[int]
+    logprobs: list[float] | None  # the sampler's, one per token, for policy segments only
+    trainable: bool  # policy tokens: in the loss; prompt and environment tokens: never
+    turn: int = -1  # the policy action this segment belongs to; -1 for prompt and environment
+
+
+@dataclass
+class Trajectory:
+    """segments[0] is the prompt. `step_rewards[k]` / `signals[k]` are the env's answer to action k."""
+
+    segments: list[Segment]
+    step_rewards: list[float] = field(default_factory=list)
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    score: Score | None = None  # the outcome grade (None when the episode ended before one)
+    stop_reason: StopReason = "done"
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text, for logs
+    seconds_in_env: float = 0.0
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.segments[0].token_ids
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """Everything after the prompt: policy and environment tokens in order."""
+        return [t for s in self.segments[1:] for t in s.token_ids]
+
+    @property
+    def trainable_mask(self) -> list[bool]:
+        return [s.trainable for s in self.segments[1:] for _ in s.token_ids]
+
+    @property
+    def completion_logprobs(self) -> list[float]:
+        """The sampler's logprobs at policy tokens, 0.0 at environment tokens."""
+        return [lp for s in self.segments[1:] for lp in (s.logprobs or [0.0] * len(s.token_ids))]
+
+    @property
+    def token_turns(self) -> list[int]:
+        """The action index of every completion token (-1 for environment tokens)."""
+        return [s.turn for s in self.segments[1:] for _ in s.token_ids]
+
+    @property
+    def turns(self) -> int:
+        return 1 + max((s.turn for s in self.segments), default=-1)
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.trainable)

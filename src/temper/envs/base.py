@@ -1,0 +1,102 @@
+"""The environment interface of agent RL: a single-use episode that the policy acts in, turn by turn.
+
+    env = task.make_env(problem)          # or TaskEnv(task, problem) for any single-turn Task
+    messages = env.reset()                # the chat prompt the policy sees first
+    result = env.step(action_text)        # -> StepResult(messages | inline, done, reward, signals, score)
+
+Two ways an environment answers (the two tool protocols of agent RL):
+- `messages`: new chat turns (a `user` observation, `tool` results) rendered with the chat template
+  after the policy's assistant turn; the policy then writes a new assistant turn.
+- `inline`: text appended verbatim inside the SAME assistant turn (ReTool's `<interpreter>...`
+  after a `<code>` block, Feng et al. 2025); the policy continues that turn. `stop` lists the
+  strings at which sampling pauses so the environment can answer (e.g. "</code>").
+
+Rewards: `StepResult.reward` is a per-step process reward (e.g. for getting closer); the outcome is
+the `score` (the verifier's grade: reward, correct, parsed) of the last step. The trainer combines
+them with the recipe's weights (`process` and `outcome` reward components), and logs each apart.
+`signals` are named, verifiable facts about the step (a tool error, a bump into a wall), logged.
+
+An env is used for one episode: `reset` once, then `step` until `done`. It never raises on model
+output (a bad action is an observation or a penalty); an exception from `step` is an
+infrastructure error that ends the episode with stop reason "env_error", never a silent zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from temper.tasks.base import Problem, Score, Task, grade, grade_batch
+
+
+@dataclass
+class StepResult:
+    """What the environment returns after one action.
+
+    messages: chat turns to append after the assistant's turn (observations, tool results).
+    inline: text to append inside the assistant's turn instead (the policy continues it); at most
+        one of `messages` and `inline` is given, and neither when `done`.
+    done: the episode is over.
+    reward: this step's process reward (0 when the env gives none).
+    signals: named facts about the step (numbers, booleans, short strings) for logs and rewards.
+    score: the outcome grade, on the last step (None before, and for envs that only give rewards).
+    """
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    inline: str | None = None
+    done: bool = False
+    reward: float = 0.0
+    signals: dict[str, Any] = field(default_factory=dict)
+    score: Score | None = None
+
+    def __post_init__(self) -> None:
+        if self.messages and self.inline is not None:
+            raise ValueError("a StepResult has either messages or inline text, not both")
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode. `stop`: strings at which sampling pauses for `step` (besides the end of turn)."""
+
+    stop: Sequence[str]
+
+    def reset(self) -> list[dict[str, Any]]:
+        """The chat prompt of the episode (system and user turns, no assistant turn)."""
+        ...
+
+    def step(self, action: str) -> StepResult:
+        """Act on the policy's text since the last step (its assistant turn, or the part of it
+        since the last inline answer). Never raises on model output."""
+        ...
+
+
+class TaskEnv:
+    """Any single-turn `Task` as a one-step env: the prompt is the problem's, the one action is
+    graded by the task's verifier, and the episode ends. Single-turn RL runs through the agent loop
+    as this env, with the same samples and rewards as before environments existed."""
+
+    stop: Sequence[str] = ()
+
+    def __init__(self, task: Task, problem: Problem):
+        self.task, self.problem = task, problem
+
+    def reset(self) -> list[dict[str, Any]]:
+        return self.problem.messages()
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(done=True, score=grade(self.task, self.problem, action))
+
+    @staticmethod
+    def step_batch(envs: Sequence[TaskEnv], actions: Sequence[str], ids: Sequence[Sequence[int]]) -> list[StepResult]:
+        """Step many TaskEnvs of one task at once: one `grade_batch` call, so reward functions that
+        take a batch (a data task's, as TRL calls them) get the whole group."""
+        scores = grade_batch(envs[0].task, [e.problem for e in envs], list(actions), list(ids))
+        return [StepResult(done=True, score=s) for s in scores]
+
+
+def make_env(task: Task, problem: Problem) -> Env:
+    """The env of one problem: the task's own (`task.make_env`) for an environment task, else a
+    one-step `TaskEnv`."""
+    factory = getattr(task, "make_env", None)
+    return factory(problem) if factory is not None else TaskEnv(task, problem)
