@@ -46,6 +46,9 @@ class Trajectory:
     stop_reason: StopReason = "done"
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text, for logs
     seconds_in_env: float = 0.0
+    truncated: bool = (
+        False  # the last policy turn hit max_new_tokens (graded all the same when the env ended it)
+    )
 
     @property
     def prompt_ids(self) -> list[int]:
