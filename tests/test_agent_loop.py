@@ -244,3 +244,41 @@ def test_seeds_must_match_groups(tokenizer, bad):
         run_episodes(
             Script(tokenizer, lambda t, j: "x"), tokenizer, [[WalkEnv()], [WalkEnv()]], bad, EpisodeLimits()
         )
+
+
+def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
+    """to_batch + pack on a 3-turn episode: the packed forward gives, at every policy token, the
+    logprob a plain forward of the whole conversation gives there, and nothing at environment tokens."""
+    from temper.models import build_preset
+    from temper.train.rl_update import PolicyWithValue, Prepared, forward_rows
+    from temper.train.rollouts import grade_episodes, to_batch
+    from temper.tasks.base import Problem
+
+    moves = {"at 0": "left", "at 1": "up", "at 2": "down"}
+    script = Script(tokenizer, lambda text, j: moves[text.rsplit("<|user|>", 1)[1].split("<|end|>")[0]])
+    short = Script(tokenizer, lambda text, j: "<code>2*3</code>")
+    [[walk]] = run_episodes(script, tokenizer, [[WalkEnv()]], [0], EpisodeLimits())
+    [[single]] = run_episodes(short, tokenizer, [[CodeEnv()]], [0], EpisodeLimits(max_turns=1))
+    problem = Problem("walk", "train", "0", "walk")
+    group = grade_episodes(problem, [walk, single], {"outcome": 1.0, "process": 0.5}, 48, 0)
+    assert group.rewards == [1.0 + 0.5 * 0.6, 0.0]  # outcome + 0.5 x (0.1 + 0.2 + 0.3); max_turns: 0
+    assert group.rollouts[1].stop == "max_turns" and group.rollouts[1].score.details["reason"] == "max_turns"
+    batch = to_batch([group])
+    assert batch.mask_R_T[0].tolist()[: len(walk.completion_ids)] == walk.trainable_mask
+    assert batch.turn_R_T[0].tolist()[: len(walk.completion_ids)] == walk.token_turns
+    assert batch.turn_R_T[1].tolist() == [0] * single.policy_tokens + [-1] * (
+        batch.mask_R_T.shape[1] - single.policy_tokens
+    )
+
+    model = build_preset("nano", tokenizer, seed=0).double()
+    module = PolicyWithValue(model)
+    p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
+    out, _ = forward_rows(module, p)
+    for r, t in enumerate([walk, single]):
+        ids = torch.tensor([t.prompt_ids + t.completion_ids])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+        want = logp[len(t.prompt_ids) - 1 :].gather(-1, ids[0, len(t.prompt_ids) :, None]).squeeze(-1)
+        n = len(t.completion_ids)
+        mask = batch.mask_R_T[r, :n]
+        assert torch.allclose(out.logp[r, :n][mask], want[mask], atol=1e-10)
+        assert (out.logp[r, :n][~mask] == 0).all()

@@ -216,7 +216,7 @@ def _apply(
     limits: EpisodeLimits,
 ) -> None:
     e.actions += 1
-    e.trajectory.truncated = e.last.stop_reason == "length"
+    e.trajectory.last_stop = e.last.stop_reason
     if isinstance(result, str):  # the env failed or hung
         return _end(e, result, action)
     e.trajectory.step_rewards.append(float(result.reward))
@@ -248,6 +248,9 @@ def _apply(
 
 def _end(e: _Episode, reason: StopReason, action: str) -> None:
     e.live = False
+    close = getattr(e.env, "close", None)
+    if close is not None:  # the env's resources (a sandbox workspace), whatever ended the episode
+        close()
     e.trajectory.stop_reason = reason
     if e.turn_text or action:
         e.messages.append({"role": "assistant", "content": e.turn_text + action})

@@ -110,8 +110,35 @@ def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_l
         else:
             ids = tokenizer(example.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             labels = list(ids)
+        if example.untrained:
+            labels = mask_untrained(tokenizer, ids, labels, example.untrained)
     except TemplateError as err:
         # every row would hit it; the first one locates it for the user
         raise DataError(example.source, example.line, "<chat_template>", str(err)) from None
     truncated = len(ids) > max_len
     return Tokenized(ids[:max_len], labels[:max_len], truncated)
+
+
+def mask_untrained(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int], spans: tuple[str, ...]
+) -> list[int]:
+    """`labels` with every trained occurrence of each span's tokens set to IGNORE. A span is found
+    by its own tokenization inside the trained tokens; a tokenizer that merges it with its
+    neighbours differently cannot be masked exactly and is refused."""
+    labels = list(labels)
+    for span in spans:
+        target = tokenizer.encode(span, add_special_tokens=False)
+        hits = [
+            i
+            for i in range(len(ids) - len(target) + 1)
+            if ids[i : i + len(target)] == target
+            and all(lab != IGNORE for lab in labels[i : i + len(target)])
+        ]
+        if not target or not hits:
+            raise TemplateError(
+                f"the environment's text {span!r} is not a token span of the assistant turn (the "
+                "tokenizer merges it with its neighbours), so it cannot be left out of the loss"
+            )
+        for i in hits:
+            labels[i : i + len(target)] = [IGNORE] * len(target)
+    return labels

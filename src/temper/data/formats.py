@@ -59,6 +59,9 @@ class Example:
     prompt: str | list[dict[str, Any]] | None = None
     completion: str | list[dict[str, Any]] | None = None
     text: str | None = None
+    untrained: tuple[str, ...] = ()
+    """Substrings of the assistant turns that an environment inserts (a tool's output written
+    inline, `<interpreter>...</interpreter>`): kept in the input, never trained on."""
 
 
 @dataclass

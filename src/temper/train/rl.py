@@ -28,7 +28,8 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
-from temper.data.chat import prompt_ids
+from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.envs.base import make_env
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
 from temper.rollout import HFSampler, Sampler
@@ -38,7 +39,7 @@ from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_chec
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
-from temper.train.rollouts import Group, grade_group, rollout_record, to_batch
+from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
 __all__ = [
@@ -110,17 +111,19 @@ def sample_share(
             stream = rounds * world + rank  # a stream per (round, process): refills never overlap
             draw = min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
             index, drawn = range(draw), problems_for_step(tasks, draw, config.seed, step, stream)
-        samples = sampler.sample(
-            [prompt_ids(tokenizer, p.messages()) for _, p in drawn],
-            config.group_size,
-            max_new_tokens=config.max_new_tokens,
+        envs = [[make_env(task, problem) for _ in range(config.group_size)] for task, problem in drawn]
+        episodes = run_episodes(
+            sampler,
+            tokenizer,
+            envs,
+            [derive_seed(config.seed, step, stream, i) for i in index],
+            episode_limits(config),
             temperature=config.temperature,
             top_p=config.top_p,
-            seed=[derive_seed(config.seed, step, stream, i) for i in index],
         )
-        for (task, problem), group_samples in zip(drawn, samples):
-            group = grade_group(
-                task, problem, group_samples, config.rewards, config.max_new_tokens, config.overlong_buffer
+        for (_, problem), trajectories in zip(drawn, episodes, strict=True):
+            group = grade_episodes(
+                problem, trajectories, config.rewards, config.max_new_tokens, config.overlong_buffer
             )
             if rounds == 0:
                 causes.append(group.cause)  # the breakdown describes the policy, before filtering
@@ -129,6 +132,12 @@ def sample_share(
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
     return kept[:want], causes, rounds
+
+
+def episode_limits(config: RLConfig) -> EpisodeLimits:
+    return EpisodeLimits(
+        config.max_turns, config.max_episode_tokens, config.max_new_tokens, config.step_timeout
+    )
 
 
 def sampling_stats(causes: list[str | None], rounds: int, kept: int, config: RLConfig) -> dict[str, float]:
@@ -308,15 +317,16 @@ def _mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> 
 
 
 def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:
-    """Means over the step's samples: reward (total and per component), accuracy, format, length."""
+    """Means over the step's samples: reward (total and per component), accuracy, format, length;
+    for multi-turn episodes also turns, environment time and the share of each stop reason."""
     rollouts = [r for g in groups for r in g.rollouts]
     n = len(rollouts)
-    new_tokens = sum(len(r.sample.token_ids) for r in rollouts)
+    new_tokens = sum(r.tokens for r in rollouts)
     row = {
         "reward": sum(r.reward for r in rollouts) / n,
         "accuracy": sum(r.score.correct for r in rollouts) / n,
         "parse_rate": sum(r.score.parsed for r in rollouts) / n,
-        "truncation_rate": sum(r.sample.stop_reason == "length" for r in rollouts) / n,
+        "truncation_rate": sum(r.trajectory.truncated for r in rollouts) / n,
         "response_length": new_tokens / n,
         "rollout_tokens_per_s": new_tokens / max(seconds, 1e-9),
         "time/sample": seconds,
@@ -327,4 +337,27 @@ def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> di
         for name, value in (r.score.details.get("rewards") or {}).items():
             if value is not None:
                 functions.setdefault(name, []).append(value)
-    return row | {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
+    row |= {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
+    if any(len(r.trajectory.segments) > 2 for r in rollouts):  # an agent run: per-episode facts
+        row |= episode_metrics([r.trajectory for r in rollouts])
+    return row
+
+
+def episode_metrics(trajectories: list) -> dict[str, float]:
+    """Turns per episode, environment seconds per episode, the share of each stop reason, and the
+    mean per episode of every numeric step signal (tool calls, tool errors, invalid moves...)."""
+    n = len(trajectories)
+    row = {
+        "episode/turns": sum(t.turns for t in trajectories) / n,
+        "episode/env_seconds": sum(t.seconds_in_env for t in trajectories) / n,
+        "episode/tokens": sum(len(t.completion_ids) for t in trajectories) / n,
+    }
+    for reason in sorted({t.stop_reason for t in trajectories}):
+        row[f"episode/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
+    sums: dict[str, float] = {}
+    for t in trajectories:
+        for signals in t.signals:
+            for k, v in signals.items():
+                if isinstance(v, bool | int | float) and not isinstance(v, str):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+    return row | {f"signal/{k}": v / n for k, v in sorted(sums.items())}

@@ -29,6 +29,13 @@ class RLConfig:
     group_size: Annotated[int, Field(ge=1)] = 8
     """Samples per prompt (G in GRPO)."""
     max_new_tokens: Annotated[int, Field(ge=1)] = 48
+    """Tokens per sampler call (per turn, or per piece of a turn between inline tool answers)."""
+    max_turns: Annotated[int, Field(ge=1)] = 8
+    """Actions per episode of an environment task (a single-turn task always takes one)."""
+    max_episode_tokens: Annotated[int, Field(ge=0)] = 0
+    """Policy and environment tokens per episode after the prompt (0: max_turns x max_new_tokens)."""
+    step_timeout: Annotated[float, Field(gt=0)] = 60.0
+    """Seconds one environment step may take; a longer step ends its episode (stop reason timeout)."""
     temperature: Annotated[float, Field(ge=0)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     advantage: Advantage = "grpo"
