@@ -199,7 +199,12 @@ def evaluate(
         "reasons": dict(reasons.most_common()),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
-        "examples": _examples(problems, greedy, scores, n_examples, tokenizer),
+        "examples": _with_episodes(
+            _examples(problems, greedy, scores, n_examples, tokenizer),
+            problems,
+            episodes.get("all"),
+            tokenizer,
+        ),
         **({"episodes": episode_summary(episodes["all"])} if episodes else {}),
         "special_tokens": dict(specials.most_common()),
         "stop_warning": stop_warning(
@@ -216,6 +221,33 @@ def as_sample(t: Trajectory) -> Sample:
     text = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
     stop = t.last_stop if t.stop_reason == "done" else ("length" if t.truncated else "eos")
     return Sample(t.prompt_ids, t.completion_ids, t.completion_logprobs, text, stop)
+
+
+def _with_episodes(
+    examples: list[dict[str, Any]],
+    problems: Sequence[Problem],
+    trajectories: Sequence[Trajectory] | None,
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[dict[str, Any]]:
+    """Greedy examples of an environment task get their whole episode: the segments in order, each
+    {"by": "policy" | "env", "text"} (special tokens kept), so the report can tell the two apart."""
+    if not trajectories:
+        return examples
+    by_id = {}
+    for p, t in zip(problems, trajectories):  # the first len(problems) episodes are the greedy ones
+        by_id.setdefault(p.id, t)
+    for ex in examples:
+        t = by_id.get(ex["id"])
+        if t is not None:
+            ex["episode"] = [
+                {
+                    "by": "policy" if s.trainable else "env",
+                    "text": tokenizer.decode(s.token_ids, skip_special_tokens=False),
+                }
+                for s in t.segments[1:]
+            ]
+            ex["turns"] = t.turns
+    return examples
 
 
 def graded_episode(t: Trajectory) -> Score:
