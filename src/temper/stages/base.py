@@ -137,7 +137,7 @@ def epoch_steps(config: TrainConfig, sequences: int, stage: str) -> TrainConfig:
 
 # estimators whose baseline is the other samples of the prompt's group: with one sample the
 # advantage is 0 and nothing is learned (`temper.algorithms.advantages`)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "turn_grpo", "turn_reinforce")
 
 
 def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
