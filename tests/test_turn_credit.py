@@ -253,9 +253,16 @@ def test_gae_puts_each_process_reward_on_the_last_token_of_its_action(gamma, adv
     torch.testing.assert_close(returns, torch.where(x.mask_R_T, got + x.values_R_T, 0.0))
 
 
+@pytest.mark.parametrize("name", ["turn_grpo", "gae"])
+def test_several_turns_of_process_rewards_without_turns_are_refused(name):
+    with pytest.raises(ValueError, match="turn_R_T"):
+        ESTIMATORS[name](_inputs(turn_R_T=None, values_R_T=torch.zeros(4, 8, dtype=F64)))
+
+
 def test_turn_estimators_need_groups_and_turn_gamma_is_a_discount():
     assert rl_rules(RLConfig(advantage="turn_grpo", group_size=1))
-    assert not rl_rules(RLConfig(advantage="turn_reinforce", group_size=2))
+    assert not rl_rules(RLConfig(advantage="turn_reinforce", group_size=2, turn_gamma=0.5))
+    assert [loc for loc, _ in rl_rules(RLConfig(advantage="grpo", turn_gamma=0.5))] == [("turn_gamma",)]
     adapter = pydantic.TypeAdapter(RLConfig)
     assert adapter.validate_python({"advantage": "turn_grpo", "turn_gamma": 0.9}).turn_gamma == 0.9
     with pytest.raises(pydantic.ValidationError, match="turn_gamma"):

@@ -116,13 +116,15 @@ def _turn_layout(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.
     every row is one action (turn 0 on its action tokens), without process rewards they are 0.
     turn_R_T is -1 wherever the mask is off, so only action tokens ever carry credit."""
     mask_R_T = x.mask_R_T.bool()
+    given = x.step_rewards_R_K
+    if x.turn_R_T is None and given is not None and given.shape[1] > 1:
+        raise ValueError("process rewards for more than one turn need turn_R_T (which tokens each turn is)")
     if x.turn_R_T is None:
         turn_R_T = torch.where(mask_R_T, 0, -1)
         turns_R = torch.ones(mask_R_T.shape[0], dtype=torch.long, device=mask_R_T.device)
     else:
         turn_R_T = x.turn_R_T.long()
         turns_R = x.turns_R.long() if x.turns_R is not None else turn_R_T.amax(dim=-1).clamp_min(-1) + 1
-    given = x.step_rewards_R_K
     k_count = max(int(turns_R.max()) if turns_R.numel() else 0, 1, given.shape[1] if given is not None else 0)
     dtype = x.rewards_G_N.dtype if x.rewards_G_N.is_floating_point() else torch.get_default_dtype()
     step_R_K = torch.zeros(len(turns_R), k_count, dtype=dtype, device=mask_R_T.device)

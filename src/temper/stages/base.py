@@ -168,6 +168,14 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
         )
     if config.overlong_buffer >= config.max_new_tokens:
         out.append((("overlong_buffer",), f"must be below max_new_tokens ({config.max_new_tokens})"))
+    if config.turn_gamma != 1.0 and not config.advantage.startswith("turn_"):
+        out.append(
+            (
+                ("turn_gamma",),
+                f"only the turn estimators (turn_grpo, turn_reinforce) discount across turns; with advantage "
+                f"{config.advantage!r} it would have no effect",
+            )
+        )
     return out
 
 
