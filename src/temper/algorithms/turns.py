@@ -8,10 +8,10 @@ process reward after action k of row r, 0 past the row's `turns_R[r]` actions. R
 (G prompts x N samples), as everywhere in `temper.algorithms`.
 
 The per-turn estimators follow the step-level advantage of GiGPO (Feng et al. 2025, "Group-in-Group
-Policy Optimization for LLM Agent Training", arXiv:2505.10978, its step-level advantage): a discounted return from each
+Policy Optimization for LLM Agent Training", arXiv:2505.10978): a discounted return from each
 step, normalized within a group of steps; GiGPO groups steps by an identical environment state
 (anchor state), here they are grouped by turn index within a prompt's samples, which needs no state
-hashing and is exact for environments whose turn k of every sample faces a comparable situation.
+hashing and suits environments whose turn k of every sample faces a comparable situation.
 Turn-level credit with process and outcome rewards on GRPO is also MT-GRPO (Zeng et al. 2025,
 arXiv:2505.11821).
 """
