@@ -238,6 +238,7 @@ def prepare(
         kl_coef=config.kl_coef if config.kl_mode == "reward" else 0.0,
         gamma=config.gamma,
         lam=config.lam,
+        turn_gamma=config.turn_gamma,
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),
