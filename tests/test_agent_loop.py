@@ -264,6 +264,10 @@ def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
     assert group.rewards == [1.0 + 0.5 * 0.6, 0.0]  # outcome + 0.5 x (0.1 + 0.2 + 0.3); max_turns: 0
     assert group.rollouts[1].stop == "max_turns" and group.rollouts[1].score.details["reason"] == "max_turns"
     batch = to_batch([group])
+    # the process part goes per turn (weighted), the rest stays the row's reward
+    assert torch.allclose(batch.rewards_G_N, torch.tensor([[1.0, 0.0]]))
+    assert torch.allclose(batch.step_rewards_R_K, torch.tensor([[0.05, 0.1, 0.15], [0.0, 0.0, 0.0]]))
+    assert batch.turns_R.tolist() == [3, 1]
     assert batch.mask_R_T[0].tolist()[: len(walk.completion_ids)] == walk.trainable_mask
     assert batch.turn_R_T[0].tolist()[: len(walk.completion_ids)] == walk.token_turns
     assert batch.turn_R_T[1].tolist() == [0] * single.policy_tokens + [-1] * (
@@ -282,3 +286,32 @@ def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
         mask = batch.mask_R_T[r, :n]
         assert torch.allclose(out.logp[r, :n][mask], want[mask], atol=1e-10)
         assert (out.logp[r, :n][~mask] == 0).all()
+
+
+def test_turn_credit_flows_from_episodes_to_token_advantages(tokenizer):
+    """prepare() on a batch of multi-turn episodes: turn_reinforce credits each turn with its own
+    return minus the group's mean return at that turn index; environment tokens get nothing."""
+    from temper.models import build_preset
+    from temper.tasks.base import Problem
+    from temper.train.rl_config import RLConfig
+    from temper.train.rl_update import PolicyWithValue, prepare
+    from temper.train.rollouts import grade_episodes, to_batch
+
+    moves = {"at 0": "left", "at 1": "up", "at 2": "down"}
+    script = Script(tokenizer, lambda text, j: moves[text.rsplit("<|user|>", 1)[1].split("<|end|>")[0]])
+    [[a, b]] = run_episodes(script, tokenizer, [[WalkEnv(), WalkEnv()]], [0], EpisodeLimits())
+    [[c, d]] = run_episodes(script, tokenizer, [[WalkEnv(), WalkEnv()]], [0], EpisodeLimits(max_turns=2))
+    problem = Problem("walk", "train", "0", "walk")
+    # group: a full episode (outcome 1, steps .1 .2 .3) and one cut at 2 turns (steps .1 .2, outcome 0)
+    group = grade_episodes(problem, [a, c], {"outcome": 1.0, "process": 1.0}, 48, 0)
+    config = RLConfig(advantage="turn_reinforce", group_size=2)
+    p = prepare(to_batch([group]), PolicyWithValue(build_preset("nano", tokenizer, seed=0)), None, config)
+    # returns: a = [1.6, 1.5, 1.3], c = [0.3, 0.2]; turn means [0.95, 0.85]; turn 2 has one row (0)
+    want = {0: [0.65, 0.65, 0.0], 1: [-0.65, -0.65]}
+    for r, t in enumerate([a, c]):
+        n = len(t.completion_ids)
+        for k, value in enumerate(want[r]):
+            at = torch.tensor([x == k for x in t.token_turns])
+            assert torch.allclose(p.advantages[r, :n][at], torch.tensor(value), atol=1e-6)
+        env = torch.tensor([x == -1 for x in t.token_turns])
+        assert (p.advantages[r, :n][env] == 0).all()
