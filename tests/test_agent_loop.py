@@ -315,3 +315,25 @@ def test_turn_credit_flows_from_episodes_to_token_advantages(tokenizer):
             assert torch.allclose(p.advantages[r, :n][at], torch.tensor(value), atol=1e-6)
         env = torch.tensor([x == -1 for x in t.token_turns])
         assert (p.advantages[r, :n][env] == 0).all()
+
+
+def test_groups_whose_environment_failed_are_left_out_of_training_not_rewarded_zero(tokenizer):
+    from temper.tasks.base import Problem
+    from temper.train.rl import collect_groups
+    from temper.train.rl_config import RLConfig
+
+    class Walks:
+        name = "walks"
+
+        def sample(self, split, n, seed):
+            return [Problem("walks", split, str(i), "walk") for i in range(n)]
+
+        def make_env(self, problem):
+            return WalkEnv(fail=problem.id == "1")
+
+    script = Script(tokenizer, lambda text, j: "left")
+    config = RLConfig(prompts_per_step=3, group_size=2, max_new_tokens=8, rewards={"outcome": 1.0})
+    groups, stats = collect_groups(script, tokenizer, [Walks()], config, step=0)
+    assert [g.rollouts[0].problem.id for g in groups] == ["0", "2"]
+    assert stats["env_failed_groups"] == 1
+    assert all(r.stop == "eos" and r.score.correct for g in groups for r in g.rollouts)
