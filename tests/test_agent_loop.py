@@ -337,3 +337,21 @@ def test_groups_whose_environment_failed_are_left_out_of_training_not_rewarded_z
     assert [g.rollouts[0].problem.id for g in groups] == ["0", "2"]
     assert stats["env_failed_groups"] == 1
     assert all(r.stop == "eos" and r.score.correct for g in groups for r in g.rollouts)
+
+
+def test_a_template_that_rewrites_history_ends_the_episode_instead_of_misaligning(tokenizer):
+    import copy
+
+    rewriting = copy.deepcopy(tokenizer)
+    # earlier assistant turns rendered upper-cased: not what was sampled (as templates that drop
+    # past reasoning do)
+    rewriting.chat_template = tokenizer.chat_template.replace(
+        "{{ m['content'] }}<|end|>{% endgeneration %}", "{{ m['content'] | upper }}<|end|>{% endgeneration %}"
+    )
+    assert rewriting.chat_template != tokenizer.chat_template
+    script = Script(rewriting, lambda text, j: "left")
+    [[t]] = run_episodes(script, rewriting, [[WalkEnv()]], [0], EpisodeLimits())
+    assert (
+        t.stop_reason == "not_prefix" and t.turns == 1 and "re-renders the history" in t.signals[-1]["error"]
+    )
+    assert len(t.segments) == 2  # nothing appended after the mismatch

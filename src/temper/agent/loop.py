@@ -238,6 +238,9 @@ def _apply(
         e.turn_text = ""
         full = prompt_ids(tokenizer, e.messages)
         if full[: len(e.ids)] != e.ids:
+            e.trajectory.signals[-1]["error"] = (
+                "the chat template re-renders the history differently from the sampled tokens"
+            )
             return _end(e, "not_prefix", "")
         delta = full[len(e.ids) :]
     e.trajectory.segments.append(Segment(delta, None, False))

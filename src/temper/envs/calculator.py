@@ -156,7 +156,12 @@ class CalculatorEnv:
             shown, error = shown[: self.config.max_output_chars] + "...", True
         inline = f"{OUT_OPEN}{shown}{OUT_CLOSE}"
         self.text += inline
-        signals = {"tool_calls": 1, "tool_errors": int(error), "sandbox_seconds": result.wall_s}
+        signals = {
+            "tool_calls": 1,
+            "tool_errors": int(error),
+            "sandbox_seconds": result.wall_s,
+            "tier": result.tier,
+        }
         return StepResult(inline=inline, reward=-self.config.call_cost, signals=signals)
 
     def _run(self, code: str):

@@ -148,8 +148,10 @@ def episode_limits(config: RLConfig) -> EpisodeLimits:
     )
 
 
-INFRA_ERRORS = ("env_error", "timeout")
-"""Stop reasons that are the environment's failure, not the policy's: their groups are not trained on."""
+INFRA_ERRORS = ("env_error", "timeout", "not_prefix")
+"""Stop reasons that are not the policy's doing (the environment failed or hung; the chat template
+re-rendered the history differently from what was sampled): their groups are not trained on.
+Splitting a not_prefix episode into a second training row is not implemented."""
 
 
 def _failed_stats(failed: list[str]) -> dict[str, float]:
@@ -257,8 +259,8 @@ def train_rl(
             )
             if failed and main:
                 console.print(
-                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out, an environment "
-                    f"failed or hung (infrastructure, not a reward): {failed[0]}"
+                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "
+                    f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
                 )
             if groups:
                 row |= rollout_metrics(groups, config, t1 - t0)
