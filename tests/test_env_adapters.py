@@ -173,7 +173,7 @@ def test_trl_environment_factory_tools_binary_search_and_grading():
         low, high = (mid + 1, high) if answer == "higher" else (low, mid - 1)
     assert answer == "open" and env.instance.opened
     final = env.step(f"The code is {mid}.")
-    assert final.done and final.messages == []
+    assert final.done and final.messages == [] and final.signals["malformed_tool_calls"] == 3
     score = final.score
     assert score.correct and score.reward == pytest.approx(1.0 + 0.5)  # opened + get_reward (weight 1)
     assert not score.parsed  # the malformed calls of the first turn

@@ -28,7 +28,8 @@ The turn without a tool call ends the episode; it is graded by `reward_funcs` (T
 called as temper.tasks.reward_functions.call_all calls a data task's) plus the instance's
 `get_reward`: reward = the weighted sum (None counts 0, as TRL's nansum), correct = the first
 source >= `correct_threshold`, parsed = no malformed tool call. `completions` holds the whole
-episode after the prompt, as TRL passes it in tool mode: each assistant turn and each tool message.
+episode after the prompt, as TRL passes it in tool mode: each assistant turn (its raw text, where
+TRL has parsed `tool_calls` out of it) and each tool message.
 
 The agent loop renders the prompt with `apply_chat_template(messages, tools=env.tools)`.
 """
@@ -152,9 +153,8 @@ class TRLEnvironment:
         calls = _parse_tool_calls(action)
         if not calls:
             self.done = True
-            return StepResult(
-                done=True, signals={"tool_calls": 0, "tool_errors": 0}, score=self._grade(action)
-            )
+            signals = {"tool_calls": 0, "tool_errors": 0, "malformed_tool_calls": self.malformed}
+            return StepResult(done=True, signals=signals, score=self._grade(action))
         messages, errors = [], 0
         for call in calls:
             name, content, status = self._call(call)
