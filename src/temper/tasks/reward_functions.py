@@ -156,12 +156,15 @@ def call_all(
     texts: Sequence[str],
     completion_ids: Sequence[Sequence[int]] | None,
     columns: Sequence[dict[str, Any]],
+    completions: Sequence[Any] | None = None,
 ) -> Outcome:
     """Every function on the whole batch, TRL's way (async ones awaited together). A function
     that raises on the batch, or returns the wrong number of rewards, is called again one
-    completion at a time, so only the completions it cannot grade become verifier errors."""
+    completion at a time, so only the completions it cannot grade become verifier errors.
+    `completions` replaces the ones made from `texts` where TRL passes more than one message per
+    completion (a tool-calling episode: assistant turns and tool results)."""
     n = len(texts)
-    completions = completions_as_trl(prompts, texts)
+    completions = completions_as_trl(prompts, texts) if completions is None else list(completions)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in texts]
     keys = [k for k in dict.fromkeys(k for row in columns for k in row) if k not in EXCLUDED_COLUMNS]
     kwargs = {k: [row.get(k) for row in columns] for k in keys}
