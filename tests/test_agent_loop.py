@@ -355,3 +355,10 @@ def test_a_template_that_rewrites_history_ends_the_episode_instead_of_misalignin
         t.stop_reason == "not_prefix" and t.turns == 1 and "re-renders the history" in t.signals[-1]["error"]
     )
     assert len(t.segments) == 2  # nothing appended after the mismatch
+
+
+def test_environment_time_is_each_episodes_own(tokenizer):
+    script = Script(tokenizer, lambda text, j: "left")
+    [[slow, fast]] = run_episodes(script, tokenizer, [[WalkEnv(sleep=0.2), WalkEnv()]], [0], EpisodeLimits())
+    assert slow.seconds_in_env >= 0.6  # three steps of 0.2 s
+    assert fast.seconds_in_env < 0.3  # stepped in parallel: not charged the slow one's 0.6 s

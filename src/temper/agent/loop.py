@@ -170,7 +170,7 @@ def _step_round(
     """Step every live episode's env with its new action and apply the answers."""
     actions = {id(e): action_text(e.last, tokenizer, e.env.stop) for e in live}
     results: dict[int, StepResult | StopReason] = {}
-    t0 = time.perf_counter()
+    seconds: dict[int, float] = {}  # each episode's own step time (a batch's time is split evenly)
     # envs that step as a batch (TaskEnv: one grade_batch call per group, as TRL calls reward functions)
     batched: dict[tuple, list[_Episode]] = {}
     threaded: list[_Episode] = []
@@ -179,8 +179,9 @@ def _step_round(
             batched.setdefault((type(e.env), e.group), []).append(e)
         else:
             threaded.append(e)
-    futures = {pool.submit(e.env.step, actions[id(e)]): e for e in threaded}
+    futures = {pool.submit(_timed, e.env.step, actions[id(e)]): e for e in threaded}
     for (cls, _), members in batched.items():
+        t0 = time.perf_counter()
         try:
             answers = cls.step_batch(
                 [e.env for e in members],
@@ -192,20 +193,27 @@ def _step_round(
             for e in members:
                 results[id(e)] = "env_error"
                 e.trajectory.signals.append({"error": repr(err)})
+        seconds.update({id(e): (time.perf_counter() - t0) / len(members) for e in members})
     done, not_done = wait_futures(futures, timeout=limits.step_timeout)
     for f in done:
         e = futures[f]
         try:
-            results[id(e)] = f.result()
+            results[id(e)], seconds[id(e)] = f.result()
         except Exception as err:
             results[id(e)] = "env_error"
             e.trajectory.signals.append({"error": repr(err)})
     for f in not_done:
         results[id(futures[f])] = "timeout"
-    seconds = time.perf_counter() - t0
+        seconds[id(futures[f])] = limits.step_timeout
     for e in live:
-        e.trajectory.seconds_in_env += seconds
+        e.trajectory.seconds_in_env += seconds.get(id(e), 0.0)
         _apply(e, results[id(e)], actions[id(e)], tokenizer, limits)
+
+
+def _timed(step, action: str) -> tuple[StepResult, float]:
+    t0 = time.perf_counter()
+    result = step(action)
+    return result, time.perf_counter() - t0
 
 
 def _apply(
