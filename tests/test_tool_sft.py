@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from temper.agent.tools import ToolRegistry, parse_tool_calls
 from temper.data.chat import IGNORE, TemplateError, check_tool_template, prompt_ids, tokenize_example
 from temper.data.formats import DataError, load_rows, parse_row
+from temper.envs.tool_env import ToolEnv
 from temper.models.chat import TEMPLATES
 from temper.models.tokenizer import CHAT_TEMPLATE, CHAT_TEMPLATE_V1
 
@@ -378,3 +379,51 @@ def test_a_prompt_completion_row_keeps_its_tools_in_the_untrained_prompt(tokeniz
     rendered = tokenizer.decode(tok.input_ids)
     assert rendered.startswith("<|system|># Tools\n<tools>\n" + json.dumps(schema[0]))
     assert tokenizer.decode([t for t in tok.labels if t != IGNORE]) == CALL_TEXT + "<|end|>5<|end|>"
+
+
+def test_a_hub_template_with_tool_support_works_unchanged(tokenizer):
+    """Qwen2.5-Instruct's template (TRL's copy): the env's tools reach its system turn, the calls
+    it renders parse back, and the masks train on the call and not on the tool response."""
+    trl = pytest.importorskip("trl")
+    qwen = _with(tokenizer, (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text())
+    env = ToolEnv([U], ToolRegistry([add]), grader=lambda answer: None)
+    prompt = tokenizer.decode(prompt_ids(qwen, env.reset(), tools=env.tools))
+    assert "<tools>\n" + json.dumps(env.tools[0]) + "\n</tools>" in prompt
+    row = {
+        "messages": [
+            U,
+            {"role": "assistant", "content": "", "tool_calls": [ADD_CALL]},
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": "5"},
+        ]
+    }
+    tok = tokenize_example(qwen, parse_row(row, "x", 1), 4096)
+    trained = tokenizer.decode([t for t in tok.labels if t != IGNORE])
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    assert trained == call + "<|im_end|>\n5<|im_end|>\n"
+    assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(tok.input_ids)
+    assert [(c.name, c.arguments) for c in parse_tool_calls(trained)] == [("add", {"a": 2, "b": 3})]
+
+
+def test_chatml_tool_masks_on_a_trained_bpe_tokenizer():
+    """Merges must not cross the boundaries masking relies on (data.chat refuses a template whose
+    prompt tokens are not a prefix); the Qwen2-style BPE of tiny_qwen keeps them apart."""
+    from tiny_qwen import build_tokenizer as build_bpe
+
+    bpe = build_bpe()
+    bpe.chat_template = TEMPLATES["chatml"]
+    check_tool_template(bpe)
+    row = {
+        "messages": [
+            {"role": "system", "content": "Be exact."},
+            {"role": "user", "content": "What is 2+3?"},
+            {"role": "assistant", "content": "Let me add.", "tool_calls": [ADD_CALL]},
+            {"role": "tool", "content": "5"},
+            {"role": "assistant", "content": "Answer: 5"},
+        ],
+        "tools": ToolRegistry([add]).schemas,
+    }
+    tok = tokenize_example(bpe, parse_row(row, "x", 1), 4096)
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    trained = bpe.decode([t for t in tok.labels if t != IGNORE])
+    assert trained == "Let me add.\n" + call + "<|im_end|>\nAnswer: 5<|im_end|>\n"
