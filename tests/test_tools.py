@@ -325,3 +325,37 @@ def test_tool_env_for_a_task_is_graded_by_the_task(tokenizer):
     assert env.reset() == problem.messages()
     right = env.step(task.demonstration(problem))
     assert right.done and right.score.correct
+
+
+def test_methods_tools_without_arguments_and_hand_written_schemas():
+    """A bound method is a tool without `self` (TRL's environment_factory exposes an env's methods
+    so); a tool may take nothing; a schema written by hand may leave `parameters` out."""
+
+    class Board:
+        def __init__(self):
+            self.moves = []
+
+        def move(self, direction: Literal["up", "down"]) -> str:
+            """Move one step.
+
+            Args:
+                direction: where to
+            """
+            self.moves.append(direction)
+            return f"moved {direction}"
+
+    def now() -> str:
+        """The time."""
+        return "12:00"
+
+    board = Board()
+    clock = Tool(now, {"type": "function", "function": {"name": "clock", "description": "The time."}})
+    registry = ToolRegistry([board.move, now, clock])
+    assert registry.schemas[0]["function"]["parameters"]["required"] == ["direction"]
+    assert registry.call(ToolCall("move", {"direction": "up"}, ""))[
+        "content"
+    ] == "moved up" and board.moves == ["up"]
+    assert registry.call(ToolCall("now", {}, ""))["content"] == "12:00"
+    assert registry.call(ToolCall("clock", {}, ""))["content"] == "12:00"
+    got = registry.call(ToolCall("clock", {"tz": "UTC"}, ""))["content"]
+    assert got == "Error: tool 'clock': unknown argument 'tz' (it takes no arguments)"

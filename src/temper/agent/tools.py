@@ -189,9 +189,6 @@ class ToolRegistry:
         """What `apply_chat_template(..., tools=)` takes."""
         return [t.schema for t in self.tools.values()]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.tools
-
     def call(self, call: ToolCall | ToolCallError) -> dict[str, Any]:
         """The `tool` message answering `call`: the tool's result, or `Error: ...` saying what
         was wrong. Never raises on anything the model wrote or on the tool's own exception."""
