@@ -346,7 +346,8 @@ def test_a_template_that_rewrites_history_ends_the_episode_instead_of_misalignin
     # earlier assistant turns rendered upper-cased: not what was sampled (as templates that drop
     # past reasoning do)
     rewriting.chat_template = tokenizer.chat_template.replace(
-        "{{ m['content'] }}<|end|>{% endgeneration %}", "{{ m['content'] | upper }}<|end|>{% endgeneration %}"
+        "{% if m['content'] %}{{ m['content'] }}{% endif %}",
+        "{% if m['content'] %}{{ m['content'] | upper }}{% endif %}",
     )
     assert rewriting.chat_template != tokenizer.chat_template
     script = Script(rewriting, lambda text, j: "left")
@@ -362,3 +363,41 @@ def test_environment_time_is_each_episodes_own(tokenizer):
     [[slow, fast]] = run_episodes(script, tokenizer, [[WalkEnv(sleep=0.2), WalkEnv()]], [0], EpisodeLimits())
     assert slow.seconds_in_env >= 0.6  # three steps of 0.2 s
     assert fast.seconds_in_env < 0.3  # stepped in parallel: not charged the slow one's 0.6 s
+
+
+def test_a_chat_tool_call_episode_renders_tools_and_never_trains_on_the_result(tokenizer):
+    """ToolEnv through the loop: the tools are in the prompt (the template's system part), the
+    call is the policy's, the `tool` turn is the environment's, the answer is graded."""
+    from temper.agent.tools import ToolRegistry
+    from temper.envs.tool_env import ToolEnv
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first addend
+            b: the second addend
+        """
+        return a + b
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    env = ToolEnv(
+        [{"role": "user", "content": "2+3?"}],
+        ToolRegistry([add]),
+        lambda answer: Score(1.0, "5" in answer, True),
+    )
+
+    def reply(text, j):
+        return "It is 5." if "<|tool|>" in text else call
+
+    [[t]] = run_episodes(Script(tokenizer, reply), tokenizer, [[env]], [0], EpisodeLimits(max_new_tokens=96))
+    assert t.stop_reason == "done" and t.score.correct and t.turns == 2
+    assert '"name": "add"' in tokenizer.decode(t.prompt_ids)  # the schema reached the prompt
+    text = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    assert [text(s.token_ids) for s in t.segments[1:]] == [
+        call + "<|end|>",
+        "<|tool|>5<|end|><|assistant|>",
+        "It is 5.<|end|>",
+    ]
+    assert [s.trainable for s in t.segments[1:]] == [True, False, True]
+    assert t.signals[0] == {"tool_calls": 1, "tool_errors": 0}

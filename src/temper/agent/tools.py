@@ -130,6 +130,21 @@ def parse_tool_calls(text: str) -> list[ToolCall] | ToolCallError:
     return calls
 
 
+def parse_each_tool_call(text: str) -> list[ToolCall | ToolCallError]:
+    """Every `<tool_call>` block of an assistant turn on its own, in order: a malformed block is
+    a `ToolCallError` in its place and the others still stand (TRL answers each call of a turn
+    separately; `parse_tool_calls` is the all-or-nothing reading). An unclosed last block is an error."""
+    out: list[ToolCall | ToolCallError] = []
+    end = 0
+    for match in _CALL.finditer(text):
+        out.append(_parse_block(match.group(1), match.group(0)))
+        end = match.end()
+    tail = text[end:]
+    if OPEN in tail:
+        out.append(ToolCallError(f"a {OPEN} is not closed with {CLOSE}", tail[tail.index(OPEN) :]))
+    return out
+
+
 def _parse_block(body: str, block: str) -> ToolCall | ToolCallError:
     def error(why: str) -> ToolCallError:
         return ToolCallError(

@@ -37,46 +37,23 @@ The agent loop renders the prompt with `apply_chat_template(messages, tools=env.
 from __future__ import annotations
 
 import inspect
-import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from temper.agent.tools import ToolCallError, parse_each_tool_call
 from temper.envs.base import StepResult
 from temper.tasks.base import Score, verifier_error
 from temper.tasks.reward_functions import RewardFunction, call_all, load_reward_function
 
-# Kept minimal and private: the general tool-call parsing (more formats, schema validation) belongs
-# to temper.agent.tools, which this reader should give way to.
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-
 
 def _parse_tool_calls(text: str) -> list[dict[str, Any] | str]:
-    """Each `<tool_call>` block of `text` as {"name", "arguments"}, or as an error message saying
-    why it is not one. An unclosed last block is read to the end of the text."""
-    calls: list[dict[str, Any] | str] = []
-    for body in _TOOL_CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError as err:
-            calls.append(f"the tool call is not valid JSON: {err}")
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            calls.append('a tool call is a JSON object {"name": ..., "arguments": {...}}')
-            continue
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):  # some templates emit the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError as err:
-                calls.append(f"the arguments of {call['name']!r} are not valid JSON: {err}")
-                continue
-        if not isinstance(arguments, dict):
-            calls.append(f"the arguments of {call['name']!r} must be a JSON object")
-            continue
-        calls.append({"name": call["name"], "arguments": arguments})
-    return calls
+    """Each `<tool_call>` block of `text` as {"name", "arguments"}, or as the error message saying
+    why it is not one (temper.agent.tools reads the blocks; each call is answered on its own, as TRL does)."""
+    return [
+        c.message if isinstance(c, ToolCallError) else {"name": c.name, "arguments": c.arguments}
+        for c in parse_each_tool_call(text)
+    ]
 
 
 def tool_methods(instance: Any) -> dict[str, Callable[..., Any]]:
