@@ -8,8 +8,9 @@ stdlib only, so the sandboxed side never imports temper), in a new session, as r
 3. becomes a *child subreaper* and forks: the child applies no_new_privs, Landlock and seccomp and
    execs the command; this process stays as a small supervisor outside the Landlock domain.
 
-Why a supervisor: without a PID namespace a `setsid` daemon leaves the process group, and PID 1 on
-these VMs never reaps orphans (zombies that count against RLIMIT_NPROC of the sandbox uid). As a
+Why a supervisor: without a PID namespace a `setsid` daemon leaves the process group (so a kill of
+the group misses it), and orphans would go to PID 1, which on these VMs reaps them only a second or
+so later (zombies that count against the sandbox uid's RLIMIT_NPROC meanwhile). As a
 subreaper every orphan of the tree is re-parented to the supervisor, so "my descendants" is exactly
 the sandbox's processes, daemons included: when the command exits (or the Sandbox sends SIGUSR1 at
 the deadline) the supervisor SIGKILLs and reaps all of them, then reports the command's status on
@@ -296,7 +297,10 @@ def main() -> None:
     child = os.fork()
     if child == 0:
         try:
-            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+            # the program gets the defaults (`head` is killed by SIGXFSZ at RLIMIT_FSIZE, as in tier A)
+            for sig in (signal.SIGUSR1, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
             _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
             _check(libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
             os.close(ruleset)
