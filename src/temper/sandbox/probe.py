@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -115,7 +115,8 @@ TIER_B_LAUNCHER = str(Path(__file__).with_name("tier_b_exec.py"))
 def tier_b_argv(config: dict, argv: list[str]) -> list[str]:
     """The command line that runs argv under tier B (the launcher, run by this very interpreter in
     isolated mode without site-packages: it needs the stdlib only)."""
-    return [sys.executable, "-I", "-S", "-B", TIER_B_LAUNCHER, json.dumps(config), *argv]
+    # marshal: a builtin the launcher decodes without importing anything (the same interpreter runs it)
+    return [sys.executable, "-I", "-S", "-B", TIER_B_LAUNCHER, marshal.dumps(config).hex(), *argv]
 
 
 def landlock_abi() -> int:
