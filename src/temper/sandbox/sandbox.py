@@ -18,7 +18,8 @@ tree, `setsid` daemons included, when the program exits or at the deadline. A ro
 cgroup v1 pids + memory group per Sandbox (where /sys/fs/cgroup is writable) that caps the tree's
 processes and memory and is swept as a backstop. Known gaps of tier B: /proc shows the host's
 processes; files under readable directories cannot be hidden; the private tmp dir has no total size
-cap (RLIMIT_FSIZE caps each file); as a non-root caller RLIMIT_NPROC counts all of the caller's processes.
+cap (RLIMIT_FSIZE caps each file); without a pids cgroup (non-root callers) RLIMIT_NPROC is the only
+process cap, and it counts every process of the uid (concurrent episodes, and a non-root caller's own).
 
 Failures of the sandbox itself (bubblewrap refusing a bind, not starting the program) raise
 `SandboxError`: an infrastructure error must never reach a reward function as a wrong answer.
