@@ -469,3 +469,27 @@ def test_tier_b_seccomp_denies_the_escape_syscalls(tier_b):
     got = {name: (int(ret), int(err)) for name, ret, err in (ln.split() for ln in r.stdout.splitlines())}
     assert got.pop("clone3") == (-1, 38), r  # ENOSYS: libc falls back to clone(), which is checked
     assert got == {name: (-1, 1) for name in got} and len(got) == 8, r  # EPERM
+
+
+def test_tier_b_removes_cgroups_of_dead_owners(base):
+    """A trainer killed with SIGKILL leaves its groups behind; the next Sandbox removes them (and
+    leaves groups of live owners alone)."""
+    if "landlock" not in HOST.tiers:
+        pytest.skip(f"no tier B here: {HOST.reason}")
+    own = sandbox_mod._own_cgroup_v1("pids")
+    if own is None or os.geteuid() != 0:
+        pytest.skip("no writable pids cgroup (not root, or no cgroup v1 pids hierarchy)")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, alive = own / f"temper-sbx-{dead.pid}-0", own / f"temper-sbx-{os.getpid()}-999999"
+    stale.mkdir()
+    alive.mkdir()
+    try:
+        s = Sandbox(base / "ws", FAST, tier="landlock")
+        assert not stale.exists() and alive.exists()
+        s.close()
+        assert s.cgroups and not any(d.exists() for d in s.cgroups)  # close() removes its own
+    finally:
+        for d in (stale, alive):
+            if d.exists():
+                d.rmdir()

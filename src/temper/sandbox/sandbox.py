@@ -191,6 +191,7 @@ def _make_cgroups(limits: Limits) -> list[Path]:
         own = _own_cgroup_v1(ctrl)
         if own is None or os.geteuid() != 0:
             continue
+        _remove_stale_cgroups(own)
         d = own / name
         try:
             d.mkdir()
@@ -202,6 +203,34 @@ def _make_cgroups(limits: Limits) -> list[Path]:
             continue
         made.append(d)
     return made
+
+
+def _remove_stale_cgroups(parent: Path) -> None:
+    """Groups left by a temper process that died without cleaning up (a SIGKILLed trainer): their
+    owner's pid is in the name; kill what is still in them and remove them (research note §4)."""
+    for d in parent.glob("temper-sbx-*-*"):
+        try:
+            owner = int(d.name.split("-")[2])
+            os.kill(owner, 0)
+            continue  # its owner is alive (another trainer's sandbox): not ours to touch
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        _kill_cgroups([d], limit_s=1.0)
+        _remove_cgroup(d)
+
+
+def _uid_processes(uid: int) -> int:
+    """How many processes uid has now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
+    n = 0
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                n += e.stat().st_uid == uid
+            except OSError:
+                pass
+    return n
 
 
 def _cgroup_pids(d: Path) -> list[int]:
@@ -372,6 +401,13 @@ class Sandbox:
         ro = list(self.ro_binds)
         if self.python:  # an interpreter outside /usr needs its prefix (bin/.. of the real binary)
             ro.append(str(Path(os.path.realpath(self.python)).parents[1]))
+        has_pids = any(d.parts[:5] == ("/", "sys", "fs", "cgroup", "pids") for d in self._cgroups)
+        if has_pids:
+            nproc = max(lim.procs, 4096)
+        elif self._uid is None:  # a non-root caller's own processes count too: allow procs more
+            nproc = lim.procs + _uid_processes(os.geteuid())
+        else:
+            nproc = lim.procs
         config = {
             "status_fd": status_fd,
             "uid": self._uid,
@@ -380,7 +416,9 @@ class Sandbox:
             "rlimits": {
                 "AS": [lim.memory_mb << 20] * 2,
                 "CPU": [cpu, cpu + 1],
-                "NPROC": [lim.procs] * 2,
+                # RLIMIT_NPROC counts every process of the uid, so concurrent episodes would share
+                # it; where a pids cgroup caps this Sandbox's tree it is only a loose backstop
+                "NPROC": [nproc] * 2,
                 "FSIZE": [lim.file_mb << 20] * 2,
                 "NOFILE": [lim.nofile] * 2,
                 "CORE": [0, 0],

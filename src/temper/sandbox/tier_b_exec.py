@@ -308,6 +308,8 @@ def main() -> None:
             apply_seccomp(prog)
             os.set_inheritable(status_fd, False)  # closed by a successful exec: nothing to report
             os.execvpe(argv[0], argv, cfg["env"])
+        except Sweep:  # the deadline came before the exec: a timeout, not a sandbox failure
+            os._exit(128 + signal.SIGKILL)
         except BaseException as e:
             report(f"error cannot start {argv[0]!r}: {type(e).__name__}: {e}")
         os._exit(127)
