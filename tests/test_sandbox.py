@@ -493,3 +493,38 @@ def test_tier_b_removes_cgroups_of_dead_owners(base):
         for d in (stale, alive):
             if d.exists():
                 d.rmdir()
+
+
+def test_tier_b_as_a_non_root_caller(tmp_path):
+    """Tier B is meant for hosts where user namespaces are off, often for unprivileged users: no uid
+    drop, no cgroup, RLIMIT_NPROC on top of the caller's own processes. Run as uid 10002 with the
+    system interpreter (temper.sandbox needs only the stdlib), checked from outside."""
+    py, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not Path(py).exists() or "landlock" not in HOST.tiers:
+        pytest.skip("needs root (to become uid 10002), setpriv, /usr/bin/python3 and tier B")
+    src = Path(sandbox_mod.__file__).parents[2]
+    marker = "31337.314159"
+    script = (
+        f"import sys\nsys.path.insert(0, {str(src)!r})\n"
+        "from temper.sandbox import Limits, Sandbox\n"
+        "s = Sandbox(limits=Limits(wall_s=3, procs=16), tier='landlock')\n"
+        "assert s.cgroups == []\n"
+        "code = ('import os, socket, subprocess\\n'\n"
+        f'    \'subprocess.Popen(["sleep", "{marker}"], start_new_session=True)\\n\'\n'
+        "    'print(os.getuid())\\n'\n"
+        '    \'for f in [lambda: open("/tmp/evil-10002", "w"), lambda: socket.socket()]:\\n\'\n'
+        "    '    try:\\n        f(); print(\"ESCAPED\")\\n    except OSError as e:\\n        print(e.errno)\\n')\n"
+        "r = s.run(code)\n"
+        "print(r.stdout, end='')\n"
+        "s.close()\n"
+        "import shutil; shutil.rmtree(s.workspace)\n"
+    )
+    r = subprocess.run(
+        [setpriv, "--reuid=10002", "--regid=10002", "--clear-groups", py, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert r.stdout.split() == ["10002", "13", "13"], r  # /tmp is writable for 10002, but not here
+    assert _procs_with(marker) == [] and not Path("/tmp/evil-10002").exists()
