@@ -300,8 +300,33 @@ def test_large_file_capped_by_fsize(sbx):
 
 @needs_tier
 def test_no_capabilities_and_no_nested_userns(sbx):
-    r = sbx.run("grep CapEff /proc/self/status; unshare -U -r true 2>/dev/null && echo NESTED", lang="sh")
-    assert r.stdout.split() == ["CapEff:", "0000000000000000"]
+    if sbx.tier == "landlock":  # tier B cannot read /proc at all (see the next test); ask the kernel
+        code = (
+            "import ctypes, subprocess\nhdr = (ctypes.c_uint32 * 2)(0x20080522, 0)\n"
+            "data = (ctypes.c_uint32 * 6)()\nctypes.CDLL(None).capget(hdr, data)\n"  # 2 x (eff, perm, inh)
+            "print('CapEff:', '%08x%08x' % (data[3], data[0]))\n"
+            "subprocess.run('unshare -U -r true 2>/dev/null && echo NESTED', shell=True)\n"
+        )
+        r = sbx.run(code)
+    else:
+        r = sbx.run("grep CapEff /proc/self/status; unshare -U -r true 2>/dev/null && echo NESTED", lang="sh")
+    assert r.stdout.split() == ["CapEff:", "0000000000000000"], r
+
+
+@needs_tier
+def test_other_processes_command_lines_hidden(sbx):
+    """Another episode's code travels as `python -c CODE`: its command line must not be readable
+    (tier A: a PID namespace of its own; tier B: /proc is outside the Landlock rules)."""
+    secret = "episode-B-secret-31337"
+    other = subprocess.Popen(["sleep", "30", secret])
+    try:
+        r = sbx.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; ls /proc | wc -l", lang="sh")
+        assert secret not in r.stdout, r
+        if sbx.tier == "landlock":
+            assert r.stdout.split()[-1] == "0"  # nothing listed
+    finally:
+        other.kill()
+        other.wait()
 
 
 @needs_tier

@@ -104,9 +104,10 @@ def popen_user_kwargs() -> dict:
 
 
 # Tier B's view of the host: read and execute the system directories (missing ones are skipped),
-# /proc read-only (without a PID namespace it shows the host's processes: a known gap of tier B),
-# read and write only these character devices. Everything else is denied by Landlock.
-TIER_B_SYSTEM_RO = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc"]
+# read and write only these character devices. Everything else is denied by Landlock, /proc too:
+# without a PID namespace it would show every host process's command line, another episode's code
+# passed as `python -c CODE` included (so `ps`, `free` and /proc/self do not work in tier B).
+TIER_B_SYSTEM_RO = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
 TIER_B_DEV_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 
 TIER_B_LAUNCHER = str(Path(__file__).with_name("tier_b_exec.py"))
