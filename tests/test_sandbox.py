@@ -3,7 +3,8 @@
 The battery runs on every tier this host has (`tier` fixture: tier A "bwrap" and tier B "landlock"
 are forced in turn, so a host with both tests both). Where a tier contains an attack differently the
 test asserts that tier's behaviour; where tier B does NOT contain something (its tmp dir has no total
-size cap) the test asserts what really happens and says so with "KNOWN GAP". Limits are short
+size cap; a host unix socket that file permissions leave open is reachable) the test asserts what
+really happens and says so with "KNOWN GAP". Limits are short
 (1-2 s) so each tier's battery stays well under 30 s. Tests skip, with the probe's reason, only for
 a tier this host lacks.
 """
@@ -556,3 +557,27 @@ def test_tier_b_as_a_non_root_caller(tmp_path):
     )
     assert r.stdout.split() == ["10002", "13", "13"], r  # /tmp is writable for 10002, but not here
     assert _procs_with(marker) == [] and not Path("/tmp/evil-10002").exists()
+
+
+@needs_tier
+def test_host_unix_socket(sbx):
+    """A service on a host unix socket that file permissions let anyone reach. Tier A: the path is
+    not in the sandbox. Tier B: KNOWN GAP, it connects (Landlock ABI <= 7 does not govern connect()
+    to a pathname socket, and seccomp keeps AF_UNIX because programs need it)."""
+    path = Path(tempfile.mkdtemp()) / "svc.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    path.parent.chmod(0o755)
+    path.chmod(0o777)
+    srv.listen()
+    srv.settimeout(5)
+    code = (
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({str(path)!r})\n"
+        "    print('CONNECTED')\nexcept OSError as e:\n    print(e.errno)\n"
+    )
+    try:
+        r = sbx.run(code)
+        assert r.stdout.strip() == ("2" if sbx.tier == "bwrap" else "CONNECTED"), r  # ENOENT
+    finally:
+        srv.close()
+        shutil.rmtree(path.parent)

@@ -16,10 +16,13 @@ directories are read+execute, TCP is denied by Landlock and every socket family 
 seccomp, the same rlimits apply, and a supervisor process (a child subreaper) kills and reaps the whole
 tree, `setsid` daemons included, when the program exits or at the deadline. A root caller also gets a
 cgroup v1 pids + memory group per Sandbox (where /sys/fs/cgroup is writable) that caps the tree's
-processes and memory and is swept as a backstop. Known gaps of tier B: /proc shows the host's
-processes; files under readable directories cannot be hidden; the private tmp dir has no total size
-cap (RLIMIT_FSIZE caps each file); without a pids cgroup (non-root callers) RLIMIT_NPROC is the only
-process cap, and it counts every process of the uid (concurrent episodes, and a non-root caller's own).
+processes and memory and is swept as a backstop. /proc is not readable (it would show every host
+process's command line). Known gaps of tier B: paths outside the rules can be stat'ed though not
+opened; pathname unix sockets of the host can be connected to where file permissions allow (Landlock
+ABI 7 does not cover connect); files under readable directories cannot be hidden; the private tmp
+dir has no total size cap (RLIMIT_FSIZE caps each file); without a pids cgroup (non-root callers)
+RLIMIT_NPROC is the only process cap, and it counts every process of the uid (concurrent episodes,
+and a non-root caller's own).
 
 Failures of the sandbox itself (bubblewrap refusing a bind, not starting the program) raise
 `SandboxError`: an infrastructure error must never reach a reward function as a wrong answer.
@@ -64,7 +67,7 @@ class SandboxUnavailable(SandboxError):
 class Limits:
     wall_s: float = 10.0  # wall clock; the whole process tree is killed at the deadline
     cpu_s: float | None = None  # RLIMIT_CPU per process (SIGXCPU); None: ceil(wall_s)
-    memory_mb: int = 1024  # RLIMIT_AS per process (a backstop: it bounds one process, not the tree)
+    memory_mb: int = 1024  # RLIMIT_AS per process; tier B's memory cgroup (root) also caps the tree
     procs: int = 64  # RLIMIT_NPROC, counted in the sandbox's own user namespace
     file_mb: int = 64  # RLIMIT_FSIZE: the largest file one write may grow
     tmp_mb: int = 64  # size of each tmpfs: /tmp and /dev/shm
