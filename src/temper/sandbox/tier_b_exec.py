@@ -314,14 +314,14 @@ def main() -> None:
             report(f"error cannot start {argv[0]!r}: {type(e).__name__}: {e}")
         os._exit(127)
 
-    # the supervisor: hold no output pipe (an orphan holding them is the program's, and is killed)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
     statuses: dict[int, int] = {}
     line = None
-    try:
+    try:  # (inside the try: a deadline signal at any point from here on still leads to the sweep)
+        # the supervisor holds no output pipe (an orphan holding them is the program's, and is killed)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
         while child not in statuses:
             pid, status = os.waitpid(-1, 0)
             statuses[pid] = status
