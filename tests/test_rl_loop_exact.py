@@ -361,6 +361,7 @@ def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harne
     # tokens read by the update: prompt (6) + completion (2 or 3) - 1 = 7 or 8 per sequence, packed
     # into rows of the longest (8) that fit one each: 4 x 8 in step 1, 2 x 8 in step 3
     assert {len(c) for call in sampler.calls for c in call["prompts"]} == {6}
+    assert last["lr"] == pytest.approx(1e-4)  # cosine's end: the default floor, 0.1 x lr
     assert first["train_tokens_per_s"] == 32 / 0.5 and last["train_tokens_per_s"] == 16 / 0.5
     assert result.sampled_tokens == 15 and result.trained_tokens == 48
     assert result.steps == 3 and result.seconds == 5.5 and result.precision == {"fake": True}
