@@ -79,3 +79,48 @@ def test_slab_layer_sizes_and_row_selection():
     keys, values = layer.update(k[:, :, :1], -k[:, :, :1])
     assert keys.shape == (2, 1, 4, 2) and keys[:, :, :3].tolist() == [k[1].tolist(), k[1].tolist()]
     assert values[:, :, 3].tolist() == (-k[:, :, 0]).tolist()
+
+
+def test_fast_decode_with_every_bias_and_scaled_norms_equals_model_forward(tokenizer):
+    """A Llama with biases on every projection (attention and MLP) and RMSNorm weights that are not
+    ones: the fast decode step must read each of them to give transformers' tokens and logprobs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from temper.rollout import HFSampler
+    from temper.rollout.fast_decode import LlamaDecodeStep
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=48, attention_bias=True, mlp_bias=True,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+            elif "norm" in name:
+                p.uniform_(0.5, 2.0)
+    assert LlamaDecodeStep.build(model) is not None  # the fast path is the one under test
+    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in ("hi there", "2+2=")]
+    kw = dict(max_new_tokens=6, temperature=1.0, seed=3)
+    fast = HFSampler(model, tokenizer).sample(prompts, 2, **kw)
+    reference = HFSampler(model, tokenizer, fast_decode=False).sample(prompts, 2, **kw)
+    for r1, r2 in zip(fast, reference, strict=True):
+        for s1, s2 in zip(r1, r2, strict=True):
+            assert s1.token_ids == s2.token_ids
+            torch.testing.assert_close(
+                torch.tensor(s1.logprobs), torch.tensor(s2.logprobs), atol=1e-5, rtol=0
+            )
+
+
+def test_stop_strings_are_found_in_the_first_tokens_and_across_skipped_special_tokens(tokenizer):
+    from temper.rollout.hf_sampler import _StopStrings
+
+    a, b = (tokenizer.encode(c, add_special_tokens=False) for c in ("a", "b"))
+    assert len(a) == len(b) == 1
+    stops = _StopStrings(tokenizer, ["ab"], rows=2)
+    rows, live = torch.tensor([0, 1]), torch.tensor([True, True])
+    assert stops.step(torch.tensor([a[0], a[0]]), rows, live) == []
+    # row 0: "a" then "b" (the second token); row 1: an end token between "a" and "b"
+    assert stops.step(torch.tensor([b[0], tokenizer.eos_token_id]), rows, live) == [0]
+    assert stops.step(torch.tensor([b[0], b[0]]), rows, torch.tensor([False, True])) == [1]
