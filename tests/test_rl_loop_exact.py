@@ -309,7 +309,8 @@ def harness(monkeypatch):
 def _rl_config(**kw):
     base = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3, warmup_steps=1,
                 schedule="cosine", weight_decay=0.01, kl_coef=0.1, dynamic_sampling=True,
-                max_sampling_rounds=1, eval_every=2, save_every=2, log_rollouts=1, seed=5, progress=True)  # fmt: skip
+                max_sampling_rounds=1, eval_every=3, save_every=3, log_rollouts=1, seed=5, progress=True,
+                epochs=2)  # fmt: skip
     return RLConfig(**(base | kw))
 
 
@@ -319,7 +320,7 @@ def _zero_variance(all_wrong: float) -> dict[str, float]:
     }
 
 
-def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harness, capsys):
+def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harness, capsys, monkeypatch):
     """Step 1 keeps both groups, step 2 none (dynamic sampling, one round), step 3 one. Completions
     of 2 and 3 tokens; a 0.5 s clock tick between every two readings of the clock."""
     bar, precision, adamw = harness
@@ -332,6 +333,9 @@ def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harne
         evals.append(step)
         return {"acc": step / 10}
 
+    updates = []  # what the update returned, step by step: the row holds the means of its lists
+    real_update = rl.update
+    monkeypatch.setattr(rl, "update", lambda *a, **kw: updates.append(real_update(*a, **kw)) or updates[-1])
     result = train_rl(model, tokenizer, [_Task()], config, out, sampler=sampler, reference=reference,
                       evaluate=evaluate, callbacks=[lambda step, row: seen.append((step, row))])  # fmt: skip
 
@@ -345,25 +349,27 @@ def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harne
         **_zero_variance(1.0),
         "sampling_rounds": 1,
         "kept_groups": 0,
-        "eval/acc": 0.2,
     }
     assert first | last == first | last | rollout_means  # every mean as computed by hand
     assert first["rollout_tokens_per_s"] == 20.0 and last["rollout_tokens_per_s"] == 10.0
     assert {k: first[k] for k in _zero_variance(0)} == _zero_variance(0.0) and first["kept_groups"] == 2
     assert {k: last[k] for k in _zero_variance(0)} == _zero_variance(0.5) and last["kept_groups"] == 1
     assert first["sampling_rounds"] == last["sampling_rounds"] == 1 and "eval/acc" not in first
-    assert last["eval/acc"] == 0.3 and evals == [2, 3]  # every eval_every steps, and the last
+    assert last["eval/acc"] == 0.3 and evals == [3]  # every eval_every (3) steps, and the last
     for row, step in ((first, 0), (last, 2)):
         lr = lr_at(step, lr=1e-3, max_steps=3, warmup_steps=1, schedule="cosine")
         assert row["lr"] == lr and row["time/prepare"] == 0.5 and row["time/train"] == 0.5
         assert math.isfinite(row["kl_ref"]) and row["kl_ref"] != 0 and "kl_ref/sum" not in row
         assert "kl_ref/tokens" not in row and math.isfinite(row["loss"])
+    for row, (stats, _) in zip((first, last), updates, strict=True):
+        assert len(stats["loss"]) == 2  # two epochs
+        assert {k: row[k] for k in stats} == {k: sum(v) / len(v) for k, v in stats.items()}
     # tokens read by the update: prompt (6) + completion (2 or 3) - 1 = 7 or 8 per sequence, packed
-    # into rows of the longest (8) that fit one each: 4 x 8 in step 1, 2 x 8 in step 3
+    # into rows of the longest (8) that fit one each: 4 x 8 in step 1, 2 x 8 in step 3; read twice (2 epochs)
     assert {len(c) for call in sampler.calls for c in call["prompts"]} == {6}
     assert last["lr"] == pytest.approx(1e-4)  # cosine's end: the default floor, 0.1 x lr
-    assert first["train_tokens_per_s"] == 32 / 0.5 and last["train_tokens_per_s"] == 16 / 0.5
-    assert result.sampled_tokens == 15 and result.trained_tokens == 48
+    assert first["train_tokens_per_s"] == 64 / 0.5 and last["train_tokens_per_s"] == 32 / 0.5
+    assert result.sampled_tokens == 15 and result.trained_tokens == 96
     assert result.steps == 3 and result.seconds == 5.5 and result.precision == {"fake": True}
     assert seen == [(1, first), (2, empty), (3, last)]
     assert "rl: step 2 kept no group with a learning signal" in capsys.readouterr().err
@@ -373,7 +379,9 @@ def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harne
     kept_first = _problems(_Task(), 2, 5, 0, 0)[0].id
     kept_last = _problems(_Task(), 2, 5, 2, 0)[1].id
     assert [(r["step"], r["problem"]) for r in records] == [(1, kept_first)] * 2 + [(3, kept_last)] * 2
-    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000002"]
+    # shown with the tokenizer: the decoded token ids, and the graded text beside them
+    assert [r["graded"] for r in records] == ["yes", "no", "yes", "no"]
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000003"]
     assert bar.calls == [
         ("progress_bar", True),
         ("add_task", ("run",), {"total": 3, "completed": 0, "info": ""}),
@@ -403,7 +411,11 @@ class _Twin:
     def reduce(self, tensor, reduction="mean"):
         return tensor * 2 if reduction == "sum" else tensor
 
+    def __init__(self, rank=0):
+        self.process_index, self.is_main_process, self.backwards = rank, rank == 0, 0
+
     def backward(self, loss):
+        self.backwards += 1
         loss.backward()
 
     def no_sync(self, module):
@@ -425,14 +437,17 @@ def test_process_zero_of_two_samples_its_share_and_counts_both_processes_tokens(
     monkeypatch.setattr(rl, "HFSampler", lambda *args, **kw: built.append((args, kw)) or sampler)
     model = build_preset("nano", tokenizer, seed=0)
     config = _rl_config(steps=1, kl_coef=0.0, eval_every=0, save_every=0, progress=False)
-    result = train_rl(model, tokenizer, [_Task()], config, ".", accelerator=_Twin())
+    twin = _Twin()
+    result = train_rl(model, tokenizer, [_Task()], config, ".", accelerator=twin)
+    assert twin.backwards == 2  # the update's backward goes through the accelerator (2 epochs)
 
     assert built == [((model, tokenizer), {"precision": precision})]
     assert precision.resolved == [("fp32", "sample"), ("fp32", "train")]
     assert precision.wrapped == [(model, None), (model,)]
     assert sampler.calls[0]["seed"] == [derive_seed(5, 0, 0, 0)] and len(sampler.calls) == 1
-    assert result.trained_tokens == 2 * 16  # 2 sequences packed into 2 rows of 8, on each process
-    assert result.history[0]["train_tokens_per_s"] == 2 * 16 / 0.5
+    # 2 sequences packed into 2 rows of 8, read in 2 epochs, on each process
+    assert result.trained_tokens == 2 * 2 * 16
+    assert result.history[0]["train_tokens_per_s"] == 2 * 2 * 16 / 0.5
     assert result.sampled_tokens == 5
     assert bar.calls[:2] == [
         ("progress_bar", False),
@@ -448,3 +463,20 @@ def test_settings_that_cannot_run_are_refused_with_their_numbers(tokenizer, tmp_
     with pytest.raises(ValueError, match=r"^prompts_per_step 3 is not divisible by 2 processes$"):
         train_rl(model, tokenizer, [_Task()], RLConfig(prompts_per_step=3, progress=False), tmp_path,
                  accelerator=_Twin())  # fmt: skip
+
+
+def test_only_the_main_process_writes_metrics_and_rollouts(tokenizer, tmp_path, harness):
+    (tmp_path / "out").mkdir()
+    config = _rl_config(steps=1, prompts_per_step=2, kl_coef=0.0, eval_every=0, save_every=0, progress=True)
+    model = build_preset("nano", tokenizer, seed=0)
+    train_rl(
+        model,
+        tokenizer,
+        [_Task()],
+        config,
+        tmp_path / "out",
+        sampler=_Sampler([[True]]),
+        accelerator=_Twin(1),
+    )
+    assert list((tmp_path / "out").iterdir()) == []
+    assert harness[0].calls[0] == ("progress_bar", False)
