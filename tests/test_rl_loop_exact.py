@@ -466,17 +466,13 @@ def test_settings_that_cannot_run_are_refused_with_their_numbers(tokenizer, tmp_
 
 
 def test_only_the_main_process_writes_metrics_and_rollouts(tokenizer, tmp_path, harness):
+    """Process 1 of 2 writes nothing; it evaluates every eval_every (2) steps and at the last (3)."""
     (tmp_path / "out").mkdir()
-    config = _rl_config(steps=1, prompts_per_step=2, kl_coef=0.0, eval_every=0, save_every=0, progress=True)
-    model = build_preset("nano", tokenizer, seed=0)
-    train_rl(
-        model,
-        tokenizer,
-        [_Task()],
-        config,
-        tmp_path / "out",
-        sampler=_Sampler([[True]]),
-        accelerator=_Twin(1),
-    )
+    config = _rl_config(steps=3, prompts_per_step=2, kl_coef=0.0, eval_every=2, save_every=0, progress=True,
+                        epochs=1)  # fmt: skip
+    model, evals = build_preset("nano", tokenizer, seed=0), []
+    train_rl(model, tokenizer, [_Task()], config, tmp_path / "out", sampler=_Sampler([[True]] * 3),
+             accelerator=_Twin(1), evaluate=lambda step: evals.append(step) or {})  # fmt: skip
     assert list((tmp_path / "out").iterdir()) == []
+    assert evals == [2, 3]
     assert harness[0].calls[0] == ("progress_bar", False)
