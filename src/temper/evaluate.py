@@ -25,6 +25,7 @@ from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade_batch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from temper.agent.trajectory import Trajectory
     from temper.rollout.sampler import Sample, Sampler
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -123,6 +124,7 @@ def evaluate(
     truncation is not read as "SFT is not done" or "raise max_new_tokens". Shown completions keep
     their special tokens, marked (`_example`); grading sees the cleaned text.
     """
+    from temper.agent.loop import EpisodeLimits, run_episodes
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
     from temper.models.chat import stop_warning, unstopped_specials
     from temper.rollout.sampler import sampler_stop_ids
@@ -132,10 +134,29 @@ def evaluate(
     problems = task.sample(split, n_problems, seed)
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
-    prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
-    gen = dict(max_new_tokens=max_new_tokens, seed=seed)
-    greedy = [c[0] for c in sampler.sample(prompts, 1, temperature=0.0, **gen)]
-    scores = grade_batch(task, problems, [c.text for c in greedy], [c.token_ids for c in greedy])
+    episodes: dict[str, list] = {}
+    if getattr(task, "make_env", None) is not None:  # an environment task: whole episodes
+        limits = EpisodeLimits(max_turns=getattr(task, "max_turns", 8), max_new_tokens=max_new_tokens)
+
+        def draw(n: int, temp: float) -> list[list[Sample]]:
+            groups = run_episodes(
+                sampler, tokenizer, [[task.make_env(p) for _ in range(n)] for p in problems],
+                [seed] * len(problems), limits, temperature=temp,
+            )  # fmt: skip
+            episodes.setdefault("all", []).extend(t for g in groups for t in g)
+            return [[as_sample(t) for t in g] for g in groups]
+
+        greedy = [c[0] for c in draw(1, 0.0)]
+        scores = [graded_episode(t) for t in episodes["all"]]
+    else:
+        prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
+        gen = dict(max_new_tokens=max_new_tokens, seed=seed)
+
+        def draw(n: int, temp: float) -> list[list[Sample]]:
+            return sampler.sample(prompts, n, temperature=temp, **gen)
+
+        greedy = [c[0] for c in draw(1, 0.0)]
+        scores = grade_batch(task, problems, [c.text for c in greedy], [c.token_ids for c in greedy])
     graded = list(scores)
 
     metrics = {
@@ -143,13 +164,26 @@ def evaluate(
         "parse_rate": _rate([s.parsed for s in scores]),
         "truncation_rate": _rate([c.stop_reason == "length" for c in greedy]),
         "greedy_reward": _mean([float(s.reward) for s in scores]),
-        "mean_length": _mean([len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))),
+        "mean_length": _mean(
+            *_lengths(
+                greedy,
+                episodes.get("all", [])[: len(problems)],
+                max_new_tokens,
+                getattr(task, "max_turns", 1),
+            )
+        ),
     }
     if k:
-        sampled = sampler.sample(prompts, k, temperature=temperature, **gen)
+        sampled = draw(k, temperature)
+        sampled_episodes = episodes.get("all", [])[len(problems) :]
         correct_P = []
-        for p, cs in zip(problems, sampled, strict=True):
-            sampled_scores = grade_batch(task, [p] * len(cs), [c.text for c in cs], [c.token_ids for c in cs])
+        for i, (p, cs) in enumerate(zip(problems, sampled, strict=True)):
+            if sampled_episodes:
+                sampled_scores = [graded_episode(t) for t in sampled_episodes[i * k : (i + 1) * k]]
+            else:
+                sampled_scores = grade_batch(
+                    task, [p] * len(cs), [c.text for c in cs], [c.token_ids for c in cs]
+                )
             graded += sampled_scores
             correct_P.append(sum(s.correct for s in sampled_scores))
         metrics |= {
@@ -172,11 +206,88 @@ def evaluate(
         "reasons": dict(reasons.most_common()),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
-        "examples": _examples(problems, greedy, scores, n_examples, tokenizer),
+        "examples": _with_episodes(
+            _examples(problems, greedy, scores, n_examples, tokenizer),
+            problems,
+            episodes.get("all"),
+            tokenizer,
+        ),
+        **({"episodes": episode_summary(episodes["all"])} if episodes else {}),
         "special_tokens": dict(specials.most_common()),
         "stop_warning": stop_warning(
             tokenizer, specials, len(completions), sampler_stop_ids(sampler, tokenizer)
         ),
+    }
+
+
+def as_sample(t: Trajectory) -> Sample:
+    """An episode seen as one completion, for the columns every task shares: the policy's last
+    sampled piece (what the end-of-turn check reads: earlier pieces ended where the environment
+    answered), the last assistant turn's text, the last stop."""
+    from temper.rollout.sampler import Sample
+
+    text = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
+    last = next(s for s in reversed(t.segments) if s.trainable)
+    return Sample(t.prompt_ids, last.token_ids, last.logprobs or [], text, t.last_stop)
+
+
+def _lengths(
+    greedy: Sequence[Sample], trajectories: Sequence[Trajectory], max_new_tokens: int, max_turns: int
+) -> tuple[list[int], tuple[float, float]]:
+    """Greedy completion lengths and their bounds: an episode's are its policy tokens over all its
+    turns (at most max_turns x max_new_tokens)."""
+    if trajectories:
+        return [t.policy_tokens for t in trajectories], (0.0, float(max_turns * max_new_tokens))
+    return [len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))
+
+
+def _with_episodes(
+    examples: list[dict[str, Any]],
+    problems: Sequence[Problem],
+    trajectories: Sequence[Trajectory] | None,
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[dict[str, Any]]:
+    """Greedy examples of an environment task get their whole episode: the segments in order, each
+    {"by": "policy" | "env", "text"} (special tokens kept), so the report can tell the two apart."""
+    if not trajectories:
+        return examples
+    by_id = {}
+    for p, t in zip(problems, trajectories):  # the first len(problems) episodes are the greedy ones
+        by_id.setdefault(p.id, t)
+    for ex in examples:
+        t = by_id.get(ex["id"])
+        if t is not None:
+            ex["episode"] = [
+                {
+                    "by": "policy" if s.trainable else "env",
+                    "text": tokenizer.decode(s.token_ids, skip_special_tokens=False),
+                }
+                for s in t.segments[1:]
+            ]
+            ex["turns"] = t.turns
+    return examples
+
+
+def graded_episode(t: Trajectory) -> Score:
+    """An episode's outcome; one that ended without one (a limit, a timeout) is wrong and unparsed."""
+    return t.score or Score(0.0, False, False, {"reason": t.stop_reason})
+
+
+def episode_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Means per episode (greedy and sampled together): turns, policy tokens, environment seconds,
+    every numeric step signal summed over the episode (tool calls, tool errors...), and the stop reasons."""
+    n = len(trajectories)
+    sums: Counter = Counter()
+    for t in trajectories:
+        for signals in t.signals:
+            sums.update({k: float(v) for k, v in signals.items() if isinstance(v, (bool, int, float))})
+    return {
+        "episodes": n,
+        "turns": sum(t.turns for t in trajectories) / n,
+        "policy_tokens": sum(t.policy_tokens for t in trajectories) / n,
+        "env_seconds": sum(t.seconds_in_env for t in trajectories) / n,
+        "signals": {k: v / n for k, v in sorted(sums.items())},
+        "stop_reasons": dict(Counter(t.stop_reason for t in trajectories).most_common()),
     }
 
 

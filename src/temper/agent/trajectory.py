@@ -45,7 +45,8 @@ class Trajectory:
     score: Score | None = None  # the outcome grade (None when the episode ended before one)
     stop_reason: StopReason = "done"
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text, for logs
-    seconds_in_env: float = 0.0
+    seconds_in_env: float = 0.0  # the episode's own environment step time (steps run in parallel)
+    last_stop: str = "eos"  # how the last sampler call ended: eos | stop | length (a truncated turn)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -69,6 +70,11 @@ class Trajectory:
     def token_turns(self) -> list[int]:
         """The action index of every completion token (-1 for environment tokens)."""
         return [s.turn for s in self.segments[1:] for _ in s.token_ids]
+
+    @property
+    def truncated(self) -> bool:
+        """The last policy turn hit max_new_tokens (graded all the same when the env ended it)."""
+        return self.last_stop == "length"
 
     @property
     def turns(self) -> int:

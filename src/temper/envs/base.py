@@ -88,7 +88,9 @@ class TaskEnv:
         return StepResult(done=True, score=grade(self.task, self.problem, action))
 
     @staticmethod
-    def step_batch(envs: Sequence[TaskEnv], actions: Sequence[str], ids: Sequence[Sequence[int]]) -> list[StepResult]:
+    def step_batch(
+        envs: Sequence[TaskEnv], actions: Sequence[str], ids: Sequence[Sequence[int]]
+    ) -> list[StepResult]:
         """Step many TaskEnvs of one task at once: one `grade_batch` call, so reward functions that
         take a batch (a data task's, as TRL calls them) get the whole group."""
         scores = grade_batch(envs[0].task, [e.problem for e in envs], list(actions), list(ids))

@@ -20,6 +20,7 @@ class RewardInput:
     max_new_tokens: int
     truncated: bool  # stopped by the length limit, not by EOS or a stop string
     overlong_buffer: int = 0  # DAPO soft overlong window (tokens before the limit)
+    process: float = 0.0  # the episode's summed per-step rewards from its environment
 
 
 def outcome(x: RewardInput) -> float:
@@ -48,10 +49,18 @@ def overlong(x: RewardInput) -> float:
     return min(0.0, (start - x.length) / x.overlong_buffer)
 
 
+def process(x: RewardInput) -> float:
+    """The environment's per-step (process) rewards summed over the episode, e.g. treasure_hunt's
+    reward for getting closer; 0 for single-turn tasks. Logged apart from the outcome, so a
+    policy that farms step rewards without finishing shows as process up, outcome flat."""
+    return x.process
+
+
 COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
     "outcome": outcome,
     "format": format_reward,
     "overlong": overlong,
+    "process": process,
 }
 
 

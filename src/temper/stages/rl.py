@@ -180,7 +180,9 @@ def reachability_probe(
         f"variance" + (f" ({', '.join(f'{k} {100 * v:.0f}%' for k, v in causes.items())})" if causes else "")
     )
     # completions that ran past a special token: the stop token is wrong, whatever the cause reads
-    found = unstopped_specials(tokenizer, [(r.sample.token_ids, r.sample.stop_reason) for r in rollouts])
+    found = unstopped_specials(
+        tokenizer, [(_last_turn(r.trajectory), r.trajectory.last_stop) for r in rollouts]
+    )
     unstopped = stop_warning(tokenizer, found, len(rollouts), sampler_stop_ids(sampler, tokenizer))
     if unstopped:
         stats["stop_warning"] = unstopped
@@ -296,3 +298,8 @@ KIND = StageKind(
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )
+
+
+def _last_turn(trajectory) -> list[int]:
+    """The policy's last sampled piece (earlier pieces ended at a stop the environment answered)."""
+    return next(s.token_ids for s in reversed(trajectory.segments) if s.trainable)

@@ -94,7 +94,8 @@ def demonstrations(
         count = n.get(name, 0) if isinstance(n, dict) else n
         for i, problem in enumerate(task.sample(split, count, seed)):
             messages = problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]
-            out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages))
+            spans = tuple(task.environment_spans(problem)) if hasattr(task, "environment_spans") else ()
+            out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans))
     return out
 
 

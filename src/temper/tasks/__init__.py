@@ -40,6 +40,13 @@ __all__ = [
 ]
 
 
+# environment tasks (a Task with `make_env`: multi-turn episodes); imported after TASKS exists, as
+# the environments import temper.tasks.base
+from temper.envs.calculator import CalculatorArithmetic  # noqa: E402
+
+TASKS["calculator_arithmetic"] = CalculatorArithmetic
+
+
 def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
     """The task `name` configured by `options` (its config's fields); errors suggest the nearest.
     A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe

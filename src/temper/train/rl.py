@@ -28,7 +28,8 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
-from temper.data.chat import prompt_ids
+from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.envs.base import make_env
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
 from temper.rollout import HFSampler, Sampler
@@ -38,7 +39,7 @@ from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_chec
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
-from temper.train.rollouts import Group, grade_group, rollout_record, to_batch
+from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
 __all__ = [
@@ -84,9 +85,10 @@ def sample_share(
     step: int,
     rank: int = 0,
     world: int = 1,
-) -> tuple[list[Group], list[str | None], int]:
+) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
-    cause of every first-round group, sampling rounds).
+    cause of every first-round group, sampling rounds, the error of each group left out because
+    an environment failed or hung).
 
     Round 0 is the step's global batch of `prompts_per_step` problems; process `rank` takes its
     contiguous share, and prompt i of the global batch is sampled with the seed of its global
@@ -99,6 +101,7 @@ def sample_share(
     want = share.stop - share.start
     kept: list[Group] = []
     causes: list[str | None] = []
+    failed: list[str] = []
     rounds, keep_rate = 0, 1.0
     while len(kept) < want and rounds < (config.max_sampling_rounds if config.dynamic_sampling else 1):
         need = want - len(kept)
@@ -110,25 +113,49 @@ def sample_share(
             stream = rounds * world + rank  # a stream per (round, process): refills never overlap
             draw = min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
             index, drawn = range(draw), problems_for_step(tasks, draw, config.seed, step, stream)
-        samples = sampler.sample(
-            [prompt_ids(tokenizer, p.messages()) for _, p in drawn],
-            config.group_size,
-            max_new_tokens=config.max_new_tokens,
+        envs = [[make_env(task, problem) for _ in range(config.group_size)] for task, problem in drawn]
+        episodes = run_episodes(
+            sampler,
+            tokenizer,
+            envs,
+            [derive_seed(config.seed, step, stream, i) for i in index],
+            episode_limits(config),
             temperature=config.temperature,
             top_p=config.top_p,
-            seed=[derive_seed(config.seed, step, stream, i) for i in index],
         )
-        for (task, problem), group_samples in zip(drawn, samples):
-            group = grade_group(
-                task, problem, group_samples, config.rewards, config.max_new_tokens, config.overlong_buffer
+        for (_, problem), trajectories in zip(drawn, episodes, strict=True):
+            group = grade_episodes(
+                problem, trajectories, config.rewards, config.max_new_tokens, config.overlong_buffer
             )
+            if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
+                # an environment that failed or hung is not the policy's doing: a reward of 0 would
+                # teach it something false, so the group is left out (and counted)
+                failed.append(next(t.signals[-1].get("error", t.stop_reason) for t in trajectories
+                                   if t.stop_reason in INFRA_ERRORS))  # fmt: skip
+                continue
             if rounds == 0:
                 causes.append(group.cause)  # the breakdown describes the policy, before filtering
             if not config.dynamic_sampling or group.cause is None:
                 kept.append(group)
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
-    return kept[:want], causes, rounds
+    return kept[:want], causes, rounds, failed
+
+
+def episode_limits(config: RLConfig) -> EpisodeLimits:
+    return EpisodeLimits(
+        config.max_turns, config.max_episode_tokens, config.max_new_tokens, config.step_timeout
+    )
+
+
+INFRA_ERRORS = ("env_error", "timeout", "not_prefix")
+"""Stop reasons that are not the policy's doing (the environment failed or hung; the chat template
+re-rendered the history differently from what was sampled): their groups are not trained on.
+Splitting a not_prefix episode into a second training row is not implemented."""
+
+
+def _failed_stats(failed: list[str]) -> dict[str, float]:
+    return {"env_failed_groups": len(failed)} if failed else {}
 
 
 def sampling_stats(causes: list[str | None], rounds: int, kept: int, config: RLConfig) -> dict[str, float]:
@@ -146,8 +173,8 @@ def collect_groups(
     step: int,
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
-    kept, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step)
-    return kept, sampling_stats(causes, rounds, len(kept), config)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step)
+    return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(failed)
 
 
 def train_rl(
@@ -218,13 +245,23 @@ def train_rl(
             # 1. sample and grade this process's share; metrics describe the gathered global batch
             t0 = time.perf_counter()
             model.eval()
-            local, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
+            local, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
                 causes, rounds = distributed.gather(causes), max(distributed.gather([rounds]))
+                failed = distributed.gather(failed)
             groups = distributed.gather(local)
             t1 = time.perf_counter()
-            row = {"step": step + 1} | sampling_stats(causes, rounds, len(groups), config)
+            row = (
+                {"step": step + 1}
+                | sampling_stats(causes, rounds, len(groups), config)
+                | _failed_stats(failed)
+            )
+            if failed and main:
+                console.print(
+                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "
+                    f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
+                )
             if groups:
                 row |= rollout_metrics(groups, config, t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
@@ -308,15 +345,16 @@ def _mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> 
 
 
 def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:
-    """Means over the step's samples: reward (total and per component), accuracy, format, length."""
+    """Means over the step's samples: reward (total and per component), accuracy, format, length;
+    for multi-turn episodes also turns, environment time and the share of each stop reason."""
     rollouts = [r for g in groups for r in g.rollouts]
     n = len(rollouts)
-    new_tokens = sum(len(r.sample.token_ids) for r in rollouts)
+    new_tokens = sum(r.tokens for r in rollouts)
     row = {
         "reward": sum(r.reward for r in rollouts) / n,
         "accuracy": sum(r.score.correct for r in rollouts) / n,
         "parse_rate": sum(r.score.parsed for r in rollouts) / n,
-        "truncation_rate": sum(r.sample.stop_reason == "length" for r in rollouts) / n,
+        "truncation_rate": sum(r.trajectory.truncated for r in rollouts) / n,
         "response_length": new_tokens / n,
         "rollout_tokens_per_s": new_tokens / max(seconds, 1e-9),
         "time/sample": seconds,
@@ -327,4 +365,27 @@ def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> di
         for name, value in (r.score.details.get("rewards") or {}).items():
             if value is not None:
                 functions.setdefault(name, []).append(value)
-    return row | {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
+    row |= {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
+    if any(len(r.trajectory.segments) > 2 for r in rollouts):  # an agent run: per-episode facts
+        row |= episode_metrics([r.trajectory for r in rollouts])
+    return row
+
+
+def episode_metrics(trajectories: list) -> dict[str, float]:
+    """Turns per episode, environment seconds per episode, the share of each stop reason, and the
+    mean per episode of every numeric step signal (tool calls, tool errors, invalid moves...)."""
+    n = len(trajectories)
+    row = {
+        "episode/turns": sum(t.turns for t in trajectories) / n,
+        "episode/env_seconds": sum(t.seconds_in_env for t in trajectories) / n,
+        "episode/tokens": sum(len(t.completion_ids) for t in trajectories) / n,
+    }
+    for reason in sorted({t.stop_reason for t in trajectories}):
+        row[f"episode/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
+    sums: dict[str, float] = {}
+    for t in trajectories:
+        for signals in t.signals:
+            for k, v in signals.items():
+                if isinstance(v, bool | int | float) and not isinstance(v, str):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+    return row | {f"signal/{k}": v / n for k, v in sorted(sums.items())}

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from temper.agent.trajectory import Segment, Trajectory
 from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
@@ -20,13 +21,28 @@ from temper.tasks.base import Problem, Score, Task, grade_batch
 
 @dataclass
 class Rollout:
-    """One graded sample of a group."""
+    """One graded episode of a group (a single-turn sample is a one-step episode)."""
 
     problem: Problem
-    sample: Sample
+    trajectory: Trajectory
     score: Score
     reward: float
     parts: dict[str, float]  # unweighted reward components
+    step_rewards: list[float] = field(default_factory=list)
+    """The environment's per-step rewards x the `process` weight, one per action (0 for an action
+    the environment never answered): the part of `reward` the turn-level estimators credit per turn."""
+
+    @property
+    def tokens(self) -> int:
+        """Policy tokens (what the model wrote, environment tokens excluded)."""
+        return self.trajectory.policy_tokens
+
+    @property
+    def stop(self) -> str:
+        """How the episode ended: eos / stop / length for a finished episode (its last turn's
+        stop), else the loop's reason (max_turns, max_tokens, timeout, env_error, not_prefix)."""
+        t = self.trajectory
+        return t.last_stop if t.stop_reason == "done" else t.stop_reason
 
 
 @dataclass
@@ -34,6 +50,21 @@ class Group:
     rollouts: list[Rollout]
     cause: str | None = None  # why all rewards are equal (None: they differ)
     rewards: list[float] = field(default_factory=list)
+
+
+def one_step(sample: Sample, score: Score) -> Trajectory:
+    """A single-turn sample as the trajectory the agent loop would have made of it."""
+    return Trajectory(
+        [
+            Segment(list(sample.prompt_ids), None, False),
+            Segment(list(sample.token_ids), list(sample.logprobs), True, 0),
+        ],
+        step_rewards=[0.0],
+        signals=[{}],
+        score=score,
+        messages=[{"role": "assistant", "content": sample.text}],
+        last_stop=sample.stop_reason,
+    )
 
 
 def grade_group(
@@ -44,19 +75,39 @@ def grade_group(
     max_new_tokens: int,
     overlong_buffer: int,
 ) -> Group:
-    rollouts = []
-    # the group in one call (a data task's reward functions take a batch, as TRL calls them);
-    # a verifier exception becomes a "verifier_error" row
+    """A group of single-turn samples of one problem, graded in one call (a data task's reward
+    functions take a batch, as TRL calls them); a verifier exception becomes a "verifier_error" row."""
     scores = grade_batch(
         task, [problem] * len(samples), [s.text for s in samples], [s.token_ids for s in samples]
     )
-    for s, score in zip(samples, scores, strict=True):
-        x = RewardInput(score, len(s.token_ids), max_new_tokens, s.stop_reason == "length", overlong_buffer)
+    trajectories = [one_step(s, score) for s, score in zip(samples, scores, strict=True)]
+    return grade_episodes(problem, trajectories, weights, max_new_tokens, overlong_buffer)
+
+
+def grade_episodes(
+    problem: Problem,
+    trajectories: list[Trajectory],
+    weights: dict[str, float],
+    max_new_tokens: int,
+    overlong_buffer: int,
+) -> Group:
+    """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
+    cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
+    graded 0, not correct, not parsed, with the stop reason as the reason."""
+    rollouts = []
+    for t in trajectories:
+        score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
+        x = RewardInput(
+            score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
+        )
         total, parts = combine(x, weights)
-        rollouts.append(Rollout(problem, s, score, total, parts))
+        steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
+        rollouts.append(
+            Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
+        )
     rewards = [r.reward for r in rollouts]
     cause = zero_variance_cause(
-        [r.score for r in rollouts], rewards, [r.sample.stop_reason == "length" for r in rollouts]
+        [r.score for r in rollouts], rewards, [r.trajectory.truncated for r in rollouts]
     )
     return Group(rollouts, cause, rewards)
 
@@ -66,38 +117,66 @@ class RolloutBatch:
     """R = groups x group_size sampled sequences, prompt-major. The model reads each sequence whole
     (prompt + completion, see `pack`); every per-token tensor is (R, T) over completion tokens only,
     T = the longest completion: position t holds completion token t, whose logprob comes from the
-    logits after prompt + completion[:t]."""
+    logits after prompt + completion[:t]. In a multi-turn episode the completion holds the
+    environment's tokens too, and `mask_R_T` is False there."""
 
     prompts: list[list[int]]
     completions_R_T: torch.Tensor  # (R, T) token ids, 0 past each completion's end
-    mask_R_T: torch.Tensor  # (R, T) bool: t < length of completion r
+    mask_R_T: torch.Tensor  # (R, T) bool: completion token t of row r is a policy token (trained on)
     # (R, T) the sampler's logprobs (the importance-ratio denominator), 0 past the end
     old_logprobs_R_T: torch.Tensor
     rewards_G_N: torch.Tensor  # (G, N)
+    # (R, T) the action (turn) index of each completion token, -1 at environment tokens and padding
+    turn_R_T: torch.Tensor | None = None
+    # (R, K) the weighted process reward after action k (0 past the row's actions); rewards_G_N is
+    # then the rest of each reward (outcome, format...), and the estimators add the two
+    step_rewards_R_K: torch.Tensor | None = None
+    turns_R: torch.Tensor | None = None  # (R,) actions per row
 
     def to(self, device: torch.device | str) -> RolloutBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         return RolloutBatch(
             self.prompts,
             self.completions_R_T.to(device),
             self.mask_R_T.to(device),
             self.old_logprobs_R_T.to(device),
             self.rewards_G_N.to(device),
+            move(self.turn_R_T),
+            move(self.step_rewards_R_K),
+            move(self.turns_R),
         )
 
 
 def to_batch(groups: list[Group]) -> RolloutBatch:
-    rows = [r for g in groups for r in g.rollouts]
-    width = max(len(r.sample.token_ids) for r in rows)
+    """Rows = the groups' episodes; row r holds everything after the prompt (policy and
+    environment tokens), `mask_R_T` is True at policy tokens only: environment, tool and prompt
+    tokens are never trained on. Old logprobs are the sampler's at policy tokens, 0 elsewhere."""
+    rows = [r.trajectory for g in groups for r in g.rollouts]
+    width = max(len(t.completion_ids) for t in rows)
     completions = torch.zeros((len(rows), width), dtype=torch.long)
     old = torch.zeros((len(rows), width))
-    for i, r in enumerate(rows):
-        n = len(r.sample.token_ids)
-        completions[i, :n] = torch.tensor(r.sample.token_ids, dtype=torch.long)
-        old[i, :n] = torch.tensor(r.sample.logprobs, dtype=torch.float32)
-    lengths = torch.tensor([len(r.sample.token_ids) for r in rows])
-    mask = torch.arange(width)[None, :] < lengths[:, None]
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    return RolloutBatch([list(r.sample.prompt_ids) for r in rows], completions, mask, old, rewards)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    turns = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, t in enumerate(rows):
+        n = len(t.completion_ids)
+        completions[i, :n] = torch.tensor(t.completion_ids, dtype=torch.long)
+        old[i, :n] = torch.tensor(t.completion_logprobs, dtype=torch.float32)
+        mask[i, :n] = torch.tensor(t.trainable_mask, dtype=torch.bool)
+        turns[i, :n] = torch.tensor(t.token_turns, dtype=torch.long)
+    # the outcome part of each reward; the process part goes per turn, and the estimators add it back
+    rewards = torch.tensor(
+        [[r.reward - sum(r.step_rewards) for r in g.rollouts] for g in groups], dtype=torch.float32
+    )
+    steps = [r.step_rewards for g in groups for r in g.rollouts]
+    step_rewards = torch.zeros((len(rows), max(max(len(s) for s in steps), 1)))
+    for i, s in enumerate(steps):
+        step_rewards[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
+    turns_R = torch.tensor([t.turns for t in rows], dtype=torch.long)
+    return RolloutBatch(
+        [list(t.prompt_ids) for t in rows], completions, mask, old, rewards, turns, step_rewards, turns_R
+    )
 
 
 @dataclass
@@ -118,8 +197,10 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
     of width W = the longest of them, first-fit by decreasing length. A row never holds more tokens
     than the padded batch's row would, so attention costs no more than the padded batch; the rows
     hold no padding between sequences and the vocabulary projection is applied at `index_N` only.
-    `mask_B_T` marks a prefix of each row: completion tokens 0 .. length - 1."""
-    lengths = mask_B_T.sum(-1).tolist()
+    `mask_B_T` marks the tokens whose logprobs are wanted (policy tokens); a row's sequence runs
+    to its last marked token, environment tokens between marked ones included (read, not scored)."""
+    marked = [torch.nonzero(m).flatten().tolist() for m in mask_B_T.bool().cpu()]
+    lengths = [m[-1] + 1 if m else 0 for m in marked]
     completions = completions_B_T.tolist()
     seqs = [p + c[: max(n - 1, 0)] for p, c, n in zip(prompts, completions, lengths)]
     width = max(len(s) for s in seqs)
@@ -146,7 +227,7 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
             offset += n
         last = positions[i, offset - 1] + 1 if offset else 0
         positions[i, offset:] = torch.arange(last, last + width - offset)
-    index = torch.cat([torch.arange(first[b], first[b] + n) for b, n in enumerate(lengths)])
+    index = torch.cat([torch.tensor(m, dtype=torch.long) + first[b] for b, m in enumerate(marked)])
     device = completions_B_T.device
     return Packed(ids.to(device), positions.to(device), index.to(device), completions_B_T[mask_B_T.bool()])
 
@@ -154,26 +235,44 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
 def rollout_record(step: int, group: Group, tokenizer: Any = None) -> list[dict[str, Any]]:
     """JSON rows for rollouts.jsonl (what the report shows as sample rollouts). With the tokenizer,
     `completion` keeps the special tokens generation ran past, marked, as eval examples do
-    (`temper.models.chat.shown_completion`), and `graded` is the text graded when it differs."""
+    (`temper.models.chat.shown_completion`), and `graded` is the text graded when it differs.
+    A multi-turn episode also gets `episode`: its segments in order, each {"by": "policy" or
+    "env", "text"}, so the report can show environment turns apart from the policy's."""
     return [
         {
             "step": step,
             "problem": r.problem.id,
             "prompt": r.problem.prompt,
-            **_completion(r.sample, tokenizer),
+            **_completion(r.trajectory, tokenizer),
             "reward": r.reward,
             "parts": r.parts,
             "correct": r.score.correct,
             "parsed": r.score.parsed,
             "reason": r.score.details.get("reason"),
-            "stop": r.sample.stop_reason,
+            "stop": r.stop,
         }
         for r in group.rollouts
     ]
 
 
-def _completion(sample: Sample, tokenizer: Any) -> dict[str, str]:
+def _completion(t: Trajectory, tokenizer: Any) -> dict[str, Any]:
+    graded = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
+    if len(t.segments) > 2:  # an episode with more than one policy turn or environment tokens
+        segments = [
+            {"by": "policy" if s.trainable else "env", "text": _decode(tokenizer, s.token_ids)}
+            for s in t.segments[1:]
+        ]
+        return {
+            "completion": "".join(s["text"] for s in segments),
+            "episode": segments,
+            "turns": t.turns,
+            "step_rewards": t.step_rewards,
+        }
     if tokenizer is None:
-        return {"completion": sample.text}
-    shown = shown_completion(tokenizer, sample.token_ids, sample.stop_reason)
-    return {"completion": shown} | ({"graded": sample.text} if sample.text != shown else {})
+        return {"completion": graded}
+    shown = shown_completion(tokenizer, t.completion_ids, t.last_stop)
+    return {"completion": shown} | ({"graded": graded} if graded != shown else {})
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else str(ids)
