@@ -32,7 +32,7 @@ from temper.train.rl import (
     sample_share,
     train_rl,
 )
-from temper.train.rollouts import Group, Rollout
+from temper.train.rollouts import Group, Rollout, one_step
 from temper.train.schedule import lr_at
 
 
@@ -64,7 +64,7 @@ class _Sampler:
 
     def sample(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop=(), seed=0):
         self.calls.append(
-            {"prompts": prompts, "n": n, "max_new_tokens": max_new_tokens, "temperature": temperature,
+            {"prompts": [list(p) for p in prompts], "n": n, "max_new_tokens": max_new_tokens, "temperature": temperature,
              "top_p": top_p, "seed": list(seed)}
         )  # fmt: skip
         out = []
@@ -118,7 +118,7 @@ def test_dynamic_sampling_refills_a_share_round_by_round(tokenizer):
     4-token completions with max_new_tokens 5 and an overlong buffer of 2 cost 0.5 x 0.5."""
     task, config = _Task(), _config(dynamic_sampling=True, max_sampling_rounds=3)
     sampler = _Sampler([[False, True], [False, False], [False, True, True, False]])
-    kept, causes, rounds = sample_share(sampler, tokenizer, [task], config, step=2, rank=1, world=2)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, [task], config, step=2, rank=1, world=2)
 
     rounds_drawn = [
         (_problems(task, 4, 11, 2, 0)[2:4], [derive_seed(11, 2, 0, i) for i in (2, 3)]),
@@ -131,7 +131,7 @@ def test_dynamic_sampling_refills_a_share_round_by_round(tokenizer):
         for problems, seeds in rounds_drawn
     ]  # fmt: skip
     assert _ids(kept) == [rounds_drawn[0][0][1].id, rounds_drawn[2][0][1].id]
-    assert causes == ["all_wrong", None] and rounds == 3  # causes of the first round only
+    assert causes == ["all_wrong", None] and rounds == 3 and failed == []  # causes of the first round only
     assert kept[0].rewards == [0.75, -0.25]  # 1 - 0.25 and 0 - 0.25
 
 
@@ -140,9 +140,9 @@ def test_dynamic_sampling_stops_after_max_rounds(tokenizer):
     round limit (2) ends the step with no group."""
     task, config = _Task(), _config(prompts_per_step=2, dynamic_sampling=True, max_sampling_rounds=2)
     sampler = _Sampler([[False, False], [False] * 8])
-    kept, causes, rounds = sample_share(sampler, tokenizer, [task], config, step=0)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, [task], config, step=0)
     assert [len(c["prompts"]) for c in sampler.calls] == [2, 8]
-    assert kept == [] and causes == ["all_wrong", "all_wrong"] and rounds == 2
+    assert kept == [] and causes == ["all_wrong", "all_wrong"] and rounds == 2 and failed == []
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round(tokenizer):
@@ -167,8 +167,11 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round(tokenizer):
 
 def _rollout(reward, correct, parsed, length, stop, parts, details):
     problem = Problem("toy", "train", "p", "q")
-    sample = Sample([1], [3] * length, [-1.0] * length, "x", stop)
-    return Rollout(problem, sample, Score(reward, correct, parsed, details), reward, parts)
+    sample, score = (
+        Sample([1], [3] * length, [-1.0] * length, "x", stop),
+        Score(reward, correct, parsed, details),
+    )
+    return Rollout(problem, one_step(sample, score), score, reward, parts)
 
 
 def test_rollout_metrics_are_means_over_every_sample():

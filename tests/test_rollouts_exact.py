@@ -11,7 +11,7 @@ import torch
 
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Problem, Score
-from temper.train.rollouts import Group, Rollout, grade_group, pack, rollout_record
+from temper.train.rollouts import Group, Rollout, grade_group, one_step, pack, rollout_record
 from temper.train.schedule import lr_at
 
 
@@ -56,7 +56,7 @@ def _group():
 def test_rollout_record_fields():
     problem, score = _group()
     sample = Sample([1], [2, 3], [-0.1, -0.2], "12", "eos")
-    group = Group([Rollout(problem, sample, score, 0.75, {"outcome": 1.0})])
+    group = Group([Rollout(problem, one_step(sample, score), score, 0.75, {"outcome": 1.0})])
     assert rollout_record(4, group) == [
         {
             "step": 4,
@@ -77,10 +77,14 @@ def test_rollout_record_shows_a_completion_without_the_stop_token_it_ended_on(to
     problem, score = _group()
     ids = tokenizer.encode("12", add_special_tokens=False)
     ended = Sample([1], [*ids, tokenizer.eos_token_id], [-0.1] * (len(ids) + 1), "12", "eos")
-    (record,) = rollout_record(1, Group([Rollout(problem, ended, score, 1.0, {})]), tokenizer)
+    (record,) = rollout_record(
+        1, Group([Rollout(problem, one_step(ended, score), score, 1.0, {})]), tokenizer
+    )
     assert record["completion"] == "12" and "graded" not in record  # shown as graded: nothing to add
     ran_on = Sample([1], [*ids, tokenizer.eos_token_id], [-0.1] * (len(ids) + 1), "12", "length")
-    (record,) = rollout_record(1, Group([Rollout(problem, ran_on, score, 1.0, {})]), tokenizer)
+    (record,) = rollout_record(
+        1, Group([Rollout(problem, one_step(ran_on, score), score, 1.0, {})]), tokenizer
+    )
     assert record["completion"] != "12" and record["graded"] == "12"  # the end token it ran past, marked
 
 
