@@ -46,9 +46,9 @@ def test_top_k_keeps_the_k_largest():
 
 def test_stop_ids_are_eos_then_the_models_then_the_engines():
     tokenizer = SimpleNamespace(eos_token_id=5)
-    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[5, 9]))
-    sampler = SimpleNamespace(model=model, stop_token_ids=[9, "42", 7])
-    assert sampler_stop_ids(sampler, tokenizer) == [5, 9, 42, 7]
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[5, 11]))
+    sampler = SimpleNamespace(model=model, stop_token_ids=[11, 9, "42", 7])
+    assert sampler_stop_ids(sampler, tokenizer) == [5, 11, 9, 42, 7]
     assert sampler_stop_ids(SimpleNamespace(), tokenizer) == [5]
 
 
