@@ -47,7 +47,7 @@ def test_top_k_keeps_the_k_largest():
 def test_stop_ids_are_eos_then_the_models_then_the_engines():
     tokenizer = SimpleNamespace(eos_token_id=5)
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[5, 11]))
-    sampler = SimpleNamespace(model=model, stop_token_ids=[11, 9, "42", 7])
+    sampler = SimpleNamespace(model=model, stop_token_ids=[9, "42", 7, 5])  # 5 is there already
     assert sampler_stop_ids(sampler, tokenizer) == [5, 11, 9, 42, 7]
     assert sampler_stop_ids(SimpleNamespace(), tokenizer) == [5]
 
