@@ -1,0 +1,124 @@
+"""From samples to training inputs on hand-computed values: a group's rewards with the overlong
+component (length, limit, truncation and buffer each reaching it), the token ids a batch grader is
+given, the rollouts.jsonl record, first-fit packing of sequences into rows, and the learning-rate
+schedules at their edges.
+
+Written against the survivors of a mutmut run (TESTING.md): each test here failed with a mutant applied.
+"""
+
+import pytest
+import torch
+
+from temper.rollout.sampler import Sample
+from temper.tasks.base import Problem, Score
+from temper.train.rollouts import Group, Rollout, grade_group, one_step, pack, rollout_record
+from temper.train.schedule import lr_at
+
+
+class _BatchTask:
+    """Grades a whole group in one call, as a data task's reward functions do; keeps the ids it got."""
+
+    name = "batch"
+
+    def __init__(self):
+        self.ids = []
+
+    def score_batch(self, problems, completions, completion_ids):
+        self.ids.append(completion_ids)
+        return [Score(float(c == "yes"), c == "yes", True, {"reason": c}) for c in completions]
+
+
+def test_group_rewards_add_the_overlong_penalty_of_each_sample():
+    """max_new_tokens 6, buffer 2: 3 tokens cost nothing, 5 finished tokens cost (4 - 5) / 2, and a
+    sample stopped by the length limit costs 1 whatever its length."""
+    task, problem = _BatchTask(), Problem("batch", "train", "p1", "q")
+    samples = [
+        Sample([1], [5, 5, 5], [-1.0] * 3, "yes", "eos"),
+        Sample([1], [6] * 5, [-1.0] * 5, "yes", "stop"),
+        Sample([1], [7] * 5, [-1.0] * 5, "no", "length"),
+    ]
+    group = grade_group(task, problem, samples, {"outcome": 1.0, "overlong": 2.0}, 6, 2)
+    assert task.ids == [[[5, 5, 5], [6] * 5, [7] * 5]]
+    assert group.rewards == [1.0, 0.0, -2.0] and group.cause is None
+    assert [r.parts for r in group.rollouts] == [
+        {"outcome": 1.0, "overlong": 0.0},
+        {"outcome": 1.0, "overlong": -0.5},
+        {"outcome": 0.0, "overlong": -1.0},
+    ]
+
+
+def _group():
+    problem = Problem("t", "train", "id-7", "what is 5+7?")
+    score = Score(1.0, True, True, {"reason": "match"})
+    return problem, score
+
+
+def test_rollout_record_fields():
+    problem, score = _group()
+    sample = Sample([1], [2, 3], [-0.1, -0.2], "12", "eos")
+    group = Group([Rollout(problem, one_step(sample, score), score, 0.75, {"outcome": 1.0})])
+    assert rollout_record(4, group) == [
+        {
+            "step": 4,
+            "problem": "id-7",
+            "prompt": "what is 5+7?",
+            "completion": "12",
+            "reward": 0.75,
+            "parts": {"outcome": 1.0},
+            "correct": True,
+            "parsed": True,
+            "reason": "match",
+            "stop": "eos",
+        }
+    ]
+
+
+def test_rollout_record_shows_a_completion_without_the_stop_token_it_ended_on(tokenizer):
+    problem, score = _group()
+    ids = tokenizer.encode("12", add_special_tokens=False)
+    ended = Sample([1], [*ids, tokenizer.eos_token_id], [-0.1] * (len(ids) + 1), "12", "eos")
+    (record,) = rollout_record(
+        1, Group([Rollout(problem, one_step(ended, score), score, 1.0, {})]), tokenizer
+    )
+    assert record["completion"] == "12" and "graded" not in record  # shown as graded: nothing to add
+    ran_on = Sample([1], [*ids, tokenizer.eos_token_id], [-0.1] * (len(ids) + 1), "12", "length")
+    (record,) = rollout_record(
+        1, Group([Rollout(problem, one_step(ran_on, score), score, 1.0, {})]), tokenizer
+    )
+    assert record["completion"] != "12" and record["graded"] == "12"  # the end token it ran past, marked
+
+
+def test_pack_first_fit_by_decreasing_length():
+    """Sequences (prompt + completion minus its last token): [1, 2, 7, 8] (4), [3] (1), [4, 5, 6] (3);
+    width 4. Longest first: row 0 takes the first; the third does not fit there and opens row 1;
+    the second fits exactly beside it (3 + 1 = 4)."""
+    completions = torch.tensor([[7, 8, 9], [10, 0, 0], [11, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    packed = pack([[1, 2], [3], [4, 5, 6]], completions, mask)
+    assert packed.input_ids_P_W.tolist() == [[1, 2, 7, 8], [4, 5, 6, 3]]
+    assert packed.position_ids_P_W.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0]]
+    # completion token t of a sequence is predicted at (its row x 4 + its offset + prompt length - 1 + t)
+    assert packed.index_N.tolist() == [1, 2, 3, 7, 6]
+    assert packed.targets_N.tolist() == [7, 8, 9, 10, 11]
+
+
+def test_pack_pads_the_tail_of_a_row_continuing_its_positions():
+    completions = torch.tensor([[7, 8], [9, 0]])
+    mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.bool)
+    packed = pack([[1, 2, 3], [4]], completions, mask)
+    assert packed.input_ids_P_W.tolist() == [[1, 2, 3, 7], [4, 0, 0, 0]]
+    assert packed.position_ids_P_W.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert packed.index_N.tolist() == [2, 3, 4] and packed.targets_N.tolist() == [7, 8, 9]
+
+
+def test_schedules_at_their_edges_with_the_default_floor_and_decay():
+    kw = dict(lr=1.0, warmup_steps=1)
+    # cosine over steps 1..2 after one warm-up step: p = (step - 1) / max(1, 3 - 1 - 1); floor 0.1
+    assert lr_at(2, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(5, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)  # held after the end
+    # wsd: the last max(1, int(5 x 0.2)) = 1 step decays to the floor
+    assert lr_at(3, max_steps=5, schedule="wsd", **kw) == 1.0
+    assert lr_at(4, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)
+    assert lr_at(7, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)  # held after the end
+    # 10 steps: decay over the last 2, halfway at step 8
+    assert lr_at(8, max_steps=10, schedule="wsd", **kw) == pytest.approx(0.55)
