@@ -250,9 +250,9 @@ def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
     """to_batch + pack on a 3-turn episode: the packed forward gives, at every policy token, the
     logprob a plain forward of the whole conversation gives there, and nothing at environment tokens."""
     from temper.models import build_preset
+    from temper.tasks.base import Problem
     from temper.train.rl_update import PolicyWithValue, Prepared, forward_rows
     from temper.train.rollouts import grade_episodes, to_batch
-    from temper.tasks.base import Problem
 
     moves = {"at 0": "left", "at 1": "up", "at 2": "down"}
     script = Script(tokenizer, lambda text, j: moves[text.rsplit("<|user|>", 1)[1].split("<|end|>")[0]])

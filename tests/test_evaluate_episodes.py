@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from tests.test_agent_loop import Script, WalkEnv
+
 from temper.evaluate import evaluate
 from temper.tasks.base import Problem
-from tests.test_agent_loop import Script, WalkEnv
 
 
 class Walks:

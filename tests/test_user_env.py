@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.test_agent_loop import Script
 
 from temper.agent.loop import EpisodeLimits, run_episodes
 from temper.tasks import make_recipe_task
 from temper.tasks.base import TaskOptionError
-from tests.test_agent_loop import Script
 
 ENV_SOURCE = '''
 from temper.envs.base import StepResult
