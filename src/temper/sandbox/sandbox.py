@@ -3,9 +3,10 @@
 One `Sandbox` owns one episode workspace: a host directory bound read-write at `/workspace`, the only
 writable place besides a size-capped tmpfs `/tmp`. Everything else the sandbox sees is /usr and /etc
 read-only; it has its own user, PID, network (only a loopback of its own), IPC, UTS and cgroup
-namespaces, no capabilities, and cannot create user namespaces; tier B's seccomp filter (applied by
-bwrap) refuses every socket family but AF_UNIX (AF_VSOCK, the VM's channel to its host, is in no
-network namespace) and the kernel's escape syscalls (io_uring, bpf, ptrace, ...). Limits are rlimits set by `prlimit`
+namespaces, no capabilities, and cannot create user namespaces. Tier B's seccomp filter, applied by
+bwrap, also refuses every socket family but AF_UNIX (AF_VSOCK, the VM's channel to its host, is in
+no network namespace; INET to the own loopback goes too, as in tier B) and the kernel's escape
+syscalls (io_uring, bpf, ptrace, ...). Limits are rlimits set by `prlimit`
 inside the sandbox just before the untrusted program starts, so RLIMIT_NPROC counts the processes of
 this sandbox's user namespace only, not every process of the host uid (kernel ucounts, 5.14+).
 
