@@ -8,7 +8,8 @@ fails in practice is the host policy (Docker's seccomp profile, Ubuntu's AppArmo
 not the binary. Tier B (`"landlock"`: Landlock + seccomp + rlimits without namespaces, see
 `tier_b_exec.py`) needs Landlock ABI >= 1 and a seccomp filter; its probe too runs `/bin/true` through
 the real launcher. `HostProbe.tier` is the strongest tier that works, `tiers` every tier that works
-(a test or a user can force a weaker one: `Sandbox(tier=...)` or TEMPER_SANDBOX_TIER). Where none
+(a test or a user can force a weaker one: `Sandbox(tier=...)` or TEMPER_SANDBOX_TIER). Tier A's probe
+includes its seccomp filter (`seccomp_bpf`, the filter tier B applies itself). Where none
 works the probe says why and `Sandbox` refuses unless it is told `unsafe=True`.
 """
 
@@ -19,6 +20,7 @@ import functools
 import marshal
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -94,6 +96,29 @@ def bwrap_base_args(bwrap: str) -> list[str]:
         "--dev",
         "/dev",
     ]
+
+
+@functools.cache
+def seccomp_bpf() -> bytes:
+    """Tier A's seccomp filter, as the array of struct sock_filter (u16 code, u8 jt, u8 jf, u32 k, host
+    byte order) that bubblewrap's `--seccomp FD` reads: tier B's own program, so both tiers refuse
+    every socket family but AF_UNIX (AF_VSOCK has no network namespace: on a VM it reaches the host),
+    io_uring, bpf, ptrace, process_vm_*, keyctl, perf_event_open, userfaultfd, the mount API and new
+    namespaces. Raises OSError on an arch the builder does not know."""
+    from temper.sandbox.tier_b_exec import seccomp_program
+
+    return b"".join(struct.pack("=HBBI", *insn) for insn in seccomp_program())
+
+
+def seccomp_fd() -> int:
+    """A pipe's read end holding seccomp_bpf(), for `bwrap --seccomp FD` (bwrap reads it to EOF before
+    it forks the sandbox); the caller passes it to bwrap and closes it afterwards."""
+    r, w = os.pipe()
+    try:
+        os.write(w, seccomp_bpf())  # under a kilobyte: a pipe buffer holds it, no reader needed yet
+    finally:
+        os.close(w)
+    return r
 
 
 def popen_user_kwargs() -> dict:
@@ -173,11 +198,28 @@ def _probe_tier_a(bwrap: str | None, prlimit: str | None) -> tuple[str | None, s
         return None, f"{bwrap} --version failed: {e}"
     if prlimit is None:
         return version, "no `prlimit` (util-linux) to set rlimits in the sandbox"
-    argv = [*bwrap_base_args(bwrap), "--", prlimit, "--nproc=16", "--", "/bin/true"]
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=20, **popen_user_kwargs())
+        filter_fd = seccomp_fd()
+    except OSError as e:
+        return version, f"no seccomp filter for tier A: {e}"
+    argv = [
+        *bwrap_base_args(bwrap),
+        "--seccomp",
+        str(filter_fd),
+        "--",
+        prlimit,
+        "--nproc=16",
+        "--",
+        "/bin/true",
+    ]
+    try:
+        p = subprocess.run(
+            argv, capture_output=True, text=True, timeout=20, pass_fds=(filter_fd,), **popen_user_kwargs()
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return version, f"bubblewrap could not start: {e}"
+    finally:
+        os.close(filter_fd)
     if p.returncode != 0:
         why = p.stderr.strip() or f"exit code {p.returncode}"
         return version, (

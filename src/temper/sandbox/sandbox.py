@@ -3,7 +3,10 @@
 One `Sandbox` owns one episode workspace: a host directory bound read-write at `/workspace`, the only
 writable place besides a size-capped tmpfs `/tmp`. Everything else the sandbox sees is /usr and /etc
 read-only; it has its own user, PID, network (only a loopback of its own), IPC, UTS and cgroup
-namespaces, no capabilities, and cannot create user namespaces. Limits are rlimits set by `prlimit`
+namespaces, no capabilities, and cannot create user namespaces. Tier B's seccomp filter, applied by
+bwrap, also refuses every socket family but AF_UNIX (AF_VSOCK, the VM's channel to its host, is in
+no network namespace; INET to the own loopback goes too, as in tier B) and the kernel's escape
+syscalls (io_uring, bpf, ptrace, ...). Limits are rlimits set by `prlimit`
 inside the sandbox just before the untrusted program starts, so RLIMIT_NPROC counts the processes of
 this sandbox's user namespace only, not every process of the host uid (kernel ucounts, 5.14+).
 
@@ -51,6 +54,7 @@ from temper.sandbox.probe import (
     bwrap_base_args,
     popen_user_kwargs,
     probe,
+    seccomp_fd,
     tier_b_argv,
 )
 
@@ -440,7 +444,7 @@ class Sandbox:
         }
         return tier_b_argv(config, argv)
 
-    def _argv(self, argv: list[str], status_fd: int) -> list[str]:
+    def _argv(self, argv: list[str], status_fd: int, filter_fd: int | None = None) -> list[str]:
         if self.tier == "unsafe":
             return [*self._rlimit_args(), *argv]
         if self.tier == "landlock":
@@ -485,6 +489,11 @@ class Sandbox:
             "C.UTF-8",
             "--json-status-fd",
             str(status_fd),
+            # the seccomp filter both tiers share (probe.seccomp_bpf): sockets other than AF_UNIX,
+            # AF_VSOCK above all (no network namespace covers it), and the kernel's escape syscalls.
+            # bwrap applies it just before its exec of prlimit, after its own namespace setup.
+            "--seccomp",
+            str(filter_fd),
             "--",
             *self._rlimit_args(),
             *argv,
@@ -494,15 +503,17 @@ class Sandbox:
         """Run argv (resolved inside the sandbox; cwd /workspace) under the limits."""
         lim = self.limits
         status_r, status_w = os.pipe()
+        filter_fd = seccomp_fd() if self.tier == "bwrap" else None
+        extra_fds = (status_w,) if filter_fd is None else (status_w, filter_fd)
         t0 = time.monotonic()
         deadline = t0 + lim.wall_s
         try:
             proc = subprocess.Popen(
-                self._argv(list(argv), status_w),
+                self._argv(list(argv), status_w, filter_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=() if self.tier == "unsafe" else (status_w,),
+                pass_fds=() if self.tier == "unsafe" else extra_fds,
                 start_new_session=True,  # one process group to kill: bwrap (or the unsafe program)
                 cwd=str(self.workspace) if self.tier == "unsafe" else None,
                 env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
@@ -510,10 +521,11 @@ class Sandbox:
                 **({} if self.tier == "landlock" else popen_user_kwargs()),
             )
         except OSError as e:
-            for fd in (status_r, status_w):
+            for fd in (status_r, *extra_fds):
                 os.close(fd)
             raise SandboxError(f"could not start the sandbox: {e}") from e
-        os.close(status_w)
+        for fd in extra_fds:
+            os.close(fd)
         try:
             return self._supervise(proc, status_r, t0, deadline)
         finally:

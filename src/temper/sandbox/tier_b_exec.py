@@ -24,6 +24,13 @@ packages: the three Landlock syscalls and a ~40-instruction BPF filter are short
 dependency the sandbox's interpreter would have to import, and pyseccomp would in turn need the
 system libseccomp. Constants are from the kernel's uapi headers (linux/landlock.h, linux/seccomp.h,
 linux/filter.h, linux/audit.h) and the syscall tables of x86_64 and aarch64.
+
+`seccomp_program()` is also tier A's filter: sandbox.py imports this module (as
+`temper.sandbox.tier_b_exec`, a plain import: its top level only loads stdlib modules and libc) and
+hands the same program to bubblewrap's `--seccomp`. The builder stays here rather than in a module of
+its own because this file runs as `python -I -S`, where a sibling module could only be loaded by path
+(an extra file read and compile on every sandboxed call), and one definition means the two tiers
+cannot drift apart.
 """
 
 # `signal` wraps this builtin in enums, and importing `enum` costs ~10 ms per sandboxed call
@@ -169,11 +176,13 @@ class SockFprog(ctypes.Structure):
 
 
 def seccomp_program() -> list[tuple[int, int, int, int]]:
-    """The BPF filter, as (code, jt, jf, k) instructions on struct seccomp_data (nr at offset 0,
-    arch at 4, args[0]'s low word at 16 on these little-endian arches)."""
+    """The BPF filter of both tiers, as (code, jt, jf, k) instructions on struct seccomp_data (nr at
+    offset 0, arch at 4, args[0]'s low word at 16 on these little-endian arches). Tier A applies it
+    through bubblewrap after bwrap's own namespace setup, so denying unshare/setns/clone's namespace
+    flags costs bwrap nothing."""
     arch = os.uname().machine
     if arch not in SYSCALLS:
-        raise OSError(ENOSYS, f"tier B's seccomp filter knows x86_64 and aarch64, not {arch}")
+        raise OSError(ENOSYS, f"the sandbox's seccomp filter knows x86_64 and aarch64, not {arch}")
     audit_arch, nr = SYSCALLS[arch]
     prog = [
         (LD_W_ABS, 0, 0, 4),
