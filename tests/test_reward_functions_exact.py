@@ -386,3 +386,14 @@ def test_make_grader_refusals():
     assert "needs a pattern" in str(err.value)
     with pytest.raises(re.error):
         make_grader("exact_match", "a", "(unclosed")
+
+
+def test_checked_keeps_none_without_nan():
+    assert rf._checked("f", [None, 1.0], 2) == [None, 1.0]
+
+
+def test_parse_number_strips_only_dollars_and_a_final_dot():
+    assert parse_number("1/2.") == Fraction(1, 2)
+    assert parse_number(".5") == Fraction(1, 2)
+    assert parse_number("5X") is None
+    assert rf._normalize("TAX") == "tax"

@@ -429,3 +429,28 @@ def test_a_label_keeps_by_row_through_copies():
     label = SourceLabel("x", by_row=True)
     assert label.__getnewargs__() == ("x", True)
     assert SourceLabel("y", by_row=False).__getnewargs__() == ("y", False)
+
+
+def test_json_error_positions_count_from_the_start_of_the_file(tmp_path):
+    path = tmp_path / "a.json"
+    label = str(path)
+    # the line and column of the error, not of the end of the file, with a newline at offset 0
+    path.write_text('\n[{"a": 1}\n{"a": 2}]\n\n\n')
+    with pytest.raises(DataError) as err:
+        list(read_rows(path))
+    assert (
+        message(err)
+        == f"{label}: row 2: field '<json>': invalid JSON: expected ',' or ']' after an element at line 3 column 1"
+    )
+    path.write_text("\n[1 2]")
+    with pytest.raises(DataError) as err:
+        list(read_rows(path))
+    assert (
+        message(err)
+        == f"{label}: row 2: field '<json>': invalid JSON: expected ',' or ']' after an element at line 2 column 4"
+    )
+
+
+def test_text_rows_keep_their_trailing_spaces(tmp_path):
+    (tmp_path / "t.txt").write_text("a  \r\nbX\n")
+    assert [r for _, _, r in read_rows("t.txt", tmp_path)] == [{"text": "a  "}, {"text": "bX"}]
