@@ -429,3 +429,14 @@ def test_build_and_base_dir(tmp_path, monkeypatch):
     t = DataTask(DataTaskConfig(data="d.jsonl"))
     assert (t.name, t.base_dir) == ("dataset", tmp_path)
     assert isinstance(t.sample("train", 1, 0)[0], Problem)
+
+
+def test_a_chat_prompt_is_named_by_its_last_user_turn(tmp_path):
+    chat = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+    ]
+    t = task(tmp_path, [{"prompt": chat, "answer": "x"}], test_fraction=0.01)
+    (p,) = t.sample("train", 1, 0)
+    assert p.prompt == "u" and p.messages() == chat

@@ -397,3 +397,50 @@ def test_parse_number_strips_only_dollars_and_a_final_dot():
     assert parse_number(".5") == Fraction(1, 2)
     assert parse_number("5X") is None
     assert rf._normalize("TAX") == "tax"
+
+
+def test_the_function_is_after_the_last_colon_and_a_slash_means_a_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mod.py").write_text("def f(**kw):\n    return []\n")
+    with pytest.raises(ValueError) as err:
+        load_reward_function("sub/mod.py:f:g", tmp_path)
+    assert str(err.value) == f"reward 'sub/mod.py:f:g': no file {str(tmp_path / 'sub/mod.py:f')!r}"
+    with pytest.raises(ValueError) as err:
+        load_reward_function("sub/mod:f", tmp_path)  # a path names the file, .py included
+    assert str(err.value) == f"reward 'sub/mod:f': no file {str(tmp_path / 'sub/mod')!r}"
+    assert load_reward_function("sub.mod:f", tmp_path).fn(completions=[]) == []
+
+
+def test_without_base_dir_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "r.py").write_text("def f(**kw):\n    return [1.0]\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_reward_function("r.py:f").fn() == [1.0]
+    assert load_reward_function("r:f").fn() == [1.0]
+
+
+def test_the_recipe_folder_comes_first_on_the_path_while_the_module_runs(tmp_path, monkeypatch):
+    helper = f"helper_{abs(hash(str(tmp_path)))}"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / f"{helper}.py").write_text("K = 1.0\n")
+    (tmp_path / f"{helper}.py").write_text("K = 3.0\n")
+    (tmp_path / "pkg").mkdir()
+    code = f"from {helper} import K\ndef f(**kw):\n    return [K]\n"
+    (tmp_path / "pkg" / "mod.py").write_text(code)
+    (tmp_path / "r.py").write_text(code)
+    monkeypatch.syspath_prepend(str(other))  # a module of the same name earlier on the path
+    for spec in ("pkg.mod:f", "r.py:f"):
+        monkeypatch.delitem(sys.modules, helper, raising=False)
+        assert load_reward_function(spec, tmp_path).fn() == [3.0], spec
+
+
+def test_equal_files_in_two_folders_are_two_modules(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "r.py").write_text(
+            "STATE = []\ndef f(**kw):\n    STATE.append(1)\n    return STATE\n"
+        )
+    first = load_reward_function("r:f", tmp_path / "a")
+    second = load_reward_function("r:f", tmp_path / "b")
+    assert first.fn is not second.fn
+    assert first.fn() == [1] and second.fn() == [1]
