@@ -104,9 +104,9 @@ def test_columns_the_task_reads_must_be_in_the_data(tmp_path):
         ("answer",),
         f"task 't': column 'gold' (answer) is not in {path}; its columns: prompt, answer, completion",
     )
-    assert refusal(tmp_path, rewards=("exact_match", {"grader": "numeric_match", "column": "gold"}))[0] == (
-        "rewards",
-        1,
+    assert refusal(tmp_path, rewards=("exact_match", {"grader": "numeric_match", "column": "gold"})) == (
+        ("rewards", 1),
+        f"task 't': column 'gold' (rewards.1) is not in {path}; its columns: prompt, answer, completion",
     )
     # a regex grader reads no column; a user function has none either
     assert (
