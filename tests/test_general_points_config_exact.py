@@ -40,3 +40,28 @@ def test_accepted_at_each_edge():
     assert c.face_values_id == (1, 1, 1) and isinstance(c.face_values_id, tuple)
     assert c.face_values_ood == (1, 2, 3)
     assert GeneralPointsConfig(n_cards=4, max_rank=13, face_values_ood=[2, 2, 2]).face_values_ood == (2, 2, 2)
+
+
+def test_each_failure_score_keeps_the_answer_read():
+    from temper.tasks.base import Score
+    from temper.tasks.general_points import GeneralPoints
+
+    task = GeneralPoints()
+    (p,) = task.sample("test", 1, 0)
+    values, target = p.data["values"], p.data["target"]
+    assert task.score(p, "Answer: 1+2=x") == Score(
+        0.0, False, False, {"reason": "syntax_error", "answer": "1+2=x"}
+    )
+    assert task.score(p, "Answer: (1") == Score(0.0, False, False, {"reason": "syntax_error", "answer": "(1"})
+    assert task.score(p, "Answer: 1/0") == Score(
+        0.0, False, True, {"reason": "division_by_zero", "answer": "1/0"}
+    )
+    wrong = "+".join(["1"] * (len(values) + 1))
+    assert task.score(p, f"Answer: {wrong}") == Score(
+        0.0, False, True, {"answer": wrong, "value": str(len(values) + 1), "reason": "wrong_cards"}
+    )
+    summed = "+".join(map(str, values))
+    assert sum(values) != target  # (the hand of seed 0: 10 9 3 5, target 24)
+    assert task.score(p, f"Answer: {summed}") == Score(
+        0.0, False, True, {"answer": summed, "value": str(sum(values)), "reason": "wrong_value"}
+    )
