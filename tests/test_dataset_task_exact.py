@@ -440,3 +440,14 @@ def test_a_chat_prompt_is_named_by_its_last_user_turn(tmp_path):
     t = task(tmp_path, [{"prompt": chat, "answer": "x"}], test_fraction=0.01)
     (p,) = t.sample("train", 1, 0)
     assert p.prompt == "u" and p.messages() == chat
+
+
+def test_the_format_decides_parsed_even_for_a_user_function(tmp_path):
+    rows = [{"prompt": "p", "answer": "7", "s": "train"}]
+    (tmp_path / "r.py").write_text("def one(completions, **kw):\n    return [0.0] * len(completions)\n")
+    t = task(tmp_path, rows, split_column="s", rewards=("r:one",), format=r"ANS=\d")
+    (p,) = t.sample("train", 1, 0)
+    assert [(s.parsed, s.details["reason"]) for s in t.score_batch([p, p], ["ANS=3", "nothing"])] == [
+        (True, "wrong"),
+        (False, "no_answer"),
+    ]
