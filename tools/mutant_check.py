@@ -9,12 +9,16 @@ mutmut counts it; a mutant that passes here may still be killed by a test not ch
 
     PYTHONPATH=mutants/src OMP_NUM_THREADS=1 python tools/mutant_check.py OUT tests/test_x.py ... < names
 
-Appends "killed NAME SECONDS TEST" or "survived NAME SECONDS" per mutant to OUT.
+Appends "killed NAME SECONDS TEST", "timeout NAME SECONDS TEST" or "survived NAME SECONDS" per
+mutant to OUT. A mutant that runs longer than LIMIT seconds (MUTANT_CHECK_LIMIT, default 120; an
+endless loop) is stopped by SIGALRM inside the running test and counted as a timeout, which
+mutmut counts as killed.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -45,14 +49,27 @@ class _Loop:
             print(f"the unmutated code fails {clean}; fix that first", file=sys.stderr)
             session.testsfailed = 1
             return True
+        limit = int(os.environ.get("MUTANT_CHECK_LIMIT", "120"))
+
+        def stop(signum: int, frame: object) -> None:
+            raise TimeoutError(f"mutant ran past {limit} s")
+
+        signal.signal(signal.SIGALRM, stop)
         with open(self.out_path, "a") as out:
             for name in self.names:
                 os.environ["MUTANT_UNDER_TEST"] = name
                 start = time.time()
+                signal.alarm(limit)
                 try:
                     failed = first_failure()
                 except BaseException as err:  # a mutant that breaks the test harness itself
                     failed = f"harness:{type(err).__name__}"
+                finally:
+                    signal.alarm(0)
+                if failed and time.time() - start >= limit:
+                    out.write(f"timeout {name} {time.time() - start:.2f} {failed}\n")
+                    out.flush()
+                    continue
                 verdict = (
                     f"killed {name} {time.time() - start:.2f} {failed}"
                     if failed
