@@ -256,3 +256,16 @@ def test_no_usable_rows_message():
         "all rows were skipped",
     )
     assert str(NoUsableRowsError([], "x")) == "no usable training rows in no sources: x"
+
+
+def test_load_rows_reads_the_split_asked_for(tmp_path):
+    import datasets
+
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"text": "a"}, {"text": "b"}]),
+            "test": datasets.Dataset.from_list([{"text": "c"}]),
+        }
+    ).save_to_disk(str(tmp_path / "dd"))
+    examples, _ = load_rows("dd", base_dir=tmp_path, split="test")
+    assert [(e.source, e.text) for e in examples] == [(f"{tmp_path / 'dd'}[test]", "c")]
