@@ -47,12 +47,12 @@ class Task:
     def score(self, problem, completion):
         if completion == "boom":
             raise KeyError("x")
-        return Score(1.0, True, True, {"reason": "correct"})
+        return Score(1.0, True, True, {"reason": "correct", "id": problem.id})
 
 
 def test_grade_turns_a_verifier_failure_into_a_graded_row():
     p = Problem("t", "test", "1", "q")
-    assert grade(Task(), p, "ok") == Score(1.0, True, True, {"reason": "correct"})
+    assert grade(Task(), p, "ok") == Score(1.0, True, True, {"reason": "correct", "id": "1"})
     assert grade(Task(), p, "boom") == Score(
         0.0, False, False, {"reason": "verifier_error", "error": "KeyError('x')"}
     )

@@ -80,8 +80,10 @@ def test_option_refusals_name_the_option(tmp_path):
     )
     option, message = refusal(tmp_path, rewards=("exact_match", "nomod_xyz:f"))
     assert option == ("rewards", 1)
-    assert message.startswith("task 't': reward 'nomod_xyz:f': cannot import module 'nomod_xyz'")
-    assert not message.endswith("yours: module:function)")
+    assert message == (
+        f"task 't': reward 'nomod_xyz:f': cannot import module 'nomod_xyz': no nomod_xyz.py in {tmp_path} "
+        "and no installed module (No module named 'nomod_xyz')"
+    )
     assert refusal(tmp_path, rewards=(3,)) == (
         ("rewards", 0),
         "task 't': a reward is a string or a mapping, not 3 "
@@ -451,3 +453,9 @@ def test_the_format_decides_parsed_even_for_a_user_function(tmp_path):
         (True, "wrong"),
         (False, "no_answer"),
     ]
+
+
+def test_test_data_wins_over_test_split(tmp_path):
+    write(tmp_path, [{"prompt": "t1", "answer": "a"}], "test.jsonl")
+    t = task(tmp_path, test_data="test.jsonl", test_split="test")  # a file has no splits: not read as one
+    assert [p.prompt for p in t._splits["test"]] == ["t1"]

@@ -269,3 +269,9 @@ def test_load_rows_reads_the_split_asked_for(tmp_path):
     ).save_to_disk(str(tmp_path / "dd"))
     examples, _ = load_rows("dd", base_dir=tmp_path, split="test")
     assert [(e.source, e.text) for e in examples] == [(f"{tmp_path / 'dd'}[test]", "c")]
+
+
+def test_load_jsonl_raises_on_a_bad_row_by_default(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match="d.jsonl:1: field 'text': is empty"):
+        load_jsonl(tmp_path / "d.jsonl")
