@@ -8,12 +8,6 @@ import torch.nn.functional as F
 from temper.data.chat import IGNORE  # the label the data layer gives tokens that are not trained on
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target_t | x_<t) for every position. logits (B, T, V), targets (B, T) -> (B, T)."""
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().clamp_min(0), reduction="none")
-    return -nll.view_as(targets)
-
-
 def sft_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -1,0 +1,446 @@
+"""Exact tests of `temper.tasks.reward_functions`: the loading errors a recipe author reads (whole
+messages), TRL's batch call (columns, ids, retries one completion at a time, None for nan), and
+every built-in grader's extraction and comparison on hand-picked texts. Written against the
+mutants mutmut left alive (TESTING.md)."""
+
+import asyncio
+import json
+import re
+import sys
+from fractions import Fraction
+
+import pytest
+
+from temper.tasks import reward_functions as rf
+from temper.tasks.reward_functions import (
+    EXCLUDED_COLUMNS,
+    GRADER_OPTIONS,
+    GRADERS,
+    Grader,
+    RewardFunction,
+    call_all,
+    completions_as_trl,
+    extract_final,
+    is_conversational,
+    last_boxed,
+    load_reward_function,
+    make_grader,
+    parse_number,
+)
+
+USER = [{"role": "user", "content": "q"}]
+
+
+def test_constants():
+    assert EXCLUDED_COLUMNS == ("prompt", "completion", "completion_ids")
+    assert GRADERS == ("exact_match", "numeric_match", "math_verify", "regex")
+    assert GRADER_OPTIONS == ("grader", "column", "tolerance", "pattern")
+
+
+def test_is_conversational_and_trl_completions():
+    assert is_conversational(USER)
+    for prompt in ("q", [], [{"content": "q"}], ["q"], None):
+        assert not is_conversational(prompt)
+    assert completions_as_trl([USER, "q"], ["a", "b"]) == [[{"role": "assistant", "content": "a"}], "b"]
+    with pytest.raises(ValueError):
+        completions_as_trl(["q"], ["a", "b"])
+
+
+# ---------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("spec", ["nocolon", ":fn", "mod:"])
+def test_a_spec_that_is_not_module_colon_function(spec):
+    with pytest.raises(ValueError) as err:
+        load_reward_function(spec)
+    assert str(err.value) == (
+        f"reward {spec!r}: expected module:function or path/to/file.py:function, "
+        "or a built-in grader (exact_match, numeric_match, math_verify, regex)"
+    )
+
+
+def test_a_missing_file_module_or_function(tmp_path):
+    with pytest.raises(ValueError) as err:
+        load_reward_function("sub/r.py:f", tmp_path)
+    assert str(err.value) == f"reward 'sub/r.py:f': no file {str(tmp_path / 'sub/r.py')!r}"
+    with pytest.raises(ValueError) as err:
+        load_reward_function("no_such_mod_xyz:f", tmp_path)
+    assert str(err.value) == (
+        f"reward 'no_such_mod_xyz:f': cannot import module 'no_such_mod_xyz': no no_such_mod_xyz.py in "
+        f"{tmp_path} and no installed module (No module named 'no_such_mod_xyz')"
+    )
+    (tmp_path / "mine.py").write_text(
+        "import os\nclass K: pass\ndef b(): pass\ndef a(): pass\ndef _p(): pass\nX = 1\n"
+    )
+    with pytest.raises(ValueError) as err:
+        load_reward_function("mine:c", tmp_path)
+    assert str(err.value) == "reward 'mine:c': module 'mine' has no function 'c'; its functions: a, b"
+    (tmp_path / "empty.py").write_text("X = 1\n")
+    with pytest.raises(ValueError) as err:
+        load_reward_function("empty:X", tmp_path)
+    assert str(err.value) == "reward 'empty:X': module 'empty' has no function 'X'"
+
+
+def test_a_module_that_raises_on_import(tmp_path):
+    (tmp_path / "bad.py").write_text("raise RuntimeError('boom')\n")
+    path_before = list(sys.path)
+    with pytest.raises(ValueError) as err:
+        load_reward_function("bad:f", tmp_path)
+    assert (
+        str(err.value)
+        == f"reward module {str((tmp_path / 'bad.py').resolve())!r} raised on import: RuntimeError('boom')"
+    )
+    assert sys.path == path_before
+
+
+def test_local_modules_files_and_installed_modules_load_with_their_source(tmp_path):
+    code = "from helper import K\ndef f(completions, **kw):\n    return [K] * len(completions)\n"
+    (tmp_path / "helper.py").write_text("K = 3.0\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(code)
+    (tmp_path / "r.py").write_text(code)
+    for spec in ("pkg.mod:f", "r.py:f", str(tmp_path / "r.py") + ":f"):
+        loaded = load_reward_function(spec, tmp_path)
+        assert loaded.name == spec and loaded.source == code and loaded.extract is None
+        assert loaded.fn(completions=["a", "b"]) == [3.0, 3.0]
+        assert str(tmp_path) not in sys.path  # only while the module ran
+    installed = load_reward_function("builtins:len", tmp_path)
+    assert installed.fn is len and installed.source == ""  # a built-in module has no file
+    stdlib = load_reward_function("json:dumps", tmp_path)
+    assert stdlib.source == open(json.__file__).read()  # its file's text
+
+
+def test_a_file_is_executed_once_per_content(tmp_path):
+    (tmp_path / "r.py").write_text("RUNS = []\nRUNS.append(1)\ndef f(**kw):\n    return []\n")
+    first = load_reward_function("r.py:f", tmp_path)
+    again = load_reward_function("r:f", tmp_path)
+    assert first.fn is again.fn
+    module = sys.modules[first.fn.__module__]
+    assert module.__name__.startswith("temper_rewards_") and module.__name__.endswith("_r")
+    assert len(module.__name__) == len("temper_rewards_") + 12 + len("_r")
+    (tmp_path / "r.py").write_text("RUNS = []\nRUNS.append(2)\ndef f(**kw):\n    return []\n")
+    edited = load_reward_function("r.py:f", tmp_path)
+    assert edited.fn is not first.fn and sys.modules[edited.fn.__module__].RUNS == [2]
+
+
+# ---------------------------------------------------------------- calling
+
+
+def test_call_all_passes_trl_arguments_and_columns():
+    seen = []
+
+    def f(prompts, completions, completion_ids, **columns):
+        seen.append((prompts, completions, completion_ids, columns))
+        return [1, None]
+
+    out = call_all(
+        [RewardFunction("f", f)],
+        [USER, "p"],
+        ["x", "y"],
+        None,
+        [{"prompt": "p", "answer": 1, "completion": "c"}, {"extra": 2, "answer": 3, "completion_ids": [9]}],
+    )
+    assert out.values == [[1.0, None]] and out.errors == [None, None]
+    assert seen == [
+        (
+            [USER, "p"],
+            [[{"role": "assistant", "content": "x"}], "y"],
+            [[], []],
+            {"answer": [1, 3], "extra": [None, 2]},
+        )
+    ]
+    assert list(seen[0][3]) == ["answer", "extra"]  # the columns in the order the rows name them
+    seen.clear()
+    call_all([RewardFunction("f", f)], ["a", "b"], ["x", "y"], [(1, 2), (3,)], [{}, {}])
+    assert seen[0][2] == [[1, 2], [3]]
+
+
+def test_a_failing_batch_is_retried_one_completion_at_a_time():
+    calls = []
+
+    def picky(completions, **kw):
+        calls.append(list(completions))
+        if "bad" in completions:
+            raise ZeroDivisionError("bad one")
+        return [float(len(c)) for c in completions]
+
+    def short(completions, **kw):
+        return [1.0] * (len(completions) - 1) if len(completions) > 1 else ["x"]
+
+    out = call_all(
+        [RewardFunction("picky", picky), RewardFunction("short", short)],
+        ["p", "p", "p"],
+        ["ab", "bad", "c"],
+        None,
+        [{}, {}, {}],
+    )
+    assert calls == [["ab", "bad", "c"], ["ab"], ["bad"], ["c"]]
+    assert out.values[0] == [2.0, None, 1.0]
+    assert out.values[1] == [None, None, None]
+    assert isinstance(out.errors[1], ZeroDivisionError)  # the first function's error is kept
+    assert str(out.errors[0]) == (
+        "reward function 'short' must return a list of floats or None: could not convert string to float: 'x'"
+    )
+
+
+def test_checked_messages_and_nan():
+    assert str(rf._checked("f", [1.0], 2)) == (
+        "The reward function 'f' returned 1 rewards, but 2 were expected (one per prompt-completion pair)."
+    )
+    assert isinstance(rf._checked("f", [1.0], 2), ValueError)
+    err = rf._checked("f", 3, 1)
+    assert isinstance(err, TypeError)
+    assert (
+        str(err) == "reward function 'f' must return a list of floats or None: 'int' object is not iterable"
+    )
+    assert rf._checked("f", [float("nan"), 2, None], 3) == [None, 2.0, None]
+    boom = KeyError("k")
+    assert rf._checked("f", boom, 1) is boom
+
+
+def test_async_functions_are_awaited_also_inside_a_running_loop():
+    async def twice(completions, **kw):
+        await asyncio.sleep(0)
+        return [2.0 * len(c) for c in completions]
+
+    async def fails(completions, **kw):
+        raise KeyError("nope")
+
+    def call():
+        return call_all([RewardFunction("t", twice), RewardFunction("f", fails)], ["p"], ["abc"], None, [{}])
+
+    out = call()
+    assert out.values[0] == [6.0] and out.values[1] == [None]
+    assert isinstance(out.errors[0], KeyError)
+
+    async def inside():
+        return call()
+
+    again = asyncio.run(inside())
+    assert again.values == out.values
+
+
+# ---------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "text, boxed",
+    [
+        ("no box", None),
+        (r"\boxed{1} then \boxed{ {2}+{3} }", "{2}+{3}"),
+        (r"\boxed {x}", "x"),
+        (r"\boxed{unclosed {", None),
+        (r"\boxed{}", ""),
+        (r"a\boxed{\frac{1}{2}}b", r"\frac{1}{2}"),
+    ],
+)
+def test_last_boxed(text, boxed):
+    assert last_boxed(text) == boxed
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("so Answer: 42 <|end|>", "42"),
+        ("Answer: 1\nAnswer: 7</s><|im_end|>", "7"),
+        ("Answer:   ", None),
+        (r"Answer: 3 \boxed{5}", "5"),
+        (r"\boxed{ } Answer: 3", None),
+        ("nothing", None),
+    ],
+)
+def test_extract_final_without_a_pattern(text, found):
+    assert extract_final(text) == found
+
+
+def test_extract_final_with_a_pattern():
+    assert extract_final("x = 12 done", re.compile(r"x = (\d+)")) == "12"
+    assert extract_final("x = 12 done", re.compile(r"x = \d+")) == "x = 12"
+    assert extract_final("x = ", re.compile(r"x = (\d*)")) is None
+    assert extract_final(r"\boxed{3}", re.compile(r"y = (\d+)")) is None
+    assert extract_final("v 5<|eot_id|>", re.compile(r"(\d)$")) == "5"
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("42", Fraction(42)),
+        (" -3.5 ", Fraction(-7, 2)),
+        ("1,234", Fraction(1234)),
+        ("$12$", Fraction(12)),
+        ("7.", Fraction(7)),
+        ("1\\!000", Fraction(1000)),
+        (r"\frac{3}{4}", Fraction(3, 4)),
+        (r"\dfrac{ -1 }{ 2 }", Fraction(-1, 2)),
+        ("3/6", Fraction(1, 2)),
+        ("50%", Fraction(50)),
+        (r"25\%", Fraction(25)),
+        ("1e3", Fraction(1000)),
+        ("1/0", None),
+        ("abc", None),
+        (r"\frac{a}{2}", None),
+    ],
+)
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+def test_grader_extraction_per_grader():
+    assert Grader("regex", pattern=r"^\d+$").extract("12") == "12"
+    assert Grader("regex", pattern=r"^\d+$").extract("x12") is None
+    assert Grader("regex").extract("12") is None  # no pattern: nothing matches
+    numeric = Grader("numeric_match")
+    assert numeric.extract("I think 3 apples, then 1,200 more.<|end|>") == "1,200"
+    assert numeric.extract("no digits") is None
+    assert numeric.extract("Answer: 5 of 6") == "5 of 6"  # an Answer: wins over bare numbers
+    assert Grader("numeric_match", pattern=r"n=(\d+)").extract("7 8") is None  # a pattern: no fallback
+    assert Grader("exact_match").extract("7 8") is None
+    assert Grader("exact_match", pattern=r"is (\w+)").extract("it is Paris") == "Paris"
+    assert Grader("math_verify", pattern=r"is (\S+)").extract("it is 1/2") == "1/2"
+
+
+def test_grade_per_grader():
+    exact = Grader("exact_match")
+    assert exact.grade("Answer:  New   York.", "new york") == 1.0
+    assert exact.grade("Answer: York", "new york") == 0.0
+    assert exact.grade("nothing", "x") == 0.0
+    assert Grader("regex", pattern="ok").grade("ok", None) == 1.0
+    with pytest.raises(ValueError) as err:
+        exact.grade("Answer: x", None)
+    assert str(err.value) == "exact_match: the row has no 'answer' column to compare with"
+    numeric = Grader("numeric_match", column="gold", tolerance=0.01)
+    assert numeric.grade("Answer: 101", "100") == 1.0  # within 1% of 100
+    assert numeric.grade("Answer: 102", "100") == 0.0
+    assert numeric.grade("Answer: 0.005", "0") == 1.0  # absolute below 1
+    assert numeric.grade("Answer: 0.02", "0") == 0.0
+    assert numeric.grade("Answer: 0.5", "0.5") == 1.0
+    assert numeric.grade("Answer: -100.5", "-100") == 1.0
+    assert numeric.grade("Answer: many", "3") == 0.0
+    assert Grader("numeric_match").grade("Answer: 1", 1.0000005) == 1.0  # 1e-6 by default
+    assert Grader("numeric_match").grade("Answer: 1", 1.000002) == 0.0
+    with pytest.raises(ValueError) as err:
+        numeric.grade("Answer: 1", "three")
+    assert str(err.value) == "numeric_match: reference 'three' is not a number"
+    with pytest.raises(ValueError) as err:
+        numeric.grade("Answer: 1", None)
+    assert str(err.value) == "numeric_match: the row has no 'gold' column to compare with"
+
+
+def test_grader_call_reads_its_column_and_both_completion_forms():
+    g = Grader("exact_match", column="gold")
+    completions = ["Answer: a", [{"role": "assistant", "content": "Answer: "}, {"content": "b"}, "junk"]]
+    assert g(prompts=None, completions=completions, gold=["a", "b"], answer=["x", "x"]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no 'gold' column"):
+        g(completions=["Answer: a"], answer=["a"])
+    assert rf._text([{"role": "assistant"}]) == ""
+    assert rf._text(7) == "7"
+
+
+def test_normalize():
+    assert rf._normalize("  The\tAnswer \n IS.  ") == "the answer is"
+    assert rf._normalize("3.14") == "3.14"
+
+
+def test_math_verify_reads_bare_latex_and_plain_text():
+    g = Grader("math_verify")
+    assert g.grade(r"so $\frac{1}{2}$", r"\frac{1}{2}") == 1.0
+    assert g.grade(r"so $\frac{1}{3}$", r"\frac{1}{2}") == 0.0
+    assert g.grade("the answer is 0.5", "1/2") == 1.0
+    assert g.grade("no math here", "1/2") == 0.0
+    assert rf._math_equal("1/2", "") is False
+
+
+# ---------------------------------------------------------------- make_grader
+
+
+def test_make_grader_defaults_and_options():
+    assert make_grader("exact_match", "ans", None) == Grader("exact_match", "ans", 1e-6, None)
+    assert make_grader("numeric_match", "ans", r"n=(\d+)") == Grader("numeric_match", "ans", 1e-6, r"n=(\d+)")
+    assert make_grader(
+        {"grader": "numeric_match", "column": "c", "tolerance": "0.5", "pattern": "p"}, "a", "f"
+    ) == (Grader("numeric_match", "c", 0.5, "p"))
+    assert make_grader({"grader": "regex"}, "a", "fmt") == Grader("regex", "a", 1e-6, "fmt")
+
+
+def test_make_grader_refusals():
+    with pytest.raises(ValueError) as err:
+        make_grader({"grader": "regex", "colum": "x", "tol": 1}, "a", None)
+    assert str(err.value) == "unknown grader option 'colum'; valid: grader, column, tolerance, pattern"
+    with pytest.raises(ValueError) as err:
+        make_grader("exact", "a", None)
+    assert (
+        str(err.value)
+        == "unknown grader 'exact'; built-in graders: exact_match, numeric_match, math_verify, regex"
+    )
+    with pytest.raises(ValueError) as err:
+        make_grader({"column": "a"}, "a", None)
+    assert (
+        str(err.value)
+        == "unknown grader None; built-in graders: exact_match, numeric_match, math_verify, regex"
+    )
+    with pytest.raises(ValueError) as err:
+        make_grader("regex", "a", None)
+    assert str(err.value) == "the regex grader needs a pattern (its own `pattern:` or the task's `format:`)"
+    with pytest.raises(ValueError) as err:
+        make_grader({"grader": "regex", "pattern": ""}, "a", "fmt")
+    assert "needs a pattern" in str(err.value)
+    with pytest.raises(re.error):
+        make_grader("exact_match", "a", "(unclosed")
+
+
+def test_checked_keeps_none_without_nan():
+    assert rf._checked("f", [None, 1.0], 2) == [None, 1.0]
+
+
+def test_parse_number_strips_only_dollars_and_a_final_dot():
+    assert parse_number("1/2.") == Fraction(1, 2)
+    assert parse_number(".5") == Fraction(1, 2)
+    assert parse_number("5X") is None
+    assert rf._normalize("TAX") == "tax"
+
+
+def test_the_function_is_after_the_last_colon_and_a_slash_means_a_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mod.py").write_text("def f(**kw):\n    return []\n")
+    with pytest.raises(ValueError) as err:
+        load_reward_function("sub/mod.py:f:g", tmp_path)
+    assert str(err.value) == f"reward 'sub/mod.py:f:g': no file {str(tmp_path / 'sub/mod.py:f')!r}"
+    with pytest.raises(ValueError) as err:
+        load_reward_function("sub/mod:f", tmp_path)  # a path names the file, .py included
+    assert str(err.value) == f"reward 'sub/mod:f': no file {str(tmp_path / 'sub/mod')!r}"
+    assert load_reward_function("sub.mod:f", tmp_path).fn(completions=[]) == []
+
+
+def test_without_base_dir_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "r.py").write_text("def f(**kw):\n    return [1.0]\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_reward_function("r.py:f").fn() == [1.0]
+    assert load_reward_function("r:f").fn() == [1.0]
+
+
+def test_the_recipe_folder_comes_first_on_the_path_while_the_module_runs(tmp_path, monkeypatch):
+    helper = f"helper_{abs(hash(str(tmp_path)))}"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / f"{helper}.py").write_text("K = 1.0\n")
+    (tmp_path / f"{helper}.py").write_text("K = 3.0\n")
+    (tmp_path / "pkg").mkdir()
+    code = f"from {helper} import K\ndef f(**kw):\n    return [K]\n"
+    (tmp_path / "pkg" / "mod.py").write_text(code)
+    (tmp_path / "r.py").write_text(code)
+    monkeypatch.syspath_prepend(str(other))  # a module of the same name earlier on the path
+    for spec in ("pkg.mod:f", "r.py:f"):
+        monkeypatch.delitem(sys.modules, helper, raising=False)
+        assert load_reward_function(spec, tmp_path).fn() == [3.0], spec
+
+
+def test_equal_files_in_two_folders_are_two_modules(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "r.py").write_text(
+            "STATE = []\ndef f(**kw):\n    STATE.append(1)\n    return STATE\n"
+        )
+    first = load_reward_function("r:f", tmp_path / "a")
+    second = load_reward_function("r:f", tmp_path / "b")
+    assert first.fn is not second.fn
+    assert first.fn() == [1] and second.fn() == [1]
