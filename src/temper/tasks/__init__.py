@@ -43,8 +43,10 @@ __all__ = [
 # environment tasks (a Task with `make_env`: multi-turn episodes); imported after TASKS exists, as
 # the environments import temper.tasks.base
 from temper.envs.calculator import CalculatorArithmetic  # noqa: E402
+from temper.envs.treasure_task import TreasureHuntTask  # noqa: E402
 
 TASKS["calculator_arithmetic"] = CalculatorArithmetic
+TASKS["treasure_hunt"] = TreasureHuntTask
 
 
 def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
