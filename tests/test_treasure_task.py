@@ -13,7 +13,7 @@ from temper.agent.loop import EpisodeLimits, run_episodes
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.formats import Example
 from temper.envs.treasure_hunt import GridMap
-from temper.envs.treasure_task import TreasureConfig, TreasureHuntTask, offset_text
+from temper.envs.treasure_task import INSTRUCTIONS, TreasureConfig, TreasureHuntTask, offset_text
 from temper.models import build_preset
 from temper.stages.sft import demonstrations
 from temper.tasks import make_task
@@ -35,8 +35,10 @@ def test_splits_are_disjoint_and_deterministic():
     held = task.sample("test", 100, 0)
     assert len(held) == len(test) and len({p.id for p in held}) == len(held)  # no repeats
     assert [p.prompt for p in task.sample("test", 5, 3)] == [p.prompt for p in task.sample("test", 5, 3)]
-    assert {len(p.data["rows"]) for p in task.sample("ood", 5, 0)} == {7}  # size + 2
+    assert {len(p.data["rows"]) for p in task.sample("ood", 5, 0)} == {task.config.size + 2}
     assert all(len(p.data["path"]) <= p.data["max_steps"] for p in task.sample("ood", 40, 0))
+    bare = small(instructions=False).sample("test", 1, 0)[0].prompt
+    assert task.sample("test", 1, 0)[0].prompt == f"{INSTRUCTIONS}\n{bare}"
     with pytest.raises(ValueError, match="overlap"):
         TreasureConfig(train_maps=10, test_seed=5)
 

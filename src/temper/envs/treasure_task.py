@@ -1,6 +1,6 @@
 """treasure_hunt as an environment task: the LLM agent plays a map, one move per chat turn.
 
-    user        Reach the treasure. ... (instructions)        (the problem's prompt)
+    user        Find $. ... (instructions)                    (the problem's prompt)
                 d2 r1                                         the treasure: 2 rows down, 1 column right
                 #.#                                           the 3x3 view, @ the agent
                 .@^
@@ -24,9 +24,10 @@ treasure's offset (`d2 r1`: 2 rows down, 1 column right; a zero offset is left o
 view. The offset rather than absolute positions because it makes the policy that generalizes to
 unseen maps (walk towards the treasure, around what the view shows) a lookup instead of a
 subtraction the 1M-parameter model would first have to learn; `relative: false` shows the core
-env's own observation (absolute position, treasure position, view) for larger models. With
-size 5, view 3 and the default limit of 2 x size + 2 = 12 steps, an episode of 12 moves is ~400
-tokens; the ood default (size 7, 16 steps) ~500.
+env's own observation (absolute position, treasure position, view) for larger models. With the
+defaults (size 4, view 3, a limit of 2 x size + 2 = 10 moves) the prompt is ~105 tokens and each
+move + observation ~25, so a shortest-path episode is ~180 tokens and one that runs to the limit
+~355; ood (size 6, 14 moves) at most ~460.
 
 Rewards: the outcome (`score`) is 1 on the treasure, else 0 (a trap or the step limit); `correct`
 is the treasure and `parsed` is "no invalid move". The per-step process reward is `+progress` for
@@ -47,12 +48,12 @@ from temper.envs.base import StepResult
 from temper.envs.treasure_hunt import GridMap, TreasureHunt, generate_map, shortest_path
 from temper.tasks.base import Problem, Score, check_split, draw
 
-INSTRUCTIONS = "Reach $. Shown: where $ is (d2 r1: 2 down, 1 right), your view (@ you, # wall, ^ trap). Answer up, down, left or right."
+INSTRUCTIONS = "Find $. d2 r1: $ is 2 down, 1 right. @ you, # wall, ^ trap. Say up, down, left or right."
 
 
 @dataclass(frozen=True)
 class TreasureConfig:
-    size: int = 5
+    size: int = 4
     """Side of the train and test maps."""
     ood_size: int = 0
     """Side of the ood maps (0: size + 2)."""
@@ -68,6 +69,10 @@ class TreasureConfig:
     """Show where the treasure is (without it an agent on an unseen map can only explore)."""
     relative: bool = True
     """Compact observation (treasure offset + view); False: the core env's absolute one."""
+    instructions: bool = True
+    """Open the prompt with INSTRUCTIONS. A model that learns the protocol from demonstrations
+    alone (the tiny default, trained from scratch) reads them as a constant prefix, and they are
+    half of a shortest-path episode's tokens: its recipe turns them off to halve the compute."""
     progress: float = 0.1
     """Process reward: +progress for a step closer to the treasure, -progress for one farther."""
     train_seed: int = 0
@@ -243,7 +248,8 @@ class TreasureHuntEnv:
 
     def reset(self) -> list[dict[str, Any]]:
         self.core.reset()
-        return [{"role": "user", "content": f"{INSTRUCTIONS}\n{self.observation()}"}]
+        head = f"{INSTRUCTIONS}\n" if self.config.instructions else ""
+        return [{"role": "user", "content": head + self.observation()}]
 
     def step(self, action: str) -> StepResult:
         _, _, done, info = self.core.step(action)
