@@ -97,6 +97,19 @@ def llm(run: Path, stage: str, task, split: str, n: int) -> tuple[list[bool], li
     )
 
 
+def cached(folder: Path, key: str, compute, *args):
+    """`compute(*args)` (a JSON-able value), saved as folder/key.json and read back on later calls, so
+    seeds can run in parallel processes (`--seeds 0`, `--seeds 1`, ...) and a last call with all
+    seeds only builds the table."""
+    path = folder / f"{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute(*args)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(value))
+    return value
+
+
 def spread(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     kept = [v * scale for v in values if v == v]
     if not kept:
@@ -134,9 +147,11 @@ def main() -> None:
         s: statistics.mean(len(p.data["path"]) for p in ps) for s, ps in (("seen", seen), ("unseen", unseen))
     }
     rows: dict[tuple[str, str], list] = {}
+    cache = Path("runs/treasure_hunt_compare")  # results per (agent, seed), reused by later calls
     t0 = time.process_time()
     for seed in args.seeds:
-        q = q_learning(seen, unseen, args.episodes, seed)
+        key = f"q-seed{seed}-maps{args.maps}-episodes{args.episodes}"
+        q = cached(cache, key, q_learning, seen, unseen, args.episodes, seed)
         rows.setdefault(("Q-learning, trained on the map", "seen"), []).append(q["seen"])
         rows.setdefault(("Q-learning, transferred (table of another map)", "unseen"), []).append(
             q["transferred"]
@@ -148,18 +163,19 @@ def main() -> None:
         for seed in args.seeds:
             run = Path(args.runs) / f"seed-{seed}"
             for stage in ("sft", "rl"):
+                stage_hash = json.loads(next(run.glob(f"[0-9][0-9]-{stage}/stage.json")).read_text())["hash"]
                 for split, label in (("train", "seen"), ("test", "unseen")):
                     start = time.perf_counter()
-                    rows.setdefault((f"LLM agent after {stage}", label), []).append(
-                        llm(run, stage, task, split, args.maps)
-                    )
+                    key = f"llm-{stage}-{stage_hash}-{split}-maps{args.maps}"
+                    result = cached(cache, key, llm, run, stage, task, split, args.maps)
+                    rows.setdefault((f"LLM agent after {stage}", label), []).append(result)
                     timings[(seed, stage, split)] = time.perf_counter() - start
     lines = [
         f"# treasure_hunt: Q-learning vs the LLM agent, {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))})",
         "",
         f"{args.maps} seen (train-split) and {args.maps} unseen (test-split) maps of the task in "
         f"`{args.recipe}`; BFS optimum: {optimum['seen']:.2f} steps (seen), {optimum['unseen']:.2f} "
-        f"(unseen). Q-learning: {args.episodes} episodes per map ({q_cpu:.0f} s CPU for all seeds). "
+        f"(unseen). Q-learning: {args.episodes} episodes per map ({q_cpu:.0f} s CPU for all seeds, 0 when cached). "
         "Success: mean ± std [min, max] over seeds, and a 95% Wilson interval over all seeds' episodes. "
         "Steps: mean over won episodes.",
         "",
