@@ -12,7 +12,9 @@ step limit. Per seed s:
   nothing about the new map's walls, traps or treasure);
   re-trained: a fresh table trained on unseen map j, played on map j.
 - LLM agent: the `sft` and `rl` models of `<runs>/seed-s` (experiments/multiseed.py with
-  `--vary sft,rl`), one greedy episode per map (`temper.evaluate.evaluate`, k = 0).
+  `--vary sft,rl`), one greedy episode per map (`temper.evaluate.evaluate`, k = 0), on the seen,
+  the unseen and `--maps` ood maps (larger; no Q-table applies to them: its states are another
+  map's cells).
 
 Success rate = share of maps won; mean steps = mean episode length over the won maps (the BFS
 optimum beside it). Across seeds: mean ± sample std [min, max], and a 95% Wilson interval on the
@@ -136,15 +138,16 @@ def main() -> None:
         "--runs", help="experiments/multiseed.py's run folder (holds seed-<s>/); omit for Q only"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--maps", type=int, default=200, help="seen and unseen maps each")
+    parser.add_argument("--maps", type=int, default=200, help="seen, unseen and ood maps each")
     parser.add_argument("--episodes", type=int, default=1000, help="Q-learning episodes per map")
     parser.add_argument("--out", help="markdown file for the table")
     args = parser.parse_args()
     options = yaml.safe_load(Path(args.recipe).read_text())["tasks"]["treasure_hunt"]
     task = make_recipe_task("treasure_hunt", options)
-    seen, unseen = (task.sample(s, args.maps, MAP_SEED) for s in ("train", "test"))
+    seen, unseen, ood = (task.sample(s, args.maps, MAP_SEED) for s in ("train", "test", "ood"))
     optimum = {
-        s: statistics.mean(len(p.data["path"]) for p in ps) for s, ps in (("seen", seen), ("unseen", unseen))
+        s: statistics.mean(len(p.data["path"]) for p in ps)
+        for s, ps in (("seen", seen), ("unseen", unseen), ("ood", ood))
     }
     rows: dict[tuple[str, str], list] = {}
     cache = Path("runs/treasure_hunt_compare")  # results per (agent, seed), reused by later calls
@@ -164,7 +167,7 @@ def main() -> None:
             run = Path(args.runs) / f"seed-{seed}"
             for stage in ("sft", "rl"):
                 stage_hash = json.loads(next(run.glob(f"[0-9][0-9]-{stage}/stage.json")).read_text())["hash"]
-                for split, label in (("train", "seen"), ("test", "unseen")):
+                for split, label in (("train", "seen"), ("test", "unseen"), ("ood", "ood")):
                     start = time.perf_counter()
                     key = f"llm-{stage}-{stage_hash}-{split}-maps{args.maps}"
                     result = cached(cache, key, llm, run, stage, task, split, args.maps)
@@ -173,16 +176,16 @@ def main() -> None:
     lines = [
         f"# treasure_hunt: Q-learning vs the LLM agent, {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))})",
         "",
-        f"{args.maps} seen (train-split) and {args.maps} unseen (test-split) maps of the task in "
-        f"`{args.recipe}`; BFS optimum: {optimum['seen']:.2f} steps (seen), {optimum['unseen']:.2f} "
-        f"(unseen). Q-learning: {args.episodes} episodes per map ({q_cpu:.0f} s CPU for all seeds, 0 when cached). "
+        f"{args.maps} seen (train-split), {args.maps} unseen (test-split) and {args.maps} ood "
+        f"(larger) maps of the task in `{args.recipe}`; BFS optimum: {optimum['seen']:.2f} steps "
+        f"(seen), {optimum['unseen']:.2f} (unseen), {optimum['ood']:.2f} (ood). Q-learning: {args.episodes} episodes per map ({q_cpu:.0f} s CPU for all seeds, 0 when cached). "
         "Success: mean ± std [min, max] over seeds, and a 95% Wilson interval over all seeds' episodes. "
         "Steps: mean over won episodes.",
         "",
         "| agent | maps | success % | 95% CI | mean steps (won) |",
         "|---|---|---|---|---|",
     ]
-    for split in ("seen", "unseen"):
+    for split in ("seen", "unseen", "ood"):
         lines += [row(f"{name} | {label}", per) for (name, label), per in rows.items() if label == split]
     if timings:
         lines += [
