@@ -264,6 +264,10 @@ def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
     assert group.rewards == [1.0 + 0.5 * 0.6, 0.0]  # outcome + 0.5 x (0.1 + 0.2 + 0.3); max_turns: 0
     assert group.rollouts[1].stop == "max_turns" and group.rollouts[1].score.details["reason"] == "max_turns"
     batch = to_batch([group])
+    # the process part goes per turn (weighted), the rest stays the row's reward
+    assert torch.allclose(batch.rewards_G_N, torch.tensor([[1.0, 0.0]]))
+    assert torch.allclose(batch.step_rewards_R_K, torch.tensor([[0.05, 0.1, 0.15], [0.0, 0.0, 0.0]]))
+    assert batch.turns_R.tolist() == [3, 1]
     assert batch.mask_R_T[0].tolist()[: len(walk.completion_ids)] == walk.trainable_mask
     assert batch.turn_R_T[0].tolist()[: len(walk.completion_ids)] == walk.token_turns
     assert batch.turn_R_T[1].tolist() == [0] * single.policy_tokens + [-1] * (
@@ -282,3 +286,118 @@ def test_multi_turn_batch_scores_exactly_the_policy_tokens(tokenizer):
         mask = batch.mask_R_T[r, :n]
         assert torch.allclose(out.logp[r, :n][mask], want[mask], atol=1e-10)
         assert (out.logp[r, :n][~mask] == 0).all()
+
+
+def test_turn_credit_flows_from_episodes_to_token_advantages(tokenizer):
+    """prepare() on a batch of multi-turn episodes: turn_reinforce credits each turn with its own
+    return minus the group's mean return at that turn index; environment tokens get nothing."""
+    from temper.models import build_preset
+    from temper.tasks.base import Problem
+    from temper.train.rl_config import RLConfig
+    from temper.train.rl_update import PolicyWithValue, prepare
+    from temper.train.rollouts import grade_episodes, to_batch
+
+    moves = {"at 0": "left", "at 1": "up", "at 2": "down"}
+    script = Script(tokenizer, lambda text, j: moves[text.rsplit("<|user|>", 1)[1].split("<|end|>")[0]])
+    [[a, b]] = run_episodes(script, tokenizer, [[WalkEnv(), WalkEnv()]], [0], EpisodeLimits())
+    [[c, d]] = run_episodes(script, tokenizer, [[WalkEnv(), WalkEnv()]], [0], EpisodeLimits(max_turns=2))
+    problem = Problem("walk", "train", "0", "walk")
+    # group: a full episode (outcome 1, steps .1 .2 .3) and one cut at 2 turns (steps .1 .2, outcome 0)
+    group = grade_episodes(problem, [a, c], {"outcome": 1.0, "process": 1.0}, 48, 0)
+    config = RLConfig(advantage="turn_reinforce", group_size=2)
+    p = prepare(to_batch([group]), PolicyWithValue(build_preset("nano", tokenizer, seed=0)), None, config)
+    # returns: a = [1.6, 1.5, 1.3], c = [0.3, 0.2]; turn means [0.95, 0.85]; turn 2 has one row (0)
+    want = {0: [0.65, 0.65, 0.0], 1: [-0.65, -0.65]}
+    for r, t in enumerate([a, c]):
+        n = len(t.completion_ids)
+        for k, value in enumerate(want[r]):
+            at = torch.tensor([x == k for x in t.token_turns])
+            assert torch.allclose(p.advantages[r, :n][at], torch.tensor(value), atol=1e-6)
+        env = torch.tensor([x == -1 for x in t.token_turns])
+        assert (p.advantages[r, :n][env] == 0).all()
+
+
+def test_groups_whose_environment_failed_are_left_out_of_training_not_rewarded_zero(tokenizer):
+    from temper.tasks.base import Problem
+    from temper.train.rl import collect_groups
+    from temper.train.rl_config import RLConfig
+
+    class Walks:
+        name = "walks"
+
+        def sample(self, split, n, seed):
+            return [Problem("walks", split, str(i), "walk") for i in range(n)]
+
+        def make_env(self, problem):
+            return WalkEnv(fail=problem.id == "1")
+
+    script = Script(tokenizer, lambda text, j: "left")
+    config = RLConfig(prompts_per_step=3, group_size=2, max_new_tokens=8, rewards={"outcome": 1.0})
+    groups, stats = collect_groups(script, tokenizer, [Walks()], config, step=0)
+    assert [g.rollouts[0].problem.id for g in groups] == ["0", "2"]
+    assert stats["env_failed_groups"] == 1
+    assert all(r.stop == "eos" and r.score.correct for g in groups for r in g.rollouts)
+
+
+def test_a_template_that_rewrites_history_ends_the_episode_instead_of_misaligning(tokenizer):
+    import copy
+
+    rewriting = copy.deepcopy(tokenizer)
+    # earlier assistant turns rendered upper-cased: not what was sampled (as templates that drop
+    # past reasoning do)
+    rewriting.chat_template = tokenizer.chat_template.replace(
+        "{% if m['content'] %}{{ m['content'] }}{% endif %}",
+        "{% if m['content'] %}{{ m['content'] | upper }}{% endif %}",
+    )
+    assert rewriting.chat_template != tokenizer.chat_template
+    script = Script(rewriting, lambda text, j: "left")
+    [[t]] = run_episodes(script, rewriting, [[WalkEnv()]], [0], EpisodeLimits())
+    assert (
+        t.stop_reason == "not_prefix" and t.turns == 1 and "re-renders the history" in t.signals[-1]["error"]
+    )
+    assert len(t.segments) == 2  # nothing appended after the mismatch
+
+
+def test_environment_time_is_each_episodes_own(tokenizer):
+    script = Script(tokenizer, lambda text, j: "left")
+    [[slow, fast]] = run_episodes(script, tokenizer, [[WalkEnv(sleep=0.2), WalkEnv()]], [0], EpisodeLimits())
+    assert slow.seconds_in_env >= 0.6  # three steps of 0.2 s
+    assert fast.seconds_in_env < 0.3  # stepped in parallel: not charged the slow one's 0.6 s
+
+
+def test_a_chat_tool_call_episode_renders_tools_and_never_trains_on_the_result(tokenizer):
+    """ToolEnv through the loop: the tools are in the prompt (the template's system part), the
+    call is the policy's, the `tool` turn is the environment's, the answer is graded."""
+    from temper.agent.tools import ToolRegistry
+    from temper.envs.tool_env import ToolEnv
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first addend
+            b: the second addend
+        """
+        return a + b
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    env = ToolEnv(
+        [{"role": "user", "content": "2+3?"}],
+        ToolRegistry([add]),
+        lambda answer: Score(1.0, "5" in answer, True),
+    )
+
+    def reply(text, j):
+        return "It is 5." if "<|tool|>" in text else call
+
+    [[t]] = run_episodes(Script(tokenizer, reply), tokenizer, [[env]], [0], EpisodeLimits(max_new_tokens=96))
+    assert t.stop_reason == "done" and t.score.correct and t.turns == 2
+    assert '"name": "add"' in tokenizer.decode(t.prompt_ids)  # the schema reached the prompt
+    text = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    assert [text(s.token_ids) for s in t.segments[1:]] == [
+        call + "<|end|>",
+        "<|tool|>5<|end|><|assistant|>",
+        "It is 5.<|end|>",
+    ]
+    assert [s.trainable for s in t.segments[1:]] == [True, False, True]
+    assert t.signals[0] == {"tool_calls": 1, "tool_errors": 0}

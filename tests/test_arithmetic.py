@@ -1,6 +1,6 @@
 import pytest
 
-from temper.tasks import TASKS, Arithmetic, ArithmeticConfig, GeneralPoints, Task, make_task
+from temper.tasks import TASKS, Arithmetic, ArithmeticConfig, GeneralPoints, Task, make_task, task_types
 from temper.tasks.arithmetic import REASONS
 from temper.tasks.base import Problem
 
@@ -181,7 +181,10 @@ def test_invalid_config(options):
 
 def test_registry():
     assert {"arithmetic": Arithmetic, "general_points": GeneralPoints}.items() <= TASKS.items()
-    assert set(TASKS) == {"arithmetic", "general_points", "dataset", "reasoning_gym"}
+    assert set(TASKS) >= {"arithmetic", "general_points", "dataset", "reasoning_gym"}
+    assert set(task_types()) == {
+        "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt"
+    }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)
     assert task.config.ops == ("+", "-") and task.config.max_digits == 3

@@ -41,6 +41,14 @@ def test_mental_ops_are_demonstrated_without_the_tool():
     mul = next(p for p in task.sample("train", 50, 0) if p.data["op"] == "*")
     assert "<code>" not in task.demonstration(add) and task.environment_spans(add) == []
     assert task.demonstration(mul).startswith("<code>")
+    half = make_task("calculator_arithmetic", ops=["+", "*"], mental_ops=["+"], mental_share=0.5)
+    adds = [p for p in half.sample("train", 400, 0) if p.data["op"] == "+"]
+    with_tool = [half.uses_tool(p) for p in adds]
+    assert 0.35 < sum(with_tool) / len(with_tool) < 0.65  # about half of the + problems use the tool
+    assert all(half.uses_tool(p) for p in half.sample("train", 100, 0) if p.data["op"] == "*")
+    assert [half.uses_tool(p) for p in adds] == with_tool  # stable
+    with pytest.raises(ValueError, match="mental_share must be in"):
+        make_task("calculator_arithmetic", mental_share=1.5)
     with pytest.raises(ValueError, match="mental_ops must be a subset"):
         make_task("calculator_arithmetic", ops=["*"], mental_ops=["+"])
 

@@ -142,13 +142,13 @@ def test_rollout_batch_masks_only_completion_tokens(tokenizer):
     from temper.rollout.sampler import Sample
     from temper.train.rollouts import Group, Rollout, one_step, to_batch
 
-    def rollout(prompt, completion, logprobs):
-        score = Score(1.0, True, True)
+    def rollout(prompt, completion, logprobs, reward):
+        score = Score(reward, reward == 1.0, True)
         sample = Sample(prompt, completion, logprobs, "", "eos")
-        return Rollout(Problem("t", "train", "x", "q"), one_step(sample, score), score, 1.0, {})
+        return Rollout(Problem("t", "train", "x", "q"), one_step(sample, score), score, reward, {})
 
     group = Group(
-        [rollout([5, 6, 7], [8, 9], [-0.5, -0.25]), rollout([5], [1, 2, 3], [-1.0, -2.0, -3.0])],
+        [rollout([5, 6, 7], [8, 9], [-0.5, -0.25], 1.0), rollout([5], [1, 2, 3], [-1.0, -2.0, -3.0], 0.0)],
         None,
         [1.0, 0.0],
     )

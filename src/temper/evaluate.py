@@ -164,7 +164,14 @@ def evaluate(
         "parse_rate": _rate([s.parsed for s in scores]),
         "truncation_rate": _rate([c.stop_reason == "length" for c in greedy]),
         "greedy_reward": _mean([float(s.reward) for s in scores]),
-        "mean_length": _mean([len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))),
+        "mean_length": _mean(
+            *_lengths(
+                greedy,
+                episodes.get("all", [])[: len(problems)],
+                max_new_tokens,
+                getattr(task, "max_turns", 1),
+            )
+        ),
     }
     if k:
         sampled = draw(k, temperature)
@@ -199,7 +206,12 @@ def evaluate(
         "reasons": dict(reasons.most_common()),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
-        "examples": _examples(problems, greedy, scores, n_examples, tokenizer),
+        "examples": _with_episodes(
+            _examples(problems, greedy, scores, n_examples, tokenizer),
+            problems,
+            episodes.get("all"),
+            tokenizer,
+        ),
         **({"episodes": episode_summary(episodes["all"])} if episodes else {}),
         "special_tokens": dict(specials.most_common()),
         "stop_warning": stop_warning(
@@ -209,13 +221,51 @@ def evaluate(
 
 
 def as_sample(t: Trajectory) -> Sample:
-    """An episode seen as one completion, for the columns every task shares: all tokens after the
-    prompt (the environment's included), the last assistant turn's text, the last stop."""
+    """An episode seen as one completion, for the columns every task shares: the policy's last
+    sampled piece (what the end-of-turn check reads: earlier pieces ended where the environment
+    answered), the last assistant turn's text, the last stop."""
     from temper.rollout.sampler import Sample
 
     text = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
-    stop = t.last_stop if t.stop_reason == "done" else ("length" if t.truncated else "eos")
-    return Sample(t.prompt_ids, t.completion_ids, t.completion_logprobs, text, stop)
+    last = next(s for s in reversed(t.segments) if s.trainable)
+    return Sample(t.prompt_ids, last.token_ids, last.logprobs or [], text, t.last_stop)
+
+
+def _lengths(
+    greedy: Sequence[Sample], trajectories: Sequence[Trajectory], max_new_tokens: int, max_turns: int
+) -> tuple[list[int], tuple[float, float]]:
+    """Greedy completion lengths and their bounds: an episode's are its policy tokens over all its
+    turns (at most max_turns x max_new_tokens)."""
+    if trajectories:
+        return [t.policy_tokens for t in trajectories], (0.0, float(max_turns * max_new_tokens))
+    return [len(c.token_ids) for c in greedy], (0.0, float(max_new_tokens))
+
+
+def _with_episodes(
+    examples: list[dict[str, Any]],
+    problems: Sequence[Problem],
+    trajectories: Sequence[Trajectory] | None,
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[dict[str, Any]]:
+    """Greedy examples of an environment task get their whole episode: the segments in order, each
+    {"by": "policy" | "env", "text"} (special tokens kept), so the report can tell the two apart."""
+    if not trajectories:
+        return examples
+    by_id = {}
+    for p, t in zip(problems, trajectories):  # the first len(problems) episodes are the greedy ones
+        by_id.setdefault(p.id, t)
+    for ex in examples:
+        t = by_id.get(ex["id"])
+        if t is not None:
+            ex["episode"] = [
+                {
+                    "by": "policy" if s.trainable else "env",
+                    "text": tokenizer.decode(s.token_ids, skip_special_tokens=False),
+                }
+                for s in t.segments[1:]
+            ]
+            ex["turns"] = t.turns
+    return examples
 
 
 def graded_episode(t: Trajectory) -> Score:

@@ -22,7 +22,7 @@ from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, raise_located
-from temper.tasks import TASKS, make_recipe_task
+from temper.tasks import TASKS, make_recipe_task, task_types
 
 
 class RecipeError(ValueError):
@@ -198,9 +198,9 @@ def _task_loc(name: str, options: dict[str, Any]) -> Loc:
     """Where a task entry goes wrong: its `task:` (or its name) when the built-in is unknown,
     else the first unknown option, else the entry."""
     base = options.get("task", name)
-    if base not in TASKS:
+    if base not in task_types():
         return ("tasks", name, "task") if "task" in options else ("tasks", name)
-    fields = {f.name for f in dataclasses.fields(TASKS[base].config_type)}
+    fields = {f.name for f in dataclasses.fields(task_types()[base].config_type)}
     unknown = [o for o in options if o != "task" and o not in fields]
     return ("tasks", name, unknown[0]) if unknown else ("tasks", name)
 

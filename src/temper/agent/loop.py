@@ -7,7 +7,8 @@ only by stop strings), steps their environments (in worker threads, each step un
 limit), appends what the environments answer, and drops finished episodes. Token bookkeeping:
 - the policy's sampled ids are appended verbatim, with their logprobs (never re-tokenized);
 - an `inline` answer is tokenized on its own and appended inside the same assistant turn;
-- `messages` end the assistant turn: the conversation is re-rendered with the chat template and
+- `messages` end the assistant turn: the conversation is re-rendered with the chat template (with
+  the env's `tools`, JSON schemas, when it has them: chat tool calls, `envs/tool_env.py`) and
   the tokens it adds after what the episode already holds are appended (the template's end of
   turn when sampling stopped at a stop string, the new turns, the next assistant header). When
   the re-rendered conversation does not start with the episode's tokens (a template that rewrites
@@ -38,7 +39,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from temper.agent.trajectory import Segment, StopReason, Trajectory
-from temper.data.chat import prompt_ids
+from temper.data.chat import check_tool_template, prompt_ids
 from temper.envs.base import Env, StepResult
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 
@@ -102,10 +103,12 @@ def run_episodes(
     if len(seeds) != len(envs_G_N):
         raise ValueError(f"got {len(seeds)} seeds for {len(envs_G_N)} groups")
     episodes: list[_Episode] = []
+    if any(getattr(env, "tools", None) for envs in envs_G_N for env in envs):
+        check_tool_template(tokenizer)  # a template without tool support fails here, not mid-batch
     for g, envs in enumerate(envs_G_N):
         for n, env in enumerate(envs):
             messages = [dict(m) for m in env.reset()]
-            ids = prompt_ids(tokenizer, messages)
+            ids = prompt_ids(tokenizer, messages, getattr(env, "tools", None))
             episodes.append(_Episode(env, g, n, Trajectory([Segment(ids, None, False)]), list(ids), messages))
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="temper-env")
     try:
@@ -170,7 +173,7 @@ def _step_round(
     """Step every live episode's env with its new action and apply the answers."""
     actions = {id(e): action_text(e.last, tokenizer, e.env.stop) for e in live}
     results: dict[int, StepResult | StopReason] = {}
-    t0 = time.perf_counter()
+    seconds: dict[int, float] = {}  # each episode's own step time (a batch's time is split evenly)
     # envs that step as a batch (TaskEnv: one grade_batch call per group, as TRL calls reward functions)
     batched: dict[tuple, list[_Episode]] = {}
     threaded: list[_Episode] = []
@@ -179,8 +182,9 @@ def _step_round(
             batched.setdefault((type(e.env), e.group), []).append(e)
         else:
             threaded.append(e)
-    futures = {pool.submit(e.env.step, actions[id(e)]): e for e in threaded}
+    futures = {pool.submit(_timed, e.env.step, actions[id(e)]): e for e in threaded}
     for (cls, _), members in batched.items():
+        t0 = time.perf_counter()
         try:
             answers = cls.step_batch(
                 [e.env for e in members],
@@ -192,20 +196,27 @@ def _step_round(
             for e in members:
                 results[id(e)] = "env_error"
                 e.trajectory.signals.append({"error": repr(err)})
+        seconds.update({id(e): (time.perf_counter() - t0) / len(members) for e in members})
     done, not_done = wait_futures(futures, timeout=limits.step_timeout)
     for f in done:
         e = futures[f]
         try:
-            results[id(e)] = f.result()
+            results[id(e)], seconds[id(e)] = f.result()
         except Exception as err:
             results[id(e)] = "env_error"
             e.trajectory.signals.append({"error": repr(err)})
     for f in not_done:
         results[id(futures[f])] = "timeout"
-    seconds = time.perf_counter() - t0
+        seconds[id(futures[f])] = limits.step_timeout
     for e in live:
-        e.trajectory.seconds_in_env += seconds
+        e.trajectory.seconds_in_env += seconds.get(id(e), 0.0)
         _apply(e, results[id(e)], actions[id(e)], tokenizer, limits)
+
+
+def _timed(step, action: str) -> tuple[StepResult, float]:
+    t0 = time.perf_counter()
+    result = step(action)
+    return result, time.perf_counter() - t0
 
 
 def _apply(
@@ -236,8 +247,11 @@ def _apply(
     else:
         e.messages += [{"role": "assistant", "content": e.turn_text + action}, *result.messages]
         e.turn_text = ""
-        full = prompt_ids(tokenizer, e.messages)
+        full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
         if full[: len(e.ids)] != e.ids:
+            e.trajectory.signals[-1]["error"] = (
+                "the chat template re-renders the history differently from the sampled tokens"
+            )
             return _end(e, "not_prefix", "")
         delta = full[len(e.ids) :]
     e.trajectory.segments.append(Segment(delta, None, False))

@@ -45,7 +45,7 @@ class Trajectory:
     score: Score | None = None  # the outcome grade (None when the episode ended before one)
     stop_reason: StopReason = "done"
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text, for logs
-    seconds_in_env: float = 0.0
+    seconds_in_env: float = 0.0  # the episode's own environment step time (steps run in parallel)
     last_stop: str = "eos"  # how the last sampler call ended: eos | stop | length (a truncated turn)
 
     @property

@@ -3,8 +3,8 @@
 Every entry of `ESTIMATORS` takes an `AdvantageInputs` and returns (advantages_R_T, returns_R_T or
 None): per-token advantages over the completion tokens of R = G x N sequences (prompt-major, as
 `rewards_G_N.reshape(-1)`), 0 at masked positions, and the value targets for estimators that train
-a value head (GAE). The formulas live in the pure functions of `advantages.py` and `value.py`; an
-entry here only adapts its inputs. Adding an estimator is one function and one line in the table.
+a value head (GAE). The formulas live in the pure functions of `advantages.py`, `value.py` and
+`turns.py`; an entry here only adapts its inputs. Adding an estimator is one function and one line in the table.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ import torch
 
 from temper.algorithms.advantages import dr_grpo, grpo, reinforce_pp, rloo
 from temper.algorithms.policy import kl_penalized_rewards
+from temper.algorithms.turns import (
+    broadcast_turns,
+    per_turn_group_center,
+    per_turn_group_normalize,
+    turn_end_rewards,
+    turn_returns,
+    turn_sums,
+    turn_valid,
+)
 from temper.algorithms.value import gae, masked_whiten
 
 
@@ -24,7 +33,8 @@ class AdvantageInputs:
     """What any estimator may read. Per-token tensors are (R, T) over completion tokens."""
 
     rewards_G_N: torch.Tensor
-    """One scalar reward per sample: G prompts x N samples."""
+    """One scalar reward per sample: G prompts x N samples. In a multi-turn episode, the outcome
+    (plus format etc.): the process rewards are `step_rewards_R_K`."""
     mask_R_T: torch.Tensor
     """True at the completion tokens (the actions)."""
     values_R_T: torch.Tensor | None = None
@@ -42,6 +52,16 @@ class AdvantageInputs:
     total: Callable[[torch.Tensor], torch.Tensor] | None = None
     """Sums a tensor over data-parallel processes, for batch-wide statistics (GAE whitening,
     reinforce_pp); None: this process's rows are the batch. Groups are never split across processes."""
+    turn_R_T: torch.Tensor | None = None
+    """long: the action index k of each completion token (`Trajectory.token_turns`), -1 where the
+    token is no action (environment tokens, padding). None: single-turn, every action token is turn 0."""
+    step_rewards_R_K: torch.Tensor | None = None
+    """The environment's process reward after action k of row r (already weighted), 0 past the row's
+    last action; K = the most actions of a row in the batch. None: no process rewards."""
+    turns_R: torch.Tensor | None = None
+    """long: the number of actions of each row. None: 1 + the row's largest turn index."""
+    turn_gamma: float = 1.0
+    """Discount across turns for the turn estimators (`turns.turn_returns`)."""
 
 
 Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
@@ -54,12 +74,18 @@ def _kl_in_reward(x: AdvantageInputs) -> bool:
 def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> Estimator:
     """An outcome estimator (one advantage per sample) broadcast over the sample's tokens.
 
-    With a KL penalty in the reward it is taken per sequence before the group baseline, as the
-    RLHF reward r - beta * sum_t k1_t (Ouyang et al. 2022 eq. 2, summed over the completion).
+    With process rewards a sample's reward is the episode's undiscounted total return, outcome +
+    sum_k step_rewards_k (turn_gamma is for the turn estimators). With a KL penalty in the reward it
+    is taken per sequence before the group baseline, as the RLHF reward r - beta * sum_t k1_t
+    (Ouyang et al. 2022 eq. 2, summed over the completion).
     """
 
     def estimate(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
         rewards_G_N = x.rewards_G_N
+        if x.step_rewards_R_K is not None:
+            rewards_G_N = rewards_G_N + x.step_rewards_R_K.sum(-1).reshape(rewards_G_N.shape).to(
+                rewards_G_N.dtype
+            )
         if _kl_in_reward(x):
             penalty_R = (x.ref_kl_R_T * x.mask_R_T).sum(-1)
             rewards_G_N = rewards_G_N - x.kl_coef * penalty_R.reshape(rewards_G_N.shape)
@@ -85,9 +111,70 @@ def reinforce_pp_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     return outcome_estimator(lambda r: reinforce_pp(r, total=x.total))(x)
 
 
+def _turn_layout(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(turn_R_T, step_rewards_R_K, turns_R) with the single-turn defaults filled in: without turns
+    every row is one action (turn 0 on its action tokens), without process rewards they are 0.
+    turn_R_T is -1 wherever the mask is off, so only action tokens ever carry credit."""
+    mask_R_T = x.mask_R_T.bool()
+    given = x.step_rewards_R_K
+    if x.turn_R_T is None and given is not None and given.shape[1] > 1:
+        raise ValueError("process rewards for more than one turn need turn_R_T (which tokens each turn is)")
+    if x.turn_R_T is None:
+        turn_R_T = torch.where(mask_R_T, 0, -1)
+        turns_R = torch.ones(mask_R_T.shape[0], dtype=torch.long, device=mask_R_T.device)
+    else:
+        turn_R_T = x.turn_R_T.long()
+        turns_R = x.turns_R.long() if x.turns_R is not None else turn_R_T.amax(dim=-1).clamp_min(-1) + 1
+    k_count = max(int(turns_R.max()) if turns_R.numel() else 0, 1, given.shape[1] if given is not None else 0)
+    dtype = x.rewards_G_N.dtype if x.rewards_G_N.is_floating_point() else torch.get_default_dtype()
+    step_R_K = torch.zeros(len(turns_R), k_count, dtype=dtype, device=mask_R_T.device)
+    if given is not None:
+        step_R_K[:, : given.shape[1]] = given
+    return torch.where(mask_R_T, turn_R_T, -1), step_R_K, turns_R
+
+
+def turn_estimator(per_turn_G_N_K: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Estimator:
+    """A turn-level estimator: each row's return from every turn (`turns.turn_returns`: outcome and
+    process rewards discounted by turn_gamma), compared within the prompt's group at the same turn
+    index by `per_turn_G_N_K(returns_G_N_K, valid_G_N_K)`, and given to the tokens of that turn.
+
+    With a KL penalty in the reward, -beta * (the sum of k1 over turn k's tokens) is added to turn
+    k's process reward; single-turn, that is the outcome estimators' per-sequence penalty.
+    """
+
+    def estimate(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+        turn_R_T, step_R_K, turns_R = _turn_layout(x)
+        k_count = step_R_K.shape[1]
+        if _kl_in_reward(x):
+            step_R_K = step_R_K - x.kl_coef * turn_sums(x.ref_kl_R_T * x.mask_R_T, turn_R_T, k_count)
+        g, n = x.rewards_G_N.shape
+        returns_G_N_K = turn_returns(step_R_K, x.rewards_G_N.reshape(-1), turns_R, x.turn_gamma).reshape(
+            g, n, k_count
+        )
+        valid_G_N_K = turn_valid(turns_R, k_count).reshape(g, n, k_count)
+        per_turn_R_K = per_turn_G_N_K(returns_G_N_K, valid_G_N_K).reshape(g * n, k_count)
+        return broadcast_turns(per_turn_R_K, turn_R_T), None
+
+    return estimate
+
+
+def turn_grpo_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """GRPO per turn index: A_{r,k} = (G_{r,k} - mean_k) / (std_k + eps) over the group's rows that
+    have turn k (`turns.per_turn_group_normalize`), eps = grpo_eps. Single-turn, it is grpo exactly."""
+    return turn_estimator(lambda returns, valid: per_turn_group_normalize(returns, valid, x.grpo_eps))(x)
+
+
+def turn_reinforce_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """REINFORCE with a per-turn group-mean baseline and no std division (Dr. GRPO's advantage, Liu et
+    al. 2025, per turn index): A_{r,k} = G_{r,k} - mean_k over the group's rows that have turn k
+    (`turns.per_turn_group_center`). Single-turn, it is dr_grpo."""
+    return turn_estimator(per_turn_group_center)(x)
+
+
 def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's per-token advantages: GAE (Schulman et al. 2016) over token rewards that put the
-    outcome on the last completion token and -beta k1 on every token (`kl_penalized_rewards`).
+    outcome on the last completion token, process reward k on the last token of action k
+    (`turns.turn_end_rewards`) and -beta k1 on every token (`kl_penalized_rewards`).
 
     Returns are the value targets before whitening; with `whiten` the advantages are whitened over
     the batch's valid tokens, as verl's compute_gae_advantage_return does by default (it keeps the
@@ -98,6 +185,11 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     beta = x.kl_coef if _kl_in_reward(x) else 0.0
     kl_R_T = x.ref_kl_R_T if x.ref_kl_R_T is not None else torch.zeros_like(x.values_R_T)
     token_rewards_R_T = kl_penalized_rewards(x.rewards_G_N.reshape(-1), kl_R_T, x.mask_R_T, beta)
+    if x.step_rewards_R_K is not None:
+        turn_R_T, step_R_K, _ = _turn_layout(x)
+        token_rewards_R_T = token_rewards_R_T + turn_end_rewards(step_R_K, turn_R_T).to(
+            token_rewards_R_T.dtype
+        )
     advantages_R_T, returns_R_T = gae(token_rewards_R_T, x.values_R_T, x.mask_R_T, x.gamma, x.lam)
     if x.whiten:
         advantages_R_T = masked_whiten(advantages_R_T, x.mask_R_T, total=x.total)
@@ -110,6 +202,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": outcome_estimator(rloo),
     "reinforce_pp": reinforce_pp_estimator,
     "gae": gae_estimator,
+    "turn_grpo": turn_grpo_estimator,
+    "turn_reinforce": turn_reinforce_estimator,
 }
 """Name -> estimator; the names are `rl_config.Advantage`."""
 

@@ -38,32 +38,51 @@ class Tokenized:
 
 
 def render_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], add_generation_prompt: bool
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of a conversation through the tokenizer's chat template."""
+    """Token ids of a conversation through the tokenizer's chat template; `tools`: JSON schemas
+    the template lists (the Hugging Face convention; `[]` is passed as None, as TRL does, since
+    some templates render their tool preamble for an empty list)."""
     out = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
+        messages,
+        tools=tools or None,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=True,
     )
     return list(out["input_ids"])
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
+def prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """The chat prompt a policy continues: the conversation, then the assistant header.
     Evaluation, RL and the benchmarks all render prompts here, so they never differ."""
-    return render_ids(tokenizer, messages, add_generation_prompt=True)
+    return render_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
 
 
 def tokenize_messages(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) with every assistant turn supervised and nothing else."""
-    full = render_ids(tokenizer, messages, add_generation_prompt=False)
+    """(input_ids, labels) with every assistant turn supervised, its tool calls included, and
+    nothing else (tool results, like user turns, are never trained on)."""
+    full = render_ids(tokenizer, messages, add_generation_prompt=False, tools=tools)
     labels = [IGNORE] * len(full)
+    for name in _names(tools or []):
+        if name not in tokenizer.decode(full):
+            raise TemplateError(_dropped("`tools` it is given", name))
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        prompt = render_ids(tokenizer, messages[:i], add_generation_prompt=True) if i else []
-        upto = render_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        prompt = render_ids(tokenizer, messages[:i], add_generation_prompt=True, tools=tools) if i else []
+        upto = render_ids(tokenizer, messages[: i + 1], add_generation_prompt=False, tools=tools)
         if upto[: len(prompt)] != prompt and tokenizer.decode(upto).startswith(tokenizer.decode(prompt)):
             raise TemplateError(_merge_message(tokenizer, prompt, upto, i))
         if full[: len(upto)] != upto or upto[: len(prompt)] != prompt:
@@ -72,7 +91,44 @@ def tokenize_messages(
                 "assistant tokens cannot be located; use a template without history rewriting"
             )
         labels[len(prompt) : len(upto)] = full[len(prompt) : len(upto)]
+        turn = tokenizer.decode(full[len(prompt) : len(upto)])
+        for name in _names(msg.get("tool_calls") or []):
+            if name not in turn:
+                raise TemplateError(_dropped(f"the `tool_calls` of message {i}", name))
     return full, labels
+
+
+def _names(tools: list[Any]) -> list[str]:
+    """The function names of tool schemas or tool calls (wrapped in "function" or not)."""
+    out = []
+    for t in tools:
+        f = t.get("function", t) if isinstance(t, dict) else None
+        if isinstance(f, dict) and isinstance(f.get("name"), str):
+            out.append(f["name"])
+    return out
+
+
+def _dropped(what: str, name: str) -> str:
+    return (
+        f"the chat template does not render {what} ({name!r} is not in the rendering), so the "
+        "model would train on turns without the tools or calls they depend on; use a template "
+        "with tool support (model.chat_template: temper or chatml; a tokenizer saved by temper "
+        "before tool support has the old built-in template)"
+    )
+
+
+def check_tool_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise `TemplateError` unless the chat template renders `tools` and assistant `tool_calls`
+    where masking can find them (once, before an agent run or tool SFT renders anything)."""
+    probe = {"type": "function", "function": {"name": "zq_probe_tool", "parameters": {"type": "object"}}}
+    call = {"type": "function", "function": {"name": "zq_probe_tool", "arguments": {}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "zq_probe_tool", "content": "ok"},
+        {"role": "assistant", "content": "done"},
+    ]
+    tokenize_messages(tokenizer, messages, tools=[probe])
 
 
 def _merge_message(tokenizer: PreTrainedTokenizerBase, prompt: list[int], upto: list[int], i: int) -> str:
@@ -97,10 +153,10 @@ def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_l
     """Tokenize any supported row; truncation (right side) is flagged, never silent."""
     try:
         if example.messages is not None:
-            ids, labels = tokenize_messages(tokenizer, example.messages)
+            ids, labels = tokenize_messages(tokenizer, example.messages, example.tools)
         elif isinstance(example.prompt, list):
-            ids, labels = tokenize_messages(tokenizer, example.prompt + example.completion)
-            prompt_len = len(render_ids(tokenizer, example.prompt, add_generation_prompt=True))
+            ids, labels = tokenize_messages(tokenizer, example.prompt + example.completion, example.tools)
+            prompt_len = len(render_ids(tokenizer, example.prompt, True, example.tools))
             labels[:prompt_len] = [IGNORE] * prompt_len  # only the completion is trained on
         elif example.prompt is not None:
             prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]

@@ -2,6 +2,9 @@
 
 Formats (https://huggingface.co/docs/trl/dataset_formats):
 - conversational: {"messages": [{"role": ..., "content": ...}, ...]} (multi-turn, `tool` turns);
+  an assistant message may carry `tool_calls` ([{"type": "function", "function": {"name": ...,
+  "arguments": {...}}}], content then optional) and a row may carry `tools` (the JSON schemas the
+  chat template lists, or that list as a JSON string), as TRL's tool-calling data does;
 - prompt-completion: {"prompt": str | messages, "completion": str | messages};
 - language modeling: {"text": str} (pre-training corpora; a plain .txt file is one row per line).
 
@@ -62,6 +65,7 @@ class Example:
     untrained: tuple[str, ...] = ()
     """Substrings of the assistant turns that an environment inserts (a tool's output written
     inline, `<interpreter>...</interpreter>`): kept in the input, never trained on."""
+    tools: list[dict[str, Any]] | None = None  # JSON schemas for `apply_chat_template(tools=)`
 
 
 @dataclass
@@ -89,15 +93,21 @@ def _check_messages(
         if role not in ROLES:
             raise DataError(source, line, f"{where}[{i}].role", f"got {role!r}, expected one of {ROLES}")
         content = msg.get("content")
-        if not isinstance(content, str):
+        calls = msg.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            _check_tool_calls(calls, f"{where}[{i}].tool_calls", source, line)
+        if not isinstance(content, str) and not (content is None and calls):
             raise DataError(
-                source, line, f"{where}[{i}].content", f"must be a string, got {type(content).__name__}"
+                source,
+                line,
+                f"{where}[{i}].content",
+                f"must be a string, got {type(content).__name__}"
+                + (" (only an assistant turn with tool_calls may have none)" if content is None else ""),
             )
+        if role == "tool" and not isinstance(msg.get("name", ""), str):
+            raise DataError(source, line, f"{where}[{i}].name", "must be a string (the tool's name)")
         if role == "assistant":
-            calls = msg.get("tool_calls")
-            if calls is not None and not (isinstance(calls, list) and calls):
-                raise DataError(source, line, f"{where}[{i}].tool_calls", "must be a non-empty list")
-            if not content.strip() and not calls:
+            if not (content or "").strip() and not calls:
                 raise DataError(
                     source,
                     line,
@@ -131,13 +141,79 @@ def _check_messages(
         raise DataError(source, line, where, "has no assistant turn to train on")
 
 
+def _check_tool_calls(calls: Any, where: str, source: str, line: int) -> None:
+    """An assistant message's `tool_calls` in the HF convention: a non-empty list of
+    {"type": "function", "function": {"name": str, "arguments": object or its JSON string}}
+    (the "function" wrapper optional, as chat templates read both; absent arguments are {})."""
+    if not (isinstance(calls, list) and calls):
+        raise DataError(source, line, where, "must be a non-empty list")
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise DataError(source, line, at, f"must be an object, got {type(call).__name__}")
+        if call.get("type", "function") != "function":
+            raise DataError(source, line, f"{at}.type", f"got {call['type']!r}, expected 'function'")
+        if "function" in call:
+            call, at = call["function"], f"{at}.function"
+            if not isinstance(call, dict):
+                raise DataError(source, line, at, "must be an object with name and arguments")
+        if not isinstance(call.get("name"), str) or not call["name"]:
+            raise DataError(source, line, f"{at}.name", "must be a non-empty string (the tool's name)")
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    source,
+                    line,
+                    f"{at}.arguments",
+                    f"is a string but not JSON: {err.msg} at column {err.colno}",
+                ) from None
+        if not isinstance(arguments, dict):
+            raise DataError(
+                source,
+                line,
+                f"{at}.arguments",
+                f"must be an object (or its JSON string), got {type(arguments).__name__}",
+            )
+
+
+def _check_tools(value: Any, source: str, line: int) -> list[dict[str, Any]] | None:
+    """A row's `tools`: a list of JSON schemas ({"type": "function", "function": {"name", ...}}),
+    or that list as a JSON string (TRL's datasets store it so); None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DataError(
+                source, line, "tools", f"is a string but not JSON: {err.msg} at column {err.colno}"
+            ) from None
+    if not isinstance(value, list):
+        raise DataError(source, line, "tools", f"must be a list of tool schemas, got {type(value).__name__}")
+    for j, tool in enumerate(value):
+        schema = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(schema, dict) or not isinstance(schema.get("name"), str) or not schema["name"]:
+            raise DataError(
+                source,
+                line,
+                f"tools[{j}]",
+                'must be a tool schema {"type": "function", "function": {"name": ...}}',
+            )
+    return value or None
+
+
 def parse_row(row: Any, source: str, line: int) -> Example:
     """Validate one decoded row and return it as an `Example`."""
     if not isinstance(row, dict):
         raise DataError(source, line, "<row>", f"must be a JSON object, got {type(row).__name__}")
     if "messages" in row:
         _check_messages(row["messages"], "messages", source, line, need_assistant=True)
-        return Example(source, line, messages=row["messages"])
+        return Example(
+            source, line, messages=row["messages"], tools=_check_tools(row.get("tools"), source, line)
+        )
     if "prompt" in row or "completion" in row:
         for key in ("prompt", "completion"):
             if key not in row:
@@ -156,6 +232,8 @@ def parse_row(row: Any, source: str, line: int) -> Example:
         else:
             _check_messages(prompt, "prompt", source, line, need_assistant=False)
             _check_messages(completion, "completion", source, line, need_assistant=True, prior=prompt)
+            tools = _check_tools(row.get("tools"), source, line)
+            return Example(source, line, prompt=prompt, completion=completion, tools=tools)
         return Example(source, line, prompt=prompt, completion=completion)
     if "text" in row:
         if not isinstance(row["text"], str):

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from temper.envs.base import StepResult
 from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from temper.tasks.base import Problem, Score
+from temper.tasks.base import Problem, Score, split_of
 
 CODE_OPEN, CODE_CLOSE = "<code>", "</code>"
 OUT_OPEN, OUT_CLOSE = "<interpreter>", "</interpreter>"
@@ -47,6 +47,10 @@ class CalculatorConfig(ArithmeticConfig):
     ops: tuple[str, ...] = ("*",)
     mental_ops: tuple[str, ...] = ()
     """Ops whose demonstrations answer without the tool (the optional-tool variant)."""
+    mental_share: float = 1.0
+    """Share of the `mental_ops` problems demonstrated without the tool (a stable hash of the
+    problem picks them); the rest are demonstrated with it, so the SFT policy calls the tool on
+    those ops some of the time and RL can learn whether a call pays."""
     call_cost: float = 0.05
     """Per-step reward of a tool call: -call_cost (weighted by the `process` reward component)."""
     max_calls: int = 2
@@ -63,6 +67,8 @@ class CalculatorConfig(ArithmeticConfig):
         object.__setattr__(self, "mental_ops", tuple(self.mental_ops))
         if any(op not in self.ops for op in self.mental_ops):
             raise ValueError(f"mental_ops must be a subset of ops {self.ops}, got {self.mental_ops}")
+        if not 0.0 <= self.mental_share <= 1.0:
+            raise ValueError(f"mental_share must be in [0, 1], got {self.mental_share}")
         if self.max_calls < 1 or self.max_output_chars < 8 or self.timeout_s <= 0 or self.call_cost < 0:
             raise ValueError("need max_calls >= 1, max_output_chars >= 8, timeout_s > 0, call_cost >= 0")
 
@@ -100,7 +106,10 @@ class CalculatorArithmetic:
         return self._arithmetic().score(problem, completion)
 
     def uses_tool(self, problem: Problem) -> bool:
-        return problem.data["op"] not in self.config.mental_ops
+        """Whether the demonstration of `problem` calls the tool."""
+        if problem.data["op"] not in self.config.mental_ops:
+            return True
+        return split_of(f"mental/{problem.id}", self.config.mental_share) != "test"
 
     def demonstration(self, problem: Problem) -> str:
         """`<code>print(a op b)</code><interpreter>result</interpreter>\\nAnswer: result`, or the
@@ -156,7 +165,12 @@ class CalculatorEnv:
             shown, error = shown[: self.config.max_output_chars] + "...", True
         inline = f"{OUT_OPEN}{shown}{OUT_CLOSE}"
         self.text += inline
-        signals = {"tool_calls": 1, "tool_errors": int(error), "sandbox_seconds": result.wall_s}
+        signals = {
+            "tool_calls": 1,
+            "tool_errors": int(error),
+            "sandbox_seconds": result.wall_s,
+            "tier": result.tier,
+        }
         return StepResult(inline=inline, reward=-self.config.call_cost, signals=signals)
 
     def _run(self, code: str):

@@ -33,10 +33,29 @@ TEMPLATES: dict[str, str] = {
     # temper's own (the built-in tokenizer's): <|role|>content<|end|>
     "temper": CHAT_TEMPLATE,
     # ChatML (Qwen, OpenAI): https://github.com/openai/openai-python/blob/release-v0.28.0/chatml.md
+    # Tools as Qwen2.5-Instruct renders them (its tokenizer_config.json: the `# Tools` system text,
+    # `<tool_call>\\n{json}\\n</tool_call>` after the content), except that each `tool` result is
+    # its own `tool` turn (Qwen groups consecutive results in one user turn, which is not a prefix
+    # of the conversation with one more result); without tools it renders as before, token for token.
     "chatml": (
-        "{% for message in messages %}"
-        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-        "{% endfor %}"
+        "{% if tools %}{{ '<|im_start|>system\\n' }}"
+        "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+        "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
+        "provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+        "{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}"
+        "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+        'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
+        "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}{% endif %}"
+        "{% for message in messages %}{% if not (tools and loop.first and message['role'] == 'system') %}"
+        "{% if message['role'] == 'assistant' and message['tool_calls'] %}"
+        "{{ '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+        "{% for c in message['tool_calls'] %}{% set f = c['function'] if c['function'] is defined else c %}"
+        "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+        "{{ '<tool_call>\\n{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' }}"
+        "{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ (f['arguments'] or {}) | tojson }}{% endif %}"
+        "{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+        "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+        "{% endif %}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     ),
     # Llama 3 (meta-llama/Meta-Llama-3-8B-Instruct's tokenizer_config.json, without the system default)

@@ -19,7 +19,44 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
 # Each turn is `<|role|>content<|end|>`. The `{% generation %}` markers let
 # `apply_chat_template(return_assistant_tokens_mask=True)` mark assistant tokens; our own
 # masking (temper.data.chat) does not rely on them, so hub templates without markers work too.
+#
+# Tool calls follow the Hugging Face convention (https://huggingface.co/docs/transformers/chat_extras):
+# `apply_chat_template(messages, tools=[json schemas])` lists the tools in the system turn, an
+# assistant message's `tool_calls` ({"type": "function", "function": {"name", "arguments"}}) are
+# written after its content as Hermes/Qwen2.5 write them, `<tool_call>{"name": ..., "arguments":
+# {...}}</tool_call>` (what `temper.agent.tools.parse_tool_calls` reads back), and a `tool` result
+# is its own `<|tool|>...<|end|>` turn. Without `tools` and `tool_calls` a conversation renders
+# exactly as `CHAT_TEMPLATE_V1` (the template before tool support) rendered it, token for token.
+_TOOLS_SYSTEM = (
+    "{% if tools %}<|system|>"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n<tools>\\n' }}{% for t in tools %}{{ (t | tojson) + '\\n' }}{% endfor %}"
+    '{{ \'</tools>\\nTo call a tool, write <tool_call>{"name": <tool name>, "arguments": {<arguments>}}'
+    "</tool_call>; its result comes back in a tool turn.' }}<|end|>{% endif %}"
+)
+_TOOL_CALLS = (
+    "{% for c in m['tool_calls'] or [] %}"
+    "{% set f = c['function'] if c['function'] is defined else c %}"
+    "{% if m['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "<tool_call>{{ '{\"name\": ' }}{{ f['name'] | tojson }}{{ ', \"arguments\": ' }}"
+    "{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ (f['arguments'] or {}) | tojson }}{% endif %}"
+    "{{ '}' }}</tool_call>"
+    "{% endfor %}"
+)
 CHAT_TEMPLATE = (
+    _TOOLS_SYSTEM + "{% for m in messages %}"
+    f"{{% if m['role'] not in {list(ROLES)} %}}"
+    "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "{% if not (tools and loop.first and m['role'] == 'system') %}"
+    "<|{{ m['role'] }}|>"
+    "{% if m['role'] == 'assistant' %}{% generation %}"
+    "{% if m['content'] %}{{ m['content'] }}{% endif %}" + _TOOL_CALLS + "<|end|>{% endgeneration %}"
+    "{% else %}{{ m['content'] }}<|end|>{% endif %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+CHAT_TEMPLATE_V1 = (
     "{% for m in messages %}"
     f"{{% if m['role'] not in {list(ROLES)} %}}"
     "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
@@ -29,6 +66,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+"""The built-in template as tokenizers saved before tool support hold it (checkpoints/tiny-base):
+it renders every conversation without tools as `CHAT_TEMPLATE` does, and ignores `tools` and
+`tool_calls` (set `model.chat_template: temper` to give such a tokenizer the tool-aware one)."""
 
 
 def _bytes_to_unicode() -> dict[int, str]:

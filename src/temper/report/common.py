@@ -33,6 +33,8 @@ p .toks { padding: 0.1em 0.2em; }
 .toks > span.sup { background: #c9efc9; border-color: #7c7; color: #111; }
 .toks > span.sp { font-weight: bold; color: #a05; }
 .toks .ws { color: #bbb; } .toks > span.sup .ws { color: #4a4; }
+.episode .pol { background: #c9efc9; } .episode .env { background: #e4e4f4; color: #446; }
+.episode .env::before { content: "env▸"; font-size: 10px; color: #88a; vertical-align: super; }
 details { margin: 0.4em 0; } summary { cursor: pointer; } .ex { border-top: 1px solid #eee; padding: 0.4em 0; }
 """
 

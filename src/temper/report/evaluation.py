@@ -10,6 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from temper.evaluate import table_rows
+from temper.report.agent import LEGEND, episode_html, eval_episode_table
 from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
 
 
@@ -74,9 +75,10 @@ def _example(e: Mapping[str, Any]) -> str:
     meta = [f"parsed: {s.get('parsed')}", f"reason: {s.get('reason')}", f"answer: {s.get('answer')}"]
     meta.append(f"stop: {e.get('stop_reason')}")
     meta += [f"error: {s['error']}"] if s.get("error") else []  # the verifier's exception
+    body = episode_html(e["episode"]) if e.get("episode") else f"<pre>{_esc(e.get('completion', ''))}</pre>"
     return (
         f'<div class="ex">{_esc(e.get("id", ""))} {mark} <small>{_esc(" · ".join(meta))}</small>'
-        f"<pre>{_esc(e.get('prompt', ''))}</pre><pre>{_esc(e.get('completion', ''))}</pre></div>"
+        f"<pre>{_esc(e.get('prompt', ''))}</pre>{body}</div>"
     )
 
 
@@ -114,7 +116,9 @@ def eval_section(stage: Stage, plots: Path) -> str:
         elif len(by_model) > 1:  # with one model there is nothing to compare
             parts.append("<p>No difference with non-overlapping 95% intervals.</p>")
         parts.append(eval_table(by_model))
+        parts.append(eval_episode_table(by_model))
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
         parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
-        parts.append(samples(task, by_model))
+        shown = samples(task, by_model)
+        parts.append((LEGEND if "class='episode'" in shown else "") + shown)
     return "".join(parts)

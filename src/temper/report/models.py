@@ -49,9 +49,10 @@ def template_name(template: Any) -> str:
         return "none"
     if isinstance(template, dict):  # several named templates
         return "; ".join(f"{k}: {template_name(v)}" for k, v in template.items())
-    from temper.models.tokenizer import CHAT_TEMPLATE
+    from temper.models.tokenizer import CHAT_TEMPLATE, CHAT_TEMPLATE_V1
 
     style = "temper built-in" if template == CHAT_TEMPLATE else None
+    style = style or ("temper built-in, without tools" if template == CHAT_TEMPLATE_V1 else None)
     style = style or next((name for marker, name in _STYLES if marker in template), "custom")
     digest = hashlib.sha256(template.encode()).hexdigest()[:10]
     n = len(template.splitlines())

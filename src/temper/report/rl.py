@@ -10,6 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from temper.report.agent import LEGEND, episode_html, rl_episode_table
 from temper.report.common import (
     Stage,
     _box,
@@ -240,10 +241,12 @@ def _rollout(r: Mapping[str, Any]) -> str:
     reward = _number(r["reward"]) if isinstance(r.get("reward"), int | float) else r.get("reward")
     meta = [f"reward {reward}", f"parts: {parts}", f"parsed: {r.get('parsed')}", f"reason: {r.get('reason')}"]
     meta.append(f"stop: {r.get('stop')}")
-    completion = _esc(r.get("completion", ""))
-    return (
-        f"<div>{_mark(r.get('correct'))} <small>{_esc(' · '.join(meta))}</small><pre>{completion}</pre></div>"
-    )
+    if r.get("episode"):
+        meta.append(f"turns: {r.get('turns')}")
+        body = episode_html(r["episode"])
+    else:
+        body = f"<pre>{_esc(r.get('completion', ''))}</pre>"
+    return f"<div>{_mark(r.get('correct'))} <small>{_esc(' · '.join(meta))}</small>{body}</div>"
 
 
 def rollout_samples(path: Path) -> str:
@@ -292,5 +295,7 @@ def rl_section(stage: Stage, plots: Path) -> str:
     else:
         parts.append("<p>No metrics logged.</p>")
     parts.append(rl_compute(summary, rows))
-    parts.append(rollout_samples(stage.folder / "rollouts.jsonl"))
+    parts.append(rl_episode_table(rows))
+    samples = rollout_samples(stage.folder / "rollouts.jsonl")
+    parts.append((LEGEND if "class='episode'" in samples else "") + samples)
     return "".join(parts)

@@ -1,8 +1,10 @@
 """The sandbox that untrusted code from the model runs in (tool calls, code interpreters, graders).
 
-`Sandbox(workspace, Limits(...)).run(code)` returns a `RunResult`; `probe()` says which tier this host
-gives (tier A: bubblewrap with every namespace, read-only system directories, no capabilities, rlimits,
-a wall-clock kill of the whole process tree, capped output). A failure of the sandbox itself raises
+`Sandbox(workspace, Limits(...)).run(code)` returns a `RunResult`; `probe()` says which tiers this host
+gives (tier A "bwrap": bubblewrap with every namespace, read-only system directories, no capabilities,
+rlimits; tier B "landlock", where user namespaces are unavailable: Landlock, seccomp, rlimits, a
+subreaper supervisor and cgroup v1 limits when root). Both kill the whole process tree at the wall
+clock and cap output; every result records its tier. A failure of the sandbox itself raises
 `SandboxError`; a host with no working tier raises `SandboxUnavailable` unless `unsafe=True`.
 """
 

@@ -10,6 +10,20 @@ this sandbox's user namespace only, not every process of the host uid (kernel uc
 The wall clock is enforced from outside: at the deadline the sandbox's PID-namespace init is killed,
 which kills every process in the namespace (daemons included), then bubblewrap's process group.
 
+Tier B (`tier="landlock"`, hosts without user namespaces; `tier_b_exec.py`) runs the program at its
+host path: the workspace is the only writable directory besides a private tmp dir, the system
+directories are read+execute, TCP is denied by Landlock and every socket family but AF_UNIX by
+seccomp, the same rlimits apply, and a supervisor process (a child subreaper) kills and reaps the whole
+tree, `setsid` daemons included, when the program exits or at the deadline. A root caller also gets a
+cgroup v1 pids + memory group per Sandbox (where /sys/fs/cgroup is writable) that caps the tree's
+processes and memory and is swept as a backstop. /proc is not readable (it would show every host
+process's command line). Known gaps of tier B: paths outside the rules can be stat'ed though not
+opened; pathname unix sockets of the host can be connected to where file permissions allow (Landlock
+ABI 7 does not cover connect); files under readable directories cannot be hidden; the private tmp
+dir has no total size cap (RLIMIT_FSIZE caps each file); without a pids cgroup (non-root callers)
+RLIMIT_NPROC is the only process cap, and it counts every process of the uid (concurrent episodes,
+and a non-root caller's own).
+
 Failures of the sandbox itself (bubblewrap refusing a bind, not starting the program) raise
 `SandboxError`: an infrastructure error must never reach a reward function as a wrong answer.
 """
@@ -27,9 +41,18 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
-from temper.sandbox.probe import SANDBOX_UID, bwrap_base_args, popen_user_kwargs, probe
+from temper.sandbox.probe import (
+    SANDBOX_UID,
+    TIER_B_DEV_FILES,
+    TIER_B_SYSTEM_RO,
+    bwrap_base_args,
+    popen_user_kwargs,
+    probe,
+    tier_b_argv,
+)
 
 
 class SandboxError(RuntimeError):
@@ -44,7 +67,7 @@ class SandboxUnavailable(SandboxError):
 class Limits:
     wall_s: float = 10.0  # wall clock; the whole process tree is killed at the deadline
     cpu_s: float | None = None  # RLIMIT_CPU per process (SIGXCPU); None: ceil(wall_s)
-    memory_mb: int = 1024  # RLIMIT_AS per process (a backstop: it bounds one process, not the tree)
+    memory_mb: int = 1024  # RLIMIT_AS per process; tier B's memory cgroup (root) also caps the tree
     procs: int = 64  # RLIMIT_NPROC, counted in the sandbox's own user namespace
     file_mb: int = 64  # RLIMIT_FSIZE: the largest file one write may grow
     tmp_mb: int = 64  # size of each tmpfs: /tmp and /dev/shm
@@ -61,7 +84,7 @@ class RunResult:
     killed_reason: str | None  # "wall_clock", "cpu_time", "file_size", "signal:SIGSEGV", ...
     truncated: bool  # some output beyond Limits.output_bytes was dropped
     wall_s: float
-    tier: str  # "bwrap", or "unsafe" (rlimits only, no isolation) when run with unsafe=True
+    tier: str  # "bwrap", "landlock", or "unsafe" (rlimits only, no isolation) when run with unsafe=True
     dropped_bytes: int = 0
 
     @property
@@ -135,10 +158,135 @@ def _clear_dir(root: Path) -> None:
             os.unlink(entry.path)
 
 
+_CGROUP_COUNTER = iter(range(1 << 62))
+
+
+def _own_cgroup_v1(controller: str) -> Path | None:
+    """This process's directory in the v1 hierarchy of `controller`, from /proc/self/cgroup."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            d = Path(f"/sys/fs/cgroup/{controller}{path}")
+            return d if d.is_dir() else None
+    return None
+
+
+def _make_cgroups(limits: Limits) -> list[Path]:
+    """A fresh v1 pids and memory group for one tier-B Sandbox, below this process's own groups;
+    each controller whose hierarchy is missing or not writable is left out (the supervisor's sweep
+    still kills the tree; only the total caps are lost)."""
+    made = []
+    name = f"temper-sbx-{os.getpid()}-{next(_CGROUP_COUNTER)}"
+    # pids.max counts the supervisor too; the memory cap is the per-process RLIMIT_AS applied to the
+    # whole tree (four processes of 900 MB each are an OOM kill, not 3.6 GB: research note §2)
+    settings = {
+        "pids": [("pids.max", limits.procs + 1)],
+        "memory": [
+            ("memory.limit_in_bytes", limits.memory_mb << 20),
+            ("memory.memsw.limit_in_bytes", limits.memory_mb << 20),  # no swapping around the cap
+        ],
+    }
+    for ctrl, files in settings.items():
+        own = _own_cgroup_v1(ctrl)
+        if own is None or os.geteuid() != 0:
+            continue
+        _remove_stale_cgroups(own)
+        d = own / name
+        try:
+            d.mkdir()
+            for f, v in files:
+                if (d / f).exists():
+                    (d / f).write_text(str(v))
+        except OSError:
+            _remove_cgroup(d)
+            continue
+        made.append(d)
+    return made
+
+
+def _remove_stale_cgroups(parent: Path) -> None:
+    """Groups left by a temper process that died without cleaning up (a SIGKILLed trainer): their
+    owner's pid is in the name; kill what is still in them and remove them (research note §4)."""
+    for d in parent.glob("temper-sbx-*-*"):
+        try:
+            owner = int(d.name.split("-")[2])
+            os.kill(owner, 0)
+            continue  # its owner is alive (another trainer's sandbox): not ours to touch
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        _kill_cgroups([d], limit_s=1.0)
+        _remove_cgroup(d)
+
+
+def _uid_processes(uid: int) -> int:
+    """How many processes uid has now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
+    n = 0
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                n += e.stat().st_uid == uid
+            except OSError:
+                pass
+    return n
+
+
+def _cgroup_pids(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_cgroups(dirs: list[Path], limit_s: float = 5.0) -> int:
+    """SIGKILL every process in the groups until they are empty; returns how many were found."""
+    found = 0
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        pids = [pid for d in dirs for pid in _cgroup_pids(d)]
+        if not pids:
+            break
+        found += len(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.002)
+    return found
+
+
+def _remove_cgroup(d: Path) -> None:
+    # a v1 rmdir says EBUSY for a moment after its last process exits (research note §6.6)
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def _cleanup_tier_b(cgroups: list[Path], tmp: Path | None) -> None:
+    _kill_cgroups(cgroups, limit_s=1.0)
+    for d in cgroups:
+        _remove_cgroup(d)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Sandbox:
     """`Sandbox(workspace, limits).run(code)`; `snapshot()` / `rollback()` reset the workspace between
     episodes. Without a workspace, a fresh one is made under `workspace_root()`. `unsafe=True` runs with rlimits only where no tier is available (every result says
-    `tier="unsafe"`); it is refused otherwise."""
+    `tier="unsafe"`); it is refused otherwise. `tier="bwrap"` or `"landlock"` (or the environment
+    variable TEMPER_SANDBOX_TIER) forces a tier the probe found working, e.g. to test tier B on a host
+    that has tier A; by default the strongest one is used. `close()` frees tier B's cgroups and tmp."""
 
     def __init__(
         self,
@@ -148,21 +296,27 @@ class Sandbox:
         unsafe: bool = False,
         python: str | None = None,
         ro_binds: tuple[str, ...] = (),
+        tier: str | None = None,
     ):
         if workspace is None:
             workspace = tempfile.mkdtemp(prefix="ws-", dir=workspace_root())
         self.workspace = Path(workspace).resolve()
         self.limits = limits or Limits()
         self.host = probe()
+        tier = tier or os.environ.get("TEMPER_SANDBOX_TIER") or None
+        if tier is not None and tier not in ("bwrap", "landlock"):
+            raise ValueError(f"tier must be 'bwrap' or 'landlock', got {tier!r}")
+        if tier is not None and tier not in self.host.tiers:
+            raise SandboxUnavailable(f"sandbox tier {tier!r} does not work on this host: {self.host.reason}")
         if self.host.tier is None and not unsafe:
             raise SandboxUnavailable(
                 f"no sandbox tier works on this host: {self.host.reason}. Untrusted code is not run "
                 "unisolated unless you pass unsafe=True (rlimits only: no filesystem, network or "
                 "process isolation)."
             )
-        if self.host.prlimit is None:  # tier A needs it too, so only the unsafe path gets here
+        self.tier = tier or self.host.tier or "unsafe"
+        if self.tier != "landlock" and self.host.prlimit is None:  # tier A has it, so only unsafe
             raise SandboxUnavailable("even unsafe=True needs `prlimit` (util-linux) to set rlimits")
-        self.tier = self.host.tier or "unsafe"
         self.python = python
         self.ro_binds = tuple(ro_binds)
         self.workspace.mkdir(parents=True, exist_ok=True)
@@ -171,6 +325,24 @@ class Sandbox:
             _check_reachable(self.workspace)
             _chown_tree(self.workspace, self._uid)
         self._snapshot: Path | None = None
+        self._cgroups: list[Path] = []
+        self._tmp: Path | None = None
+        if self.tier == "landlock":
+            # tier B's private tmp dir (HOME and TMPDIR): beside the workspace, reachable by the uid
+            self._tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=workspace_root()))
+            if self._uid is not None:
+                os.chown(self._tmp, self._uid, self._uid)
+            self._cgroups = _make_cgroups(self.limits)
+        self._finalizer = weakref.finalize(self, _cleanup_tier_b, self._cgroups, self._tmp)
+
+    @property
+    def cgroups(self) -> list[Path]:
+        """Tier B's v1 cgroups (pids, memory) where they could be made; empty otherwise."""
+        return list(self._cgroups)
+
+    def close(self) -> None:
+        """Kill anything left in tier B's cgroups and remove them and the private tmp dir."""
+        self._finalizer()
 
     # ---- workspace rollback -------------------------------------------------------------------
     def snapshot(self) -> None:
@@ -226,9 +398,53 @@ class Sandbox:
             "--",
         ]
 
+    def _tier_b_argv(self, argv: list[str], status_fd: int) -> list[str]:
+        lim = self.limits
+        cpu = max(math.ceil(lim.cpu_s if lim.cpu_s is not None else lim.wall_s), 1)
+        ro = list(self.ro_binds)
+        if self.python:  # an interpreter outside /usr needs its prefix (bin/.. of the real binary)
+            ro.append(str(Path(os.path.realpath(self.python)).parents[1]))
+        has_pids = any(d.parts[:5] == ("/", "sys", "fs", "cgroup", "pids") for d in self._cgroups)
+        if has_pids:
+            nproc = max(lim.procs, 4096)
+        elif self._uid is None:  # a non-root caller's own processes count too: allow procs more
+            nproc = lim.procs + _uid_processes(os.geteuid())
+        else:
+            nproc = lim.procs
+        config = {
+            "status_fd": status_fd,
+            "uid": self._uid,
+            "cwd": str(self.workspace),
+            # the tier A values; soft < hard CPU so SIGXCPU ("cpu_time") comes before SIGKILL
+            "rlimits": {
+                "AS": [lim.memory_mb << 20] * 2,
+                "CPU": [cpu, cpu + 1],
+                # RLIMIT_NPROC counts every process of the uid, so concurrent episodes would share
+                # it; where a pids cgroup caps this Sandbox's tree it is only a loose backstop
+                "NPROC": [nproc] * 2,
+                "FSIZE": [lim.file_mb << 20] * 2,
+                "NOFILE": [lim.nofile] * 2,
+                "CORE": [0, 0],
+            },
+            "cgroup_procs": [str(d / "cgroup.procs") for d in self._cgroups],
+            "ro": ro,
+            "optional_ro": TIER_B_SYSTEM_RO,
+            "rw": [str(self.workspace), str(self._tmp)],
+            "dev_files": TIER_B_DEV_FILES,
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": str(self._tmp),
+                "TMPDIR": str(self._tmp),
+                "LANG": "C.UTF-8",
+            },
+        }
+        return tier_b_argv(config, argv)
+
     def _argv(self, argv: list[str], status_fd: int) -> list[str]:
         if self.tier == "unsafe":
             return [*self._rlimit_args(), *argv]
+        if self.tier == "landlock":
+            return self._tier_b_argv(argv, status_fd)
         binds = []
         for b in self.ro_binds:
             binds += ["--ro-bind", b, b]
@@ -290,7 +506,8 @@ class Sandbox:
                 start_new_session=True,  # one process group to kill: bwrap (or the unsafe program)
                 cwd=str(self.workspace) if self.tier == "unsafe" else None,
                 env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
-                **popen_user_kwargs(),
+                # tier B's launcher joins the cgroups as root, then drops to the uid itself
+                **({} if self.tier == "landlock" else popen_user_kwargs()),
             )
         except OSError as e:
             for fd in (status_r, status_w):
@@ -314,6 +531,8 @@ class Sandbox:
                     kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self._cgroups:  # tier B's backstop: whatever is still in the episode's groups
+            _kill_cgroups(self._cgroups)
 
     def _supervise(self, proc: subprocess.Popen, status_r: int, t0: float, deadline: float) -> RunResult:
         cap = self.limits.output_bytes
@@ -329,11 +548,21 @@ class Sandbox:
         child_pid = None
         ns_init = None  # a pidfd on the PID namespace's init, to wait for the namespace's death
         exited_at = None
+        hard_killed = False
         while open_fds:
             now = time.monotonic()
             if now >= deadline and not timed_out:
                 timed_out = True
-                self._kill(proc, child_pid or self._child_pid(status))
+                if self.tier == "landlock":  # the supervisor kills and reaps the whole tree
+                    try:
+                        proc.send_signal(signal.SIGUSR1)
+                    except ProcessLookupError:
+                        pass
+                else:
+                    self._kill(proc, child_pid or self._child_pid(status))
+            if timed_out and self.tier == "landlock" and now > deadline + 2.0 and not hard_killed:
+                hard_killed = True  # the supervisor did not finish: kill its group and cgroups
+                self._kill(proc, None)
             if timed_out and now > deadline + 10.0:  # the kill did not close the pipes: never hang
                 self._kill(proc, None)
                 raise SandboxError("the sandbox kept its output open 10 s after the wall-clock kill")
@@ -341,7 +570,8 @@ class Sandbox:
                 exited_at = now
             # The unsafe tier has no PID namespace: an orphan holding the pipes open is killed with
             # the process group after a short grace (research note §2: 0.2 s).
-            if self.tier == "unsafe" and exited_at is not None and now - exited_at > 0.2:
+            # Tier B's supervisor has killed the tree before exiting, so this is only a backstop.
+            if self.tier in ("unsafe", "landlock") and exited_at is not None and now - exited_at > 0.2:
                 self._kill(proc, None)
                 break
             timeout = max(0.0, deadline - now) if not timed_out else 0.05
@@ -390,6 +620,8 @@ class Sandbox:
         exit_code: int | None
         if self.tier == "unsafe":
             exit_code = returncode if returncode >= 0 else 128 - returncode
+        elif self.tier == "landlock":
+            exit_code = self._tier_b_exit_code(status, returncode, timed_out)
         else:
             # bwrap reports the program's exit status on the status fd; without one, bwrap itself
             # failed (a bind it could not make, a namespace it could not create), whatever its code
@@ -418,6 +650,26 @@ class Sandbox:
             wall_s=wall,
             tier=self.tier,
             dropped_bytes=dropped,
+        )
+
+    def _tier_b_exit_code(self, status: bytes, returncode: int, timed_out: bool) -> int | None:
+        """The program's exit code from the supervisor's status lines (see tier_b_exec.py)."""
+        if self._cgroups and _kill_cgroups(self._cgroups):
+            # the supervisor's sweep should have left nothing: say so rather than hide it
+            raise SandboxError("tier B: processes outlived the supervisor's sweep (killed by the cgroup)")
+        lines = status.decode(errors="replace").splitlines()
+        errors = [ln[6:] for ln in lines if ln.startswith("error ")]
+        if errors:
+            raise SandboxError(f"the tier B sandbox failed: {'; '.join(errors)}")
+        last = lines[-1].split() if lines else []
+        if last[:1] == ["exit"]:
+            return int(last[1])
+        if last[:1] == ["signal"]:
+            return 128 + int(last[1])
+        if timed_out:
+            return None
+        raise SandboxError(
+            f"the tier B supervisor ended (exit code {returncode}) without reporting the program's status"
         )
 
     @staticmethod

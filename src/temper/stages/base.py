@@ -137,7 +137,7 @@ def epoch_steps(config: TrainConfig, sequences: int, stage: str) -> TrainConfig:
 
 # estimators whose baseline is the other samples of the prompt's group: with one sample the
 # advantage is 0 and nothing is learned (`temper.algorithms.advantages`)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "turn_grpo", "turn_reinforce")
 
 
 def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
@@ -168,6 +168,14 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
         )
     if config.overlong_buffer >= config.max_new_tokens:
         out.append((("overlong_buffer",), f"must be below max_new_tokens ({config.max_new_tokens})"))
+    if config.turn_gamma != 1.0 and not config.advantage.startswith("turn_"):
+        out.append(
+            (
+                ("turn_gamma",),
+                f"only the turn estimators (turn_grpo, turn_reinforce) discount across turns; with advantage "
+                f"{config.advantage!r} it would have no effect",
+            )
+        )
     return out
 
 

@@ -21,6 +21,7 @@ TASKS: dict[str, type] = {
 }
 
 __all__ = [
+    "ENVIRONMENT_TASKS",
     "TASKS",
     "make_recipe_task",
     "Arithmetic",
@@ -37,25 +38,37 @@ __all__ = [
     "TaskOptionError",
     "make_task",
     "task_fingerprints",
+    "task_types",
 ]
 
 
-# environment tasks (a Task with `make_env`: multi-turn episodes); imported after TASKS exists, as
-# the environments import temper.tasks.base
-from temper.envs.calculator import CalculatorArithmetic  # noqa: E402
-from temper.envs.treasure_task import TreasureHuntTask  # noqa: E402
+ENVIRONMENT_TASKS = {
+    "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
+    "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
+}
+"""Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
+modules import temper.tasks, so this package cannot import them while it initializes."""
 
-TASKS["calculator_arithmetic"] = CalculatorArithmetic
-TASKS["treasure_hunt"] = TreasureHuntTask
+
+def task_types() -> dict[str, type]:
+    """Every task kind by name: the built-in ones and the environment tasks."""
+    import importlib
+
+    for name, path in ENVIRONMENT_TASKS.items():
+        if name not in TASKS:
+            module, _, cls = path.partition(":")
+            TASKS[name] = getattr(importlib.import_module(module), cls)
+    return TASKS
 
 
 def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
     """The task `name` configured by `options` (its config's fields); errors suggest the nearest.
     A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
     `label` and the folder its relative paths resolve against."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}{_hint(name, TASKS)}; valid tasks: {', '.join(TASKS)}")
-    cls = TASKS[name]
+    types = task_types()
+    if name not in types:
+        raise ValueError(f"unknown task {name!r}{_hint(name, types)}; valid tasks: {', '.join(types)}")
+    cls = types[name]
     fields = [f.name for f in dataclasses.fields(cls.config_type)]
     for option in options:
         if option not in fields:

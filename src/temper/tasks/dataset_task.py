@@ -92,6 +92,13 @@ class DataTaskConfig:
     format: str | None = None
     """Regex the completion must match to count as parsed (re.search); its group 1 is the answer
     the built-in graders read."""
+    env: str | None = None
+    """An environment factory, module:function or path/file.py:function, called with each row (a
+    dict) and returning a temper Env (`temper.envs.base`): the task becomes multi-turn. The
+    episode's outcome is the env's final score; when the env gives none, the reward functions
+    grade the last assistant turn."""
+    max_turns: int = 8
+    """Actions per episode of an `env` task."""
 
     def __post_init__(self) -> None:
         rewards = self.rewards
@@ -180,6 +187,10 @@ class DataTask:
 
     @classmethod
     def build(cls, config: DataTaskConfig, name: str, base_dir: Path | None) -> DataTask:
+        if config.env:  # the user's environment over these rows (imported here: envs import tasks)
+            from temper.envs.user_env import EnvDataTask
+
+            return EnvDataTask(config, name, base_dir)
         return cls(config, name, base_dir)
 
     # ------------------------------------------------------------ building

@@ -69,7 +69,7 @@ def completions_as_trl(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any
 # ---------------------------------------------------------------- loading user functions
 
 
-def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunction:
+def load_reward_function(spec: str, base_dir: Path | None = None, what: str = "reward") -> RewardFunction:
     """`module:function` or `path/file.py:function`, relative to `base_dir` (the recipe's folder).
 
     A module whose file lies under `base_dir` is loaded from that file under a name of its own
@@ -78,7 +78,7 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunct
     module_name, colon, fn_name = spec.rpartition(":")
     if not colon or not module_name or not fn_name:
         raise ValueError(
-            f"reward {spec!r}: expected module:function or path/to/file.py:function, "
+            f"{what} {spec!r}: expected module:function or path/to/file.py:function, "
             f"or a built-in grader ({', '.join(GRADERS)})"
         )
     base = Path(base_dir) if base_dir is not None else Path.cwd()
@@ -86,7 +86,7 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunct
         file = Path(module_name).expanduser()
         file = file if file.is_absolute() else base / file
         if not file.is_file():
-            raise ValueError(f"reward {spec!r}: no file {str(file)!r}")
+            raise ValueError(f"{what} {spec!r}: no file {str(file)!r}")
         module = _load_file(file, base)
     else:
         local = base / (module_name.replace(".", "/") + ".py")
@@ -97,7 +97,7 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunct
                 module = importlib.import_module(module_name)
             except ImportError as err:
                 raise ValueError(
-                    f"reward {spec!r}: cannot import module {module_name!r}: no {local.name} in {base} "
+                    f"{what} {spec!r}: cannot import module {module_name!r}: no {local.name} in {base} "
                     f"and no installed module ({err})"
                 ) from None
     fn = getattr(module, fn_name, None)
@@ -108,7 +108,7 @@ def load_reward_function(spec: str, base_dir: Path | None = None) -> RewardFunct
             if callable(v) and not n.startswith("_") and not isinstance(v, type)
         )
         raise ValueError(
-            f"reward {spec!r}: module {module_name!r} has no function {fn_name!r}"
+            f"{what} {spec!r}: module {module_name!r} has no function {fn_name!r}"
             + (f"; its functions: {', '.join(functions)}" if functions else "")
         )
     file = getattr(module, "__file__", None)
@@ -156,12 +156,15 @@ def call_all(
     texts: Sequence[str],
     completion_ids: Sequence[Sequence[int]] | None,
     columns: Sequence[dict[str, Any]],
+    completions: Sequence[Any] | None = None,
 ) -> Outcome:
     """Every function on the whole batch, TRL's way (async ones awaited together). A function
     that raises on the batch, or returns the wrong number of rewards, is called again one
-    completion at a time, so only the completions it cannot grade become verifier errors."""
+    completion at a time, so only the completions it cannot grade become verifier errors.
+    `completions` replaces the ones made from `texts` where TRL passes more than one message per
+    completion (a tool-calling episode: assistant turns and tool results)."""
     n = len(texts)
-    completions = completions_as_trl(prompts, texts)
+    completions = completions_as_trl(prompts, texts) if completions is None else list(completions)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in texts]
     keys = [k for k in dict.fromkeys(k for row in columns for k in row) if k not in EXCLUDED_COLUMNS]
     kwargs = {k: [row.get(k) for row in columns] for k in keys}

@@ -85,9 +85,10 @@ def sample_share(
     step: int,
     rank: int = 0,
     world: int = 1,
-) -> tuple[list[Group], list[str | None], int]:
+) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
-    cause of every first-round group, sampling rounds).
+    cause of every first-round group, sampling rounds, the error of each group left out because
+    an environment failed or hung).
 
     Round 0 is the step's global batch of `prompts_per_step` problems; process `rank` takes its
     contiguous share, and prompt i of the global batch is sampled with the seed of its global
@@ -100,6 +101,7 @@ def sample_share(
     want = share.stop - share.start
     kept: list[Group] = []
     causes: list[str | None] = []
+    failed: list[str] = []
     rounds, keep_rate = 0, 1.0
     while len(kept) < want and rounds < (config.max_sampling_rounds if config.dynamic_sampling else 1):
         need = want - len(kept)
@@ -125,19 +127,35 @@ def sample_share(
             group = grade_episodes(
                 problem, trajectories, config.rewards, config.max_new_tokens, config.overlong_buffer
             )
+            if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
+                # an environment that failed or hung is not the policy's doing: a reward of 0 would
+                # teach it something false, so the group is left out (and counted)
+                failed.append(next(t.signals[-1].get("error", t.stop_reason) for t in trajectories
+                                   if t.stop_reason in INFRA_ERRORS))  # fmt: skip
+                continue
             if rounds == 0:
                 causes.append(group.cause)  # the breakdown describes the policy, before filtering
             if not config.dynamic_sampling or group.cause is None:
                 kept.append(group)
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
-    return kept[:want], causes, rounds
+    return kept[:want], causes, rounds, failed
 
 
 def episode_limits(config: RLConfig) -> EpisodeLimits:
     return EpisodeLimits(
         config.max_turns, config.max_episode_tokens, config.max_new_tokens, config.step_timeout
     )
+
+
+INFRA_ERRORS = ("env_error", "timeout", "not_prefix")
+"""Stop reasons that are not the policy's doing (the environment failed or hung; the chat template
+re-rendered the history differently from what was sampled): their groups are not trained on.
+Splitting a not_prefix episode into a second training row is not implemented."""
+
+
+def _failed_stats(failed: list[str]) -> dict[str, float]:
+    return {"env_failed_groups": len(failed)} if failed else {}
 
 
 def sampling_stats(causes: list[str | None], rounds: int, kept: int, config: RLConfig) -> dict[str, float]:
@@ -155,8 +173,8 @@ def collect_groups(
     step: int,
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
-    kept, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step)
-    return kept, sampling_stats(causes, rounds, len(kept), config)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step)
+    return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(failed)
 
 
 def train_rl(
@@ -227,13 +245,23 @@ def train_rl(
             # 1. sample and grade this process's share; metrics describe the gathered global batch
             t0 = time.perf_counter()
             model.eval()
-            local, causes, rounds = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
+            local, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
                 causes, rounds = distributed.gather(causes), max(distributed.gather([rounds]))
+                failed = distributed.gather(failed)
             groups = distributed.gather(local)
             t1 = time.perf_counter()
-            row = {"step": step + 1} | sampling_stats(causes, rounds, len(groups), config)
+            row = (
+                {"step": step + 1}
+                | sampling_stats(causes, rounds, len(groups), config)
+                | _failed_stats(failed)
+            )
+            if failed and main:
+                console.print(
+                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "
+                    f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
+                )
             if groups:
                 row |= rollout_metrics(groups, config, t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))

@@ -12,7 +12,7 @@ from temper.precision import Precision
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
 
-Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
+Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "turn_grpo", "turn_reinforce"]
 """The names of `temper.algorithms.estimators.ESTIMATORS`."""
 KLMode = Literal["loss", "reward"]
 
@@ -39,7 +39,9 @@ class RLConfig:
     temperature: Annotated[float, Field(ge=0)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     advantage: Advantage = "grpo"
-    """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative) | gae (PPO with a value head)."""
+    """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative; with process rewards, on the
+    episode's total return) | gae (PPO with a value head) | turn_grpo | turn_reinforce (per turn:
+    the return from each turn against the group's returns at the same turn index)."""
     grpo_eps: Annotated[float, Field(ge=0)] = 1e-6
     """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
     whiten_advantages: bool = True
@@ -84,6 +86,10 @@ class RLConfig:
     value_clip: Annotated[float, Field(ge=0)] = 0.2
     gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
     lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    turn_gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Discount across the turns of an episode for turn_grpo / turn_reinforce: the return from turn
+    k is sum_{j>=k} turn_gamma^(j-k) step_reward_j + turn_gamma^(last-k) outcome. 1 credits every
+    turn with all that follows it; < 1 credits a turn mostly with its own process reward."""
     eval_every: Annotated[int, Field(ge=0)] = 0
     """Steps between greedy evals on the test split (0: none)."""
     eval_problems: Annotated[int, Field(ge=1)] = 64

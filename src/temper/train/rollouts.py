@@ -28,6 +28,9 @@ class Rollout:
     score: Score
     reward: float
     parts: dict[str, float]  # unweighted reward components
+    step_rewards: list[float] = field(default_factory=list)
+    """The environment's per-step rewards x the `process` weight, one per action (0 for an action
+    the environment never answered): the part of `reward` the turn-level estimators credit per turn."""
 
     @property
     def tokens(self) -> int:
@@ -98,7 +101,10 @@ def grade_episodes(
             score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
         )
         total, parts = combine(x, weights)
-        rollouts.append(Rollout(problem, t, score, total, parts))
+        steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
+        rollouts.append(
+            Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
+        )
     rewards = [r.reward for r in rollouts]
     cause = zero_variance_cause(
         [r.score for r in rollouts], rewards, [r.trajectory.truncated for r in rollouts]
@@ -122,15 +128,24 @@ class RolloutBatch:
     rewards_G_N: torch.Tensor  # (G, N)
     # (R, T) the action (turn) index of each completion token, -1 at environment tokens and padding
     turn_R_T: torch.Tensor | None = None
+    # (R, K) the weighted process reward after action k (0 past the row's actions); rewards_G_N is
+    # then the rest of each reward (outcome, format...), and the estimators add the two
+    step_rewards_R_K: torch.Tensor | None = None
+    turns_R: torch.Tensor | None = None  # (R,) actions per row
 
     def to(self, device: torch.device | str) -> RolloutBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         return RolloutBatch(
             self.prompts,
             self.completions_R_T.to(device),
             self.mask_R_T.to(device),
             self.old_logprobs_R_T.to(device),
             self.rewards_G_N.to(device),
-            None if self.turn_R_T is None else self.turn_R_T.to(device),
+            move(self.turn_R_T),
+            move(self.step_rewards_R_K),
+            move(self.turns_R),
         )
 
 
@@ -150,8 +165,18 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         old[i, :n] = torch.tensor(t.completion_logprobs, dtype=torch.float32)
         mask[i, :n] = torch.tensor(t.trainable_mask, dtype=torch.bool)
         turns[i, :n] = torch.tensor(t.token_turns, dtype=torch.long)
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    return RolloutBatch([list(t.prompt_ids) for t in rows], completions, mask, old, rewards, turns)
+    # the outcome part of each reward; the process part goes per turn, and the estimators add it back
+    rewards = torch.tensor(
+        [[r.reward - sum(r.step_rewards) for r in g.rollouts] for g in groups], dtype=torch.float32
+    )
+    steps = [r.step_rewards for g in groups for r in g.rollouts]
+    step_rewards = torch.zeros((len(rows), max(max(len(s) for s in steps), 1)))
+    for i, s in enumerate(steps):
+        step_rewards[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
+    turns_R = torch.tensor([t.turns for t in rows], dtype=torch.long)
+    return RolloutBatch(
+        [list(t.prompt_ids) for t in rows], completions, mask, old, rewards, turns, step_rewards, turns_R
+    )
 
 
 @dataclass

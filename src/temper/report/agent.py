@@ -1,0 +1,86 @@
+"""Agent episodes in the report: per-episode metrics of an RL run and of an evaluation, and whole
+episodes with the environment's turns drawn apart from the policy's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from temper.report.common import _esc, _number, _pct, _table
+
+LEGEND = (
+    "<p><small>Episodes: <span class='episode'><span class='pol'>policy tokens (trained on)</span> "
+    "<span class='env'>environment tokens (tool output, observations, chat headers; never trained on)</span>"
+    "</span></small></p>"
+)
+
+
+def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
+    """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour."""
+    spans = "".join(
+        f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{_esc(s.get('text', ''))}</span>"
+        for s in segments
+    )
+    return f"<pre class='episode'>{spans}</pre>"
+
+
+def _label(key: str) -> str:
+    name = key.split("/", 1)[1]
+    return name.replace("stop_", "stop: ").replace("_", " ")
+
+
+def rl_episode_table(rows: list[dict[str, Any]]) -> str:
+    """Per-episode means (turns, tokens, environment seconds, each step signal summed over the
+    episode) and the share of each stop reason, over the first and the last tenth of the steps."""
+    keys = sorted({k for r in rows for k in r if k.startswith(("episode/", "signal/"))})
+    if not keys:
+        return ""
+    tenth = max(1, len(rows) // 10)
+    spans = {"first steps": rows[:tenth], "last steps": rows[-tenth:]}
+
+    def mean(rs: list[dict[str, Any]], key: str) -> str:
+        vs = [r[key] for r in rs if isinstance(r.get(key), int | float)]
+        if not vs:
+            return "–"
+        v = sum(vs) / len(vs)
+        return _pct(v) if "/stop_" in key else _number(round(v, 3))
+
+    table = [[_label(k)] + [mean(rs, k) for rs in spans.values()] for k in keys]
+    head = ["per episode", *(f"{name} ({len(rs)})" for name, rs in spans.items())]
+    return _table(table, head, caption="agent episodes: means per episode (signals summed over its steps)")
+
+
+def eval_episode_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per model x split of an environment task: turns, policy tokens, environment
+    seconds and every step signal per episode, and the stop reasons."""
+    rows, signals = (
+        [],
+        sorted(
+            {
+                k
+                for by in by_model.values()
+                for r in by.values()
+                for k in (r.get("episodes") or {}).get("signals", {})
+            }
+        ),
+    )
+    for model, by_split in by_model.items():
+        for split, r in by_split.items():
+            e = r.get("episodes")
+            if not e:
+                continue
+            stops = ", ".join(f"{k} {v}" for k, v in e.get("stop_reasons", {}).items())
+            rows.append(
+                [
+                    model,
+                    split,
+                    e["episodes"],
+                    _number(round(e["turns"], 2)),
+                    _number(round(e["policy_tokens"], 1)),
+                ]
+                + [_number(round(e["signals"].get(s, 0.0), 3)) for s in signals]
+                + [f"{e['env_seconds']:.3g}s", stops]
+            )
+    head = ["model", "split", "episodes", "turns", "policy tokens", *(s.replace("_", " ") for s in signals)]
+    head += ["env time", "stop reasons"]
+    return _table(rows, head, caption="episodes (greedy and sampled): means per episode")

@@ -1,0 +1,66 @@
+"""The report's agent parts: episodes with environment turns apart, per-episode metrics tables."""
+
+from __future__ import annotations
+
+from temper.report.agent import episode_html, eval_episode_table, rl_episode_table
+from temper.report.rl import _rollout
+
+
+def test_episode_segments_are_drawn_apart_and_escaped():
+    html = episode_html(
+        [{"by": "policy", "text": "<code>1</code>"}, {"by": "env", "text": "<interpreter>1</interpreter>"}]
+    )
+    assert html == (
+        "<pre class='episode'><span class='pol'>&lt;code&gt;1&lt;/code&gt;</span>"
+        "<span class='env'>&lt;interpreter&gt;1&lt;/interpreter&gt;</span></pre>"
+    )
+    row = {
+        "reward": 1.0,
+        "parts": {"outcome": 1.0},
+        "correct": True,
+        "stop": "eos",
+        "turns": 2,
+        "episode": [{"by": "policy", "text": "a"}, {"by": "env", "text": "b"}],
+    }
+    shown = _rollout(row)
+    assert "turns: 2" in shown and "<span class='env'>b</span>" in shown
+
+
+def test_rl_episode_table_compares_the_first_and_last_tenth_of_the_steps():
+    rows = [
+        {
+            "step": i + 1,
+            "episode/turns": 1.0 + (i >= 10),
+            "episode/stop_done": 0.5 + 0.5 * (i >= 10),
+            "signal/tool_calls": 0.25 * (i >= 10),
+        }
+        for i in range(20)
+    ]
+    html = rl_episode_table(rows)
+    assert "<th>first steps (2)</th><th>last steps (2)</th>" in html
+    assert "<tr><td>turns</td><td>1</td><td>2</td></tr>" in html
+    assert "<tr><td>stop: done</td><td>50%</td><td>100%</td></tr>" in html
+    assert "<tr><td>tool calls</td><td>0</td><td>0.25</td></tr>" in html
+    assert rl_episode_table([{"step": 1, "reward": 0.5}]) == ""  # single-turn runs: no table
+
+
+def test_eval_episode_table_has_a_row_per_model_and_split_with_every_signal():
+    e = {
+        "episodes": 10,
+        "turns": 1.5,
+        "policy_tokens": 20.0,
+        "env_seconds": 0.25,
+        "signals": {"tool_calls": 0.5},
+        "stop_reasons": {"done": 9, "max_turns": 1},
+    }
+    by_model = {
+        "rl": {"test": {"episodes": e}, "ood": {"episodes": e | {"signals": {"tool_errors": 0.1}}}},
+        "base": {"test": {}},
+    }
+    html = eval_episode_table(by_model)
+    assert "<th>tool calls</th><th>tool errors</th>" in html
+    assert (
+        "<tr><td>rl</td><td>test</td><td>10</td><td>1.5</td><td>20</td><td>0.5</td><td>0</td><td>0.25s</td><td>done 9, max_turns 1</td></tr>"
+        in html
+    )
+    assert "<td>base</td>" not in html  # a single-turn result has no episodes row
