@@ -27,7 +27,10 @@ subtraction the 1M-parameter model would first have to learn; `relative: false` 
 env's own observation (absolute position, treasure position, view) for larger models. With the
 defaults (size 4, view 3, a limit of 2 x size + 2 = 10 moves) the prompt is ~105 tokens and each
 move + observation ~25, so a shortest-path episode is ~180 tokens and one that runs to the limit
-~355; ood (size 6, 14 moves) at most ~460.
+~355; ood (size 6, 14 moves) at most ~460. Without the instructions (`instructions: false`) the
+prompt is ~15 tokens. An RL stage needs `max_turns` >= the step limit and an episode token budget
+(`max_episode_tokens`) that holds a whole episode, or episodes end early at the loop's limits
+(stop reasons max_turns / max_tokens, graded wrong); eval takes max_turns from `max_turns` here.
 
 Rewards: the outcome (`score`) is 1 on the treasure, else 0 (a trap or the step limit); `correct`
 is the treasure and `parsed` is "no invalid move". The per-step process reward is `+progress` for
