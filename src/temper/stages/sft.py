@@ -87,13 +87,19 @@ class SFTStage(Strict):
 def demonstrations(
     ctx: StageContext, tasks: list[str], split: str, n: int | dict[str, int], seed: int
 ) -> list[Example]:
-    """One single-turn chat example per problem: the task's prompt and its demonstration."""
+    """One chat example per problem: the task's prompt and its demonstration, or the whole
+    conversation of a task with `demonstration_messages` (an environment's episode)."""
     out = []
     for name in tasks:
         task = ctx.tasks[name]
         count = n.get(name, 0) if isinstance(n, dict) else n
         for i, problem in enumerate(task.sample(split, count, seed)):
-            messages = problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]
+            if hasattr(task, "demonstration_messages"):  # a multi-turn episode: every move trained
+                messages = task.demonstration_messages(problem)
+            else:
+                messages = problem.messages() + [
+                    {"role": "assistant", "content": task.demonstration(problem)}
+                ]
             spans = tuple(task.environment_spans(problem)) if hasattr(task, "environment_spans") else ()
             out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans))
     return out

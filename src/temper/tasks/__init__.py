@@ -42,7 +42,10 @@ __all__ = [
 ]
 
 
-ENVIRONMENT_TASKS = {"calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic"}
+ENVIRONMENT_TASKS = {
+    "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
+    "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
+}
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
 modules import temper.tasks, so this package cannot import them while it initializes."""
 
