@@ -401,3 +401,33 @@ def test_a_chat_tool_call_episode_renders_tools_and_never_trains_on_the_result(t
     ]
     assert [s.trainable for s in t.segments[1:]] == [True, False, True]
     assert t.signals[0] == {"tool_calls": 1, "tool_errors": 0}
+
+
+def test_a_turn_with_a_stray_special_token_is_the_policys_failure_not_the_templates(tokenizer):
+    """The policy wrote a special token inside its turn: no template renders that back, so the
+    episode ends as "bad_tokens" (graded 0 and trained on), not "not_prefix" (left out)."""
+    from temper.tasks.base import Problem
+    from temper.train.rl import collect_groups
+    from temper.train.rl_config import RLConfig
+
+    # sample 0 of the first turn writes the stray token; every other turn is clean
+    script = Script(
+        tokenizer, lambda text, j: "le<|user|>ft" if j == 0 and text.count("<|assistant|>") == 1 else "left"
+    )
+    assert tokenizer.convert_tokens_to_ids("<|user|>") in script._one([1], "le<|user|>ft", 48, ()).token_ids
+    [[bad, good]] = run_episodes(script, tokenizer, [[WalkEnv(), WalkEnv()]], [0], EpisodeLimits())
+    assert bad.stop_reason == "bad_tokens" and "round trip" in bad.signals[-1]["error"]
+    assert good.stop_reason == "done"
+
+    class Walks:
+        name = "walks"
+
+        def sample(self, split, n, seed):
+            return [Problem("walks", split, str(i), "walk") for i in range(n)]
+
+        def make_env(self, problem):
+            return WalkEnv()
+
+    config = RLConfig(prompts_per_step=1, group_size=2, max_new_tokens=8, rewards={"outcome": 1.0})
+    groups, stats = collect_groups(script, tokenizer, [Walks()], config, step=0)
+    assert "env_failed_groups" not in stats and [r.reward for r in groups[0].rollouts] == [0.0, 1.0]

@@ -13,7 +13,9 @@ limit), appends what the environments answer, and drops finished episodes. Token
   turn when sampling stopped at a stop string, the new turns, the next assistant header). When
   the re-rendered conversation does not start with the episode's tokens (a template that rewrites
   earlier turns, or a sampled tokenization the template would not produce) the episode ends with
-  stop reason "not_prefix" instead of training on misaligned logprobs.
+  stop reason "not_prefix" instead of training on misaligned logprobs; when the reason is the
+  policy's own turn (a stray special token or broken bytes, which no template renders back) it
+  ends with "bad_tokens", a failure graded and trained on like any wrong answer.
 
 Round 0 samples all N episodes of a group that share a prompt with ONE call of n = N and the
 group's seed, exactly as single-turn RL sampled its groups, so a task run as one-step `TaskEnv`s
@@ -213,6 +215,17 @@ def _step_round(
         _apply(e, results[id(e)], actions[id(e)], tokenizer, limits)
 
 
+def _round_trips(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> bool:
+    """Whether the sampled turn is text: its tokens (its final stop id aside) hold no special token
+    and are what encoding their decoded text gives. A turn with a stray special token or broken
+    bytes cannot be rendered back as the same tokens by any template: the policy's doing."""
+    ids = list(sample.token_ids[:-1] if sample.stop_reason == "eos" else sample.token_ids)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    if text != tokenizer.decode(ids, skip_special_tokens=True):
+        return False
+    return tokenizer.encode(text, add_special_tokens=False) == ids
+
+
 def _timed(step, action: str) -> tuple[StepResult, float]:
     t0 = time.perf_counter()
     result = step(action)
@@ -249,6 +262,11 @@ def _apply(
         e.turn_text = ""
         full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
         if full[: len(e.ids)] != e.ids:
+            if not _round_trips(tokenizer, e.last):  # the policy wrote what text cannot hold
+                e.trajectory.signals[-1]["error"] = (
+                    "the turn's tokens do not survive a round trip through text"
+                )
+                return _end(e, "bad_tokens", "")
             e.trajectory.signals[-1]["error"] = (
                 "the chat template re-renders the history differently from the sampled tokens"
             )

@@ -24,6 +24,7 @@ StopReason = Literal[
     "timeout",  # an environment step ran past its time limit
     "env_error",  # the environment raised (an infrastructure error, counted, never a reward)
     "not_prefix",  # the chat template re-rendered the history differently from what was sampled
+    "bad_tokens",  # the policy's turn held a special token or bytes that text cannot hold
 ]
 
 
