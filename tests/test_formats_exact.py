@@ -24,7 +24,11 @@ U = {"role": "user", "content": "q"}
 A = {"role": "assistant", "content": "a"}
 S = {"role": "system", "content": "s"}
 T = {"role": "tool", "content": "r"}
-CALL = {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": {}}}],
+}
 
 # (row, field, problem): the whole message is f"f.jsonl:7: field {field!r}: {problem}"
 BAD = [
@@ -48,7 +52,11 @@ BAD = [
         "messages[1].content",
         "must be a string, got int",
     ),
-    ({"messages": [U, {"role": "assistant"}]}, "messages[1].content", "must be a string, got NoneType"),
+    (
+        {"messages": [U, {"role": "assistant"}]},
+        "messages[1].content",
+        "must be a string, got NoneType (only an assistant turn with tool_calls may have none)",
+    ),
     (
         {"messages": [U, {"role": "assistant", "content": "a", "tool_calls": []}]},
         "messages[1].tool_calls",
