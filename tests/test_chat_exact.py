@@ -28,7 +28,9 @@ class Stub:
     def decode(self, ids):
         return "".join(chr(i) for i in ids if i > 2)
 
-    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False, return_dict=False):
+    def apply_chat_template(
+        self, messages, tokenize=True, add_generation_prompt=False, return_dict=False, tools=None
+    ):
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
         text = "".join(
             f"{m['role']}:{'' if self.rewrite and m['role'] == 'assistant' and i != last else m['content']}|"
