@@ -431,3 +431,14 @@ def test_a_turn_with_a_stray_special_token_is_the_policys_failure_not_the_templa
     config = RLConfig(prompts_per_step=1, group_size=2, max_new_tokens=8, rewards={"outcome": 1.0})
     groups, stats = collect_groups(script, tokenizer, [Walks()], config, step=0)
     assert "env_failed_groups" not in stats and [r.reward for r in groups[0].rollouts] == [0.0, 1.0]
+
+
+def test_mean_signals_sums_each_episode_then_averages_and_skips_strings():
+    from temper.agent.trajectory import Segment, Trajectory, mean_signals
+
+    a = Trajectory(
+        [Segment([1], None, False)],
+        signals=[{"tool_calls": 1, "tier": "bwrap"}, {"tool_calls": 1, "ok": True}],
+    )
+    b = Trajectory([Segment([1], None, False)], signals=[{"tool_calls": 0, "errors": 0.5}])
+    assert mean_signals([a, b]) == {"errors": 0.25, "ok": 0.5, "tool_calls": 1.0}

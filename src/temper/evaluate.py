@@ -276,17 +276,15 @@ def graded_episode(t: Trajectory) -> Score:
 def episode_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """Means per episode (greedy and sampled together): turns, policy tokens, environment seconds,
     every numeric step signal summed over the episode (tool calls, tool errors...), and the stop reasons."""
+    from temper.agent.trajectory import mean_signals
+
     n = len(trajectories)
-    sums: Counter = Counter()
-    for t in trajectories:
-        for signals in t.signals:
-            sums.update({k: float(v) for k, v in signals.items() if isinstance(v, (bool, int, float))})
     return {
         "episodes": n,
         "turns": sum(t.turns for t in trajectories) / n,
         "policy_tokens": sum(t.policy_tokens for t in trajectories) / n,
         "env_seconds": sum(t.seconds_in_env for t in trajectories) / n,
-        "signals": {k: v / n for k, v in sorted(sums.items())},
+        "signals": mean_signals(list(trajectories)),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajectories).most_common()),
     }
 

@@ -84,3 +84,16 @@ class Trajectory:
     @property
     def policy_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.trainable)
+
+
+def mean_signals(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Every numeric step signal (tool calls, tool errors, invalid moves...) summed over each
+    episode, then averaged over the episodes; strings (a sandbox tier, an error) are left out.
+    The RL metrics and the eval summary both report these."""
+    sums: dict[str, float] = {}
+    for t in trajectories:
+        for signals in t.signals:
+            for k, v in signals.items():
+                if isinstance(v, bool | int | float):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+    return {k: v / len(trajectories) for k, v in sorted(sums.items())}

@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
 from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.agent.trajectory import mean_signals
 from temper.envs.base import make_env
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
@@ -382,10 +383,4 @@ def episode_metrics(trajectories: list) -> dict[str, float]:
     }
     for reason in sorted({t.stop_reason for t in trajectories}):
         row[f"episode/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
-    sums: dict[str, float] = {}
-    for t in trajectories:
-        for signals in t.signals:
-            for k, v in signals.items():
-                if isinstance(v, bool | int | float) and not isinstance(v, str):
-                    sums[k] = sums.get(k, 0.0) + float(v)
-    return row | {f"signal/{k}": v / n for k, v in sorted(sums.items())}
+    return row | {f"signal/{k}": v for k, v in mean_signals(trajectories).items()}
