@@ -44,6 +44,7 @@ __all__ = [
 
 ENVIRONMENT_TASKS = {
     "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
+    "code_repair": "temper.envs.code_repair.task:CodeRepairTask",
     "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
