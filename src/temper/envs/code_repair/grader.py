@@ -20,6 +20,7 @@ at import, print "PASSED", override `__eq__` so every `==` holds, or patch built
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -63,6 +64,8 @@ class Verdict:
     n_passed: int
     n_tests: int
     reason: str
+    output: str = ""
+    """The run's stdout (its last 2000 characters), for diagnosis; never part of the decision."""
 
 
 def read_regular(path: Path, limit: int = MAX_SOURCE_BYTES) -> str | None:
@@ -100,7 +103,8 @@ def run_hidden(source: str, hidden, *, timeout_s: float = 5.0, unsafe: bool = Fa
             sandbox.close()
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
-    return judge(result.stdout, nonce, [want for _, want in hidden], timed_out=result.timed_out)
+    verdict = judge(result.stdout, nonce, [want for _, want in hidden], timed_out=result.timed_out)
+    return dataclasses.replace(verdict, output=result.stdout[-2000:])
 
 
 def judge(stdout: str, nonce: str, wants: list, *, timed_out: bool = False) -> Verdict:
