@@ -116,8 +116,7 @@ PLANTS = {
     "conftest.py": "import os\nos._exit(0)\n",
     "unittest.py": "import os\nos._exit(0)\n",
     "sitecustomize.py": "import os\nprint('PASS')\nos._exit(0)\n",
-    "json.py": "def dumps(x):\n    return '[\"5\", \"12\", \"13\"]'\n",
-    "importlib.py": "import os\nos._exit(0)\n",
+    "json.py": 'def dumps(x):\n    return \'["5", "12", "13"]\'\n',
 }
 
 
@@ -133,13 +132,12 @@ def test_files_planted_in_the_workspace_are_never_seen_by_the_oracle(tmp_path):
 
 
 def test_a_sitecustomize_or_module_next_to_sol_py_is_not_imported():
-    # even inside the oracle's own workspace (a sol.py that writes them there, then is graded
-    # twice in the same run is impossible: each grade is a fresh workspace); here the runner's
-    # isolation itself is checked: -I -S and loading by path ignore modules beside sol.py
+    # grade_workspace never copies them into the oracle's workspace; this checks the runner's own
+    # isolation as a second wall: with them beside sol.py (json.py would forge the expected
+    # results if the runner imported it), -I -S and loading sol.py by path ignore them
+    from temper.envs.code_repair import grader
     from temper.sandbox import Sandbox, workspace_root
     from temper.sandbox.sandbox import _default_python
-
-    from temper.envs.code_repair import grader
 
     ws = Path(tempfile.mkdtemp(dir=workspace_root()))
     try:
@@ -147,8 +145,8 @@ def test_a_sitecustomize_or_module_next_to_sol_py_is_not_imported():
         for name, text in PLANTS.items():
             (ws / name).write_text(text)
         box = Sandbox(ws)
-        code = grader._RUNNER.format(nonce="N0NCE", cases=[list(a) for a, _ in HIDDEN])
-        out = box.run_cmd([_default_python(), "-I", "-S", "-B", "-c", code]).stdout
+        argv = grader.oracle_argv(_default_python(), "N0NCE", [list(a) for a, _ in HIDDEN])
+        out = box.run_cmd(argv).stdout
         box.close()
     finally:
         shutil.rmtree(ws, ignore_errors=True)

@@ -97,14 +97,19 @@ def run_hidden(source: str, hidden, *, timeout_s: float = 5.0, unsafe: bool = Fa
         (workspace / SOLUTION).write_text(source)
         sandbox = Sandbox(workspace, Limits(wall_s=timeout_s, output_bytes=1 << 16), unsafe=unsafe)
         try:
-            code = _RUNNER.format(nonce=nonce, cases=cases)
-            result = sandbox.run_cmd([_default_python(), "-I", "-S", "-B", "-c", code])
+            result = sandbox.run_cmd(oracle_argv(_default_python(), nonce, cases))
         finally:
             sandbox.close()
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     verdict = judge(result.stdout, nonce, [want for _, want in hidden], timed_out=result.timed_out)
     return dataclasses.replace(verdict, output=result.stdout[-2000:])
+
+
+def oracle_argv(python: str, nonce: str, cases: list[list[int]]) -> list[str]:
+    """The oracle's command line: isolated mode (-I: no PYTHON* variables, no user site, no
+    script or working directory on sys.path), no `site` (-S: no sitecustomize), the runner as code."""
+    return [python, "-I", "-S", "-B", "-c", _RUNNER.format(nonce=nonce, cases=cases)]
 
 
 def judge(stdout: str, nonce: str, wants: list, *, timed_out: bool = False) -> Verdict:
