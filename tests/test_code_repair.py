@@ -140,8 +140,10 @@ def test_milestones_need_their_order_and_come_once():
     assert fix.signals == {"invalid": 0, "fix_applied": 1}
     assert run1.signals == {"invalid": 0, "tests_after_edit": 1}  # no failure_reproduced: edited first
     assert run2.signals == {"invalid": 0}
-    run, cat = play(["run_tests", "cat sol.py"])
     wrong = "replace sol.py 3 return a * 4 + b"
+    edit, failing = play([wrong, "run_tests"])
+    assert obs(failing).startswith("FAIL")  # a failure, but after an edit: not the bug reproduced
+    assert failing.signals == {"invalid": 0, "tests_after_edit": 1}
     runs = play(["run_tests", "run_tests", wrong, FIX])
     assert [r.signals for r in runs] == [
         {"invalid": 0, "failure_reproduced": 1},
