@@ -105,6 +105,8 @@ def _reward(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
     _plot(ax, rows, "reward", label="reward", lw=2, color="k")
     for k in (k for k in keys if k.startswith("reward/")):
         _plot(ax, rows, k, "--", label=k.split("/", 1)[1])
+    # RLVP: the raw path score beside the outcome (its z-score, what the reward adds, averages 0)
+    _plot(ax, rows, "path/phi", "-.", color="C3", label="path Phi (raw)")
     ax.set(ylabel="mean reward")
 
 
@@ -188,7 +190,7 @@ def _path(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
 
 # (panel, the metrics it draws: a panel none of whose metrics was logged is left out)
 PANELS = (
-    (_reward, lambda k: k == "reward" or k.startswith("reward/")),
+    (_reward, lambda k: k in ("reward", "path/phi") or k.startswith("reward/")),
     (_accuracy, lambda k: k in ("accuracy", "parse_rate") or k.startswith("eval/")),
     (_zero_variance, lambda k: k == "zero_variance" or k.startswith("zero_variance/")),
     (_kl_entropy, lambda k: k in ("kl", "kl_ref", "entropy")),
