@@ -105,6 +105,8 @@ def test_an_all_fail_group_with_different_paths_has_a_signal_and_is_still_counte
     assert outcome_only.cause == "all_wrong"
     mixed = grade_episodes(problem, [_episode(s, c) for s, c in GROUP], {"outcome": 1.0}, 48, 0, SPEC)
     assert not mixed.outcome_all_fail
+    right = grade_episodes(problem, [_episode(s, True) for s, _ in GROUP], {"outcome": 1.0}, 48, 0, SPEC)
+    assert right.cause is None and not right.outcome_all_fail  # all solved is not all-fail
 
 
 def test_path_metrics_by_hand():
@@ -355,9 +357,23 @@ def test_principle_1_unknown_or_progress_signals_are_no_penalty(toy_registered):
         "actions, never lack of progress: the penalized signal 'reproduced' is a 'progress' signal, not "
         "'violation': penalizing it would penalize lack of progress"
     ) in progress
-    negative = _error(_recipe(milestones="{reproduced: -0.2}"))
-    assert "<recipe>:13: stages[0].train.path.milestones.reproduced: RLVP principle 1:" in negative
-    assert "a weight below 0 would penalize progress" in negative
+    for weight in ("-0.2", "0"):
+        negative = _error(_recipe(milestones=f"{{reproduced: {weight}}}"))
+        assert "<recipe>:13: stages[0].train.path.milestones.reproduced: RLVP principle 1:" in negative
+        assert (
+            f"its weight must be > 0 (got {float(weight):g}); a weight below 0 would penalize progress"
+            in negative
+        )
+    not_progress = _error(_recipe(milestones="{test_edited: 0.2}"))
+    assert (
+        "<recipe>:13: stages[0].train.path.milestones.test_edited: a milestone must be a 'progress' signal; "
+        "'test_edited' is 'violation' (penalties and compliance go in `rules`)"
+    ) in not_progress
+    unknown = _error(_recipe(milestones="{fixed: 0.2}"))
+    assert (
+        "stages[0].train.path.milestones.fixed: unknown path signal 'fixed': the stage's tasks declare"
+        in unknown
+    )
     penalty = _error(
         _recipe(rule="{violation: test_edited, penalty: 0, compliance: tests_untouched, reward: 1}")
     )
@@ -420,6 +436,17 @@ def test_train_rl_refuses_a_spec_that_breaks_a_principle(tokenizer, tmp_path):
         train_rl(model, tokenizer, [RuleTask()], _rl_config(path=bad), tmp_path)
     with pytest.raises(ValueError, match="train.rewards: RLVP principle 2"):
         train_rl(model, tokenizer, [RuleTask()], _rl_config(rewards={"format": 1.0}), tmp_path)
+    # principle 4 here too (a recipe refuses this already as no reward component)
+    with pytest.raises(
+        ValueError, match="train.rewards.test_edited: RLVP principle 4: normalize path signals"
+    ):
+        train_rl(
+            model,
+            tokenizer,
+            [RuleTask()],
+            _rl_config(rewards={"outcome": 1.0, "test_edited": -1.0}),
+            tmp_path,
+        )
 
 
 def test_declared_signals_refuse_one_name_with_two_kinds():
