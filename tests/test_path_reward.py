@@ -481,3 +481,17 @@ def test_the_report_shows_a_path_panel_only_when_path_metrics_were_logged():
     assert "path Phi (raw)" in fig.axes[0].get_legend_handles_labels()[1]
     plain = [{k: v for k, v in r.items() if not k.startswith("path/")} for r in rows]
     assert [ax.get_ylabel() for ax in rl_figure(plain, "x").axes] == ["mean reward", "share of samples"]
+
+
+def test_the_rl_stage_refuses_a_spec_its_tasks_cannot_honour_before_loading_a_model(tmp_path):
+    """`temper rl` builds its tasks without the recipe: run_rl checks them itself, first."""
+    from temper.stages.base import StageError
+    from temper.stages.context import StageContext
+    from temper.stages.rl import RLStage, describe, run_rl
+
+    bad = PathSpec(rules=[PathRule("reproduced", 1.0, "tests_untouched", 0.5)])
+    stage = RLStage(kind="rl", tasks=["toy"], train=_rl_config(path=bad))
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={"toy": RuleTask()}, task_options={})
+    with pytest.raises(StageError, match="train.path.rules.0.violation: RLVP principle 1"):
+        run_rl(stage, ctx, tmp_path / "no-model", tmp_path / "out")
+    assert describe(stage, None).endswith(", path reward beta 0.5 (1 rules, 0 milestones)")

@@ -310,7 +310,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}"
+    path = (
+        f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"
+        if t.path
+        else ""
+    )
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}"
 
 
 KIND = StageKind(
