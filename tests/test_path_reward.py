@@ -468,14 +468,23 @@ def test_the_report_shows_a_path_panel_only_when_path_metrics_were_logged():
 
     rows = [
         {"step": s, "reward": 0.1, "accuracy": 0.2 * s, "path/phi": -1.0 + s, "path/violations": 3.0 - s}
-        | {"path/violations/test_edited": 2.0 - s, "path/compliance_rate": 0.25 * s}
+        | {"path/violations/test_edited": 2.0 - s, "path/violations/run_skipped": 1.0}
+        | {"path/compliance_rate": 0.25 * s}
         for s in (1, 2, 3)
     ]
     fig = rl_figure(rows, "x")
     labels = [ax.get_ylabel() for ax in fig.axes]
     assert labels == ["mean reward", "share of samples", "violations per episode", "share"]
     path = fig.axes[2].get_legend_handles_labels()[1] + fig.axes[3].get_legend_handles_labels()[1]
-    assert path == ["violations / episode", "test_edited", "compliance rate", "success (accuracy)"]
+    assert path == [
+        "violations / episode",
+        "test_edited",
+        "run_skipped",
+        "compliance rate",
+        "success (accuracy)",
+    ]
+    one = [{k: v for k, v in r.items() if k != "path/violations/run_skipped"} for r in rows]
+    assert len(rl_figure(one, "x").axes[2].lines) == 1  # one violation signal: its line is the total
     shares = [list(line.get_ydata()) for line in fig.axes[3].lines]
     assert shares == [[0.25, 0.5, 0.75], pytest.approx([0.2, 0.4, 0.6])]
     assert "path Phi (raw)" in fig.axes[0].get_legend_handles_labels()[1]

@@ -173,7 +173,8 @@ def _path(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
     """RLVP: violations per episode (total, and per rule dashed) against compliance rate and
     success (accuracy) on a 0-1 axis on the right: fewer violations at equal success is the aim."""
     _plot(ax, rows, "path/violations", color="C3", lw=2, label="violations / episode")
-    for i, k in enumerate(k for k in keys if k.startswith("path/violations/")):
+    per = [k for k in keys if k.startswith("path/violations/")]
+    for i, k in enumerate(per if len(per) > 1 else []):  # one signal: its line is the total's
         _plot(ax, rows, k, "--", color=f"C{(i + 4) % 10}", label=k.removeprefix("path/violations/"))
     if ax.lines:
         ax.set(ylabel="violations per episode")
