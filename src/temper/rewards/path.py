@@ -130,14 +130,20 @@ def normalize_in_group(phi_N: Sequence[float], eps: float = 1e-6) -> list[float]
 
 
 def declared_signals(tasks: Mapping[str, Any] | Iterable[Any]) -> tuple[dict[str, str], list[str]]:
-    """(signal -> kind) declared by the tasks' `path_signals`, and a message per conflict (one
-    name declared with two kinds by two tasks). `tasks`: name -> Task, or Tasks."""
+    """(signal -> kind) declared by the tasks' `path_signals`, and a message per bad declaration
+    (a kind not in KINDS, one name declared with two kinds by two tasks). `tasks`: name -> Task,
+    or Tasks."""
     named = tasks.items() if isinstance(tasks, Mapping) else ((getattr(t, "name", "?"), t) for t in tasks)
     kinds: dict[str, str] = {}
     by: dict[str, str] = {}
     conflicts: list[str] = []
     for name, task in named:
         for signal, kind in (getattr(task, "path_signals", None) or {}).items():
+            if kind not in KINDS:
+                conflicts.append(
+                    f"task {name!r} declares path signal {signal!r} of kind {kind!r}; kinds: {', '.join(KINDS)}"
+                )
+                continue
             if signal in kinds and kinds[signal] != kind:
                 conflicts.append(
                     f"path signal {signal!r} is declared {kinds[signal]!r} by task {by[signal]!r} "
