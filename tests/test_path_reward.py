@@ -449,7 +449,7 @@ def test_train_rl_refuses_a_spec_that_breaks_a_principle(tokenizer, tmp_path):
         )
 
 
-def test_declared_signals_refuse_one_name_with_two_kinds():
+def test_declared_signals_refuse_one_name_with_two_kinds_and_unknown_kinds():
     class Other:
         path_signals: ClassVar[dict[str, str]] = {"test_edited": "compliance"}
 
@@ -457,6 +457,15 @@ def test_declared_signals_refuse_one_name_with_two_kinds():
     assert kinds["test_edited"] == "violation"
     assert conflicts == [
         "path signal 'test_edited' is declared 'violation' by task 'a' and 'compliance' by task 'b'"
+    ]
+
+    class Typo:
+        path_signals: ClassVar[dict[str, str]] = {"slow": "penalty"}
+
+    kinds, bad = declared_signals({"c": Typo()})
+    assert kinds == {}
+    assert bad == [
+        "task 'c' declares path signal 'slow' of kind 'penalty'; kinds: violation, compliance, progress"
     ]
 
 
