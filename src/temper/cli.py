@@ -172,6 +172,8 @@ def config_from_args(
         annotation = _fields(owner)[path[-1]][0]
         if _is_dict(annotation) and value.lstrip().startswith("{"):
             value = _yaml_value(f"--{key[len(group) + 1 :]}", value)  # --train.rewards '{outcome: 1}'
+        elif _is_list(annotation) and value.lstrip().startswith("["):  # --train.path.rules '[{...}]'
+            value = _yaml_value(f"--{key[len(group) + 1 :]}", value)
         elif _is_list(annotation) and not (_union_with_str(annotation) and "," not in value):
             value = [v for v in value.split(",") if v]  # (`str | list[str]` keeps a single value a str)
         node[path[-1]] = value

@@ -91,9 +91,10 @@ class Recipe(Strict):
             errors.append(
                 (("name",), f"{self.name!r} {_not_a_folder_name(self.name)} (it names the run folder)")
             )
+        built = {}
         for name, options in self.tasks.items():
             try:
-                make_recipe_task(name, options or {}, base_dir)
+                built[name] = make_recipe_task(name, options or {}, base_dir)
             except (ValueError, TypeError) as err:
                 option = getattr(err, "option", None)  # TaskOptionError: the option it concerns
                 loc = ("tasks", name, *option) if option else _task_loc(name, options or {})
@@ -125,6 +126,9 @@ class Recipe(Strict):
                             f"stage {stage.name!r} uses task {task!r}, which is not in the recipe's tasks {sorted(self.tasks)}",
                         )
                     )
+            # rules needing the tasks (rl: declared path signals), once all of them could be built
+            if kind.task_rules is not None and all(t in built for t in kind.tasks(stage)):
+                errors += [(("stages", i, *loc), msg) for loc, msg in kind.task_rules(stage, built)]
             for loc, ref in _ref_locs(stage):
                 if ref not in seen:
                     errors.append(

@@ -105,6 +105,8 @@ def _reward(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
     _plot(ax, rows, "reward", label="reward", lw=2, color="k")
     for k in (k for k in keys if k.startswith("reward/")):
         _plot(ax, rows, k, "--", label=k.split("/", 1)[1])
+    # RLVP: the raw path score beside the outcome (its z-score, what the reward adds, averages 0)
+    _plot(ax, rows, "path/phi", "-.", color="C3", label="path Phi (raw)")
     ax.set(ylabel="mean reward")
 
 
@@ -167,20 +169,42 @@ def _clip(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
     ax.set(ylabel="clipped share")
 
 
+def _path(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    """RLVP: violations per episode (total, and per rule dashed) against compliance rate and
+    success (accuracy) on a 0-1 axis on the right: fewer violations at equal success is the aim."""
+    _plot(ax, rows, "path/violations", color="C3", lw=2, label="violations / episode")
+    per = [k for k in keys if k.startswith("path/violations/")]
+    for i, k in enumerate(per if len(per) > 1 else []):  # one signal: its line is the total's
+        _plot(ax, rows, k, "--", color=f"C{(i + 4) % 10}", label=k.removeprefix("path/violations/"))
+    if ax.lines:
+        ax.set(ylabel="violations per episode")
+    rates = [k for k in ("path/compliance_rate", "accuracy") if _points(rows, k)]
+    if not rates:
+        return None
+    twin = ax.twinx() if ax.lines else ax
+    for k, color in zip(rates, ("C2", "C0"), strict=False):
+        _plot(twin, rows, k, ":" if k == "accuracy" else "-", color=color,
+              label="success (accuracy)" if k == "accuracy" else "compliance rate")  # fmt: skip
+    twin.set(ylabel="share", ylim=(-0.03, 1.03))
+    return twin
+
+
 # (panel, the metrics it draws: a panel none of whose metrics was logged is left out)
 PANELS = (
-    (_reward, lambda k: k == "reward" or k.startswith("reward/")),
+    (_reward, lambda k: k in ("reward", "path/phi") or k.startswith("reward/")),
     (_accuracy, lambda k: k in ("accuracy", "parse_rate") or k.startswith("eval/")),
     (_zero_variance, lambda k: k == "zero_variance" or k.startswith("zero_variance/")),
     (_kl_entropy, lambda k: k in ("kl", "kl_ref", "entropy")),
     (_length, lambda k: k in ("response_length", "truncation_rate")),
     (_clip, lambda k: k in ("clip_frac", "value_clip_frac")),
+    (_path, lambda k: k.startswith("path/violations") or k == "path/compliance_rate"),
 )
 
 
 def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
-    """Up to six panels over steps, two per row: reward, accuracy/parse rate (+ evals),
-    zero-variance by cause, KL and entropy, response length and truncation, clip fraction. A panel
+    """Up to seven panels over steps, two per row: reward, accuracy/parse rate (+ evals),
+    zero-variance by cause, KL and entropy, response length and truncation, clip fraction, path
+    signals (RLVP: violations, compliance rate, success; only when path metrics were logged). A panel
     whose metrics were never logged (KL without a KL term, say) is left out rather than drawn
     empty; None when there is no panel at all. One figure: one render, one PNG."""
     keys = list(dict.fromkeys(k for r in rows for k in r))

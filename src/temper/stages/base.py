@@ -227,6 +227,9 @@ class StageKind:
     """Files whose presence identifies an unfinished stage of this kind (it has no stage.json yet)."""
     tasks: Callable[[Any], list[str]] = _no_tasks
     """The recipe tasks the stage uses (checked to exist; they are the CLI command's tasks)."""
+    task_rules: Callable[[Any, dict[str, Any]], list[tuple[Loc, str]]] | None = None
+    """Rules of the spec that need the recipe's built tasks (name -> Task), errors located below
+    the stage (the recipe checks them with the task options; e.g. rl's declared path signals)."""
     main_only: bool = False
     """Run on the main process only (under a multi-process launch the others wait)."""
     summary: Callable[[Path], str] | None = None

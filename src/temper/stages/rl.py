@@ -17,6 +17,7 @@ from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
+from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.rollout.sampler import sampler_stop_ids
@@ -58,8 +59,9 @@ class RLStage(Strict):
     @model_validator(mode="after")
     def _check(self) -> RLStage:
         errors = [(("train", *loc), msg) for loc, msg in rl_rules(self.train)]
+        errors += [(("train", *loc), msg) for loc, msg in path_errors(self.train.path, self.train.rewards)]
         errors += [
-            (("train", "rewards", name), f"unknown reward component {name!r}; valid: {', '.join(COMPONENTS)}")
+            (("train", "rewards", name), _unknown_component(name))
             for name in self.train.rewards
             if name not in COMPONENTS
         ]
@@ -67,6 +69,29 @@ class RLStage(Strict):
             errors.append((("tasks",), "an rl stage needs at least one task"))
         raise_located(errors)
         return self
+
+
+def _unknown_component(name: str) -> str:
+    """The error for a `rewards` key that is no component; a path signal some task declares (or
+    `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
+    from temper.tasks import task_types
+
+    signals = {s for cls in task_types().values() for s in (getattr(cls, "path_signals", None) or {})}
+    if name == "path" or name in signals:
+        return (
+            f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "
+            "reward component; path rewards go in `train.path` (rules, milestones), where they are "
+            "normalized within the group apart from the outcome"
+        )
+    return f"unknown reward component {name!r}; valid: {', '.join(COMPONENTS)}"
+
+
+def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Rules that need the stage's tasks (the recipe builds them before checking): the path
+    signals a `train.path` names are declared by the tasks with the right kind (RLVP principles
+    1, 3 and 4, `temper.rewards.path.signal_errors`)."""
+    mine = {name: tasks[name] for name in stage.tasks if name in tasks}
+    return [(("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)]
 
 
 class GateError(StageError):
@@ -219,6 +244,8 @@ class _AdapterDisabled(torch.nn.Module):
 
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     config = stage.train
+    if bad := task_rules(stage, ctx.tasks):  # the CLI builds its tasks without the recipe's check
+        raise StageError("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
     torch.manual_seed(config.seed)
     tokenizer, model = load_chat_model(source, ctx)
     model.eval()
@@ -283,7 +310,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}"
+    path = (
+        f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"
+        if t.path
+        else ""
+    )
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}"
 
 
 KIND = StageKind(
@@ -295,6 +327,7 @@ KIND = StageKind(
     produces_model=True,
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
     section=lazy("temper.report.rl", "rl_section"),
+    task_rules=task_rules,
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )

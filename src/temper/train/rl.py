@@ -33,6 +33,7 @@ from temper.agent.trajectory import mean_signals
 from temper.envs.base import make_env
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import breakdown
+from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
@@ -126,7 +127,12 @@ def sample_share(
         )
         for (_, problem), trajectories in zip(drawn, episodes, strict=True):
             group = grade_episodes(
-                problem, trajectories, config.rewards, config.max_new_tokens, config.overlong_buffer
+                problem,
+                trajectories,
+                config.rewards,
+                config.max_new_tokens,
+                config.overlong_buffer,
+                config.path,
             )
             if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
                 # an environment that failed or hung is not the policy's doing: a reward of 0 would
@@ -213,6 +219,10 @@ def train_rl(
         raise ValueError("kl_coef > 0 needs a reference model")
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
+    # the RLVP principles, checked here too for runs that bypass the recipe (the CLI, the API)
+    if bad := path_errors(config.path, config.rewards) + signal_errors(config.path, config.rewards, tasks):
+        raise ValueError("; ".join(f"train.{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
+    kinds = declared_signals(tasks)[0]
     sampler = sampler or HFSampler(
         model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
     )
@@ -264,7 +274,7 @@ def train_rl(
                     f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
                 )
             if groups:
-                row |= rollout_metrics(groups, config, t1 - t0)
+                row |= rollout_metrics(groups, config, t1 - t0, kinds)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
                 for g in groups[: config.log_rollouts]:
                     for rec in rollout_record(step + 1, g, tokenizer):
@@ -345,9 +355,16 @@ def _mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> 
     return {k: float(v) if k.startswith("kl_ref/") else float(v) / world for k, v in zip(keys, t.tolist())}
 
 
-def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> dict[str, float]:
+def rollout_metrics(
+    groups: list[Group], config: RLConfig, seconds: float, kinds: dict[str, str] | None = None
+) -> dict[str, float]:
     """Means over the step's samples: reward (total and per component), accuracy, format, length;
-    for multi-turn episodes also turns, environment time and the share of each stop reason."""
+    for multi-turn episodes also turns, environment time and the share of each stop reason.
+    When the tasks declare path signals (`kinds`, signal -> kind) also the path metrics, with or
+    without a path reward (an outcome-only run is compared on them): violations per episode,
+    compliance rate, path/phi (with `config.path`), and path/all_fail_groups, the share of the
+    step's trained groups whose outcome is all wrong whatever their path term
+    (`Group.outcome_all_fail`; with dynamic sampling only the kept groups are counted)."""
     rollouts = [r for g in groups for r in g.rollouts]
     n = len(rollouts)
     new_tokens = sum(r.tokens for r in rollouts)
@@ -369,6 +386,11 @@ def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> di
     row |= {f"reward_fn/{name}": sum(v) / len(v) for name, v in functions.items()}
     if any(len(r.trajectory.segments) > 2 for r in rollouts):  # an agent run: per-episode facts
         row |= episode_metrics([r.trajectory for r in rollouts])
+    if kinds:
+        totals = [episode_totals(r.trajectory.signals) for r in rollouts]
+        phis = [r.parts["path"] for r in rollouts] if config.path is not None else None
+        row |= path_metrics(totals, kinds, phis)
+        row["path/all_fail_groups"] = sum(g.outcome_all_fail for g in groups) / len(groups)
     return row
 
 

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
+from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
 
@@ -77,6 +78,10 @@ class RLConfig:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
     """Reward components and their weights (outcome, format, overlong)."""
+    path: PathSpec | None = None
+    """Verified path rewards (RLVP, `temper.rewards.path`): {beta, rules: [{violation, penalty,
+    compliance, reward}], milestones: {signal: weight}}; Phi is z-scored within each group apart
+    from the outcome and added as beta x z. null: outcome (and the other components) only."""
     overlong_buffer: Annotated[int, Field(ge=0)] = 0
     """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
     dynamic_sampling: bool = False

@@ -15,6 +15,7 @@ from temper.agent.trajectory import Segment, Trajectory
 from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
+from temper.rewards.path import PathSpec, episode_totals, normalize_in_group, phi
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Problem, Score, Task, grade_batch
 
@@ -27,7 +28,7 @@ class Rollout:
     trajectory: Trajectory
     score: Score
     reward: float
-    parts: dict[str, float]  # unweighted reward components
+    parts: dict[str, float]  # unweighted reward components (and path: raw Phi, path_norm: its z-score)
     step_rewards: list[float] = field(default_factory=list)
     """The environment's per-step rewards x the `process` weight, one per action (0 for an action
     the environment never answered): the part of `reward` the turn-level estimators credit per turn."""
@@ -50,6 +51,13 @@ class Group:
     rollouts: list[Rollout]
     cause: str | None = None  # why all rewards are equal (None: they differ)
     rewards: list[float] = field(default_factory=list)
+
+    @property
+    def outcome_all_fail(self) -> bool:
+        """No episode is correct and all outcome rewards are equal, whatever the path term makes of
+        the rewards: the RLVP paper's "all-fail group" (path signals can give it a signal)."""
+        outcomes = [r.score.reward for r in self.rollouts]
+        return not any(r.score.correct for r in self.rollouts) and max(outcomes) - min(outcomes) <= 1e-9
 
 
 def one_step(sample: Sample, score: Score) -> Trajectory:
@@ -90,10 +98,19 @@ def grade_episodes(
     weights: dict[str, float],
     max_new_tokens: int,
     overlong_buffer: int,
+    path: PathSpec | None = None,
 ) -> Group:
     """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
     cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
-    graded 0, not correct, not parsed, with the stop reason as the reason."""
+    graded 0, not correct, not parsed, with the stop reason as the reason.
+
+    With `path` (RLVP, `temper.rewards.path`) each reward also gets beta x z_i, z the episode's
+    path score Phi z-scored within this group alone (never mixed with the outcome before
+    normalizing); parts["path"] is the raw Phi and parts["path_norm"] z, so the outcome and the path
+    are visible apart. The path term is part of the episode's final reward, as the outcome is: the
+    turn-level estimators credit it at the last turn (`to_batch` keeps it out of the per-turn
+    process rewards). The zero-variance cause is of the final rewards: an all-wrong group whose
+    path scores differ has a signal (`Group.outcome_all_fail` still counts it)."""
     rollouts = []
     for t in trajectories:
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
@@ -105,6 +122,11 @@ def grade_episodes(
         rollouts.append(
             Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
         )
+    if path is not None:
+        phis = [phi(episode_totals(r.trajectory.signals), path) for r in rollouts]
+        for r, raw, z in zip(rollouts, phis, normalize_in_group(phis, path.eps), strict=True):
+            r.parts |= {"path": raw, "path_norm": z}
+            r.reward += path.beta * z
     rewards = [r.reward for r in rollouts]
     cause = zero_variance_cause(
         [r.score for r in rollouts], rewards, [r.trajectory.truncated for r in rollouts]
