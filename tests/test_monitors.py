@@ -127,6 +127,12 @@ def test_violations_per_episode_and_their_rise():
     assert violation_rate(rising[:3], MonitorConfig()).flag is False
     assert violation_rate(_rows(**{"monitor/violations": [2, 1, 1, 0]}), MonitorConfig()) == (0.0, False)
     assert violation_rate(_rows(**{"monitor/violations": [0, 0, 0, 0]}), MonitorConfig()) == (0.0, False)
+    back_to_zero = _rows(**{"monitor/violations": [0, 1, 2, 3, 4, 5, 6, 0]})  # trend 17.5 / sqrt(42 · 35.875)
+    assert trend(range(1, 9), [0, 1, 2, 3, 4, 5, 6, 0]) == pytest.approx(17.5 / math.sqrt(42 * 35.875))
+    assert violation_rate(back_to_zero, MonitorConfig(rising=0.45)) == (0.0, False)
+    assert violation_rate(
+        back_to_zero[:-1] + [{"step": 8, "monitor/violations": 0.5}], MonitorConfig(rising=0.45)
+    ).flag
     assert violation_rate(_rows(accuracy=[1]), MonitorConfig()) == Reading(None, False)
 
 
@@ -194,7 +200,7 @@ def low_first(completions, **kw):  # honest: the gold itself, blind to length
 """
 
 
-def _run(tmp_path, tokenizer, rewards, monitors=None):
+def _run(tmp_path, tokenizer, rewards, monitors=None, callbacks=(), **settings):
     """A short GRPO run of a nano model on a data task, as stage 01-rl of a run folder."""
     rows = [{"q": f"what is {i} plus {i % 7}?", "answer": str(i + i % 7)} for i in range(40)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -205,11 +211,14 @@ def _run(tmp_path, tokenizer, rewards, monitors=None):
         model.model.embed_tokens.weight[:, 0] = 1.0  # feature in every position, read only by EOS
         model.lm_head.weight[:, 0] = 0.0
         model.lm_head.weight[tokenizer.eos_token_id, 0] = 0.5
-    config = RLConfig(steps=8, prompts_per_step=4, group_size=8, max_new_tokens=24, lr=1e-2, progress=False)
+    config = RLConfig(
+        **dict(steps=8, prompts_per_step=4, group_size=8, max_new_tokens=24, lr=1e-2, progress=False)
+        | settings
+    )
     if monitors is not None:
         config.monitors = monitors
     out = tmp_path / "run" / "01-rl"
-    result = train_rl(model, tokenizer, [task], config, out)
+    result = train_rl(model, tokenizer, [task], config, out, callbacks=callbacks)
     (out / "stage.json").write_text(json.dumps({"hash": "x", "kind": "rl", "seconds": 1.0}))
     return result.history, out
 
@@ -249,3 +258,27 @@ def test_an_honest_reward_is_not_flagged(tokenizer, tmp_path, capsys):
 def test_monitors_can_be_switched_off(tokenizer, tmp_path):
     history, _ = _run(tmp_path, tokenizer, HACK, MonitorConfig(enabled=False))
     assert not any(k.startswith("monitor/") for r in history for k in r)
+
+
+def test_a_resumed_run_reads_its_window_back_and_warns_once(tokenizer, tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    full, _ = _run(tmp_path / "a", tokenizer, HACK, steps=6)
+
+    class Stop(Exception):
+        pass
+
+    def crash(step, row):
+        if step == 5:
+            raise Stop
+
+    (tmp_path / "b").mkdir()
+    with pytest.raises(Stop):
+        _run(tmp_path / "b", tokenizer, HACK, steps=6, save_every=2, callbacks=[crash])
+    capsys.readouterr()
+    resumed, _ = _run(tmp_path / "b", tokenizer, HACK, steps=6, save_every=2)
+    assert [r["step"] for r in resumed] == [5, 6]
+    for a, b in zip(full[4:], resumed, strict=True):  # the window came back from metrics.jsonl
+        assert {k: v for k, v in a.items() if k.startswith("monitor/")} == {
+            k: v for k, v in b.items() if k.startswith("monitor/")
+        }
+    assert "monitor length_r flagged" not in capsys.readouterr().err  # it flagged before the crash
