@@ -169,9 +169,12 @@ def test_summary_table_and_descriptions():
             "monitor/divergence/flag": [0, 0, 0],
         }
     )
-    assert summary(rows) == [("length_r", 0.95, 2), ("divergence", 0.3, None)]
+    assert summary(rows) == [("length_r", 0.95, 2, True), ("divergence", 0.3, None, False)]
     html = monitor_table(rows, {"window": 7, "length_r": 0.8})
-    assert "Reward-hacking monitors" in html and "step 2" in html and "<td>no</td>" in html
+    assert "Reward-hacking monitors" in html and "<td>step 2</td>" in html and "<td>no</td>" in html
+    rows[2]["monitor/length_r/flag"] = 0
+    assert summary(rows)[0] == ("length_r", 0.95, 2, False)
+    assert "<td>step 2 (not at the last step)</td>" in monitor_table(rows)
     assert "last 7 steps" in html and "r &gt;= 0.8" in html and html.count("class='warn'") == 1
     assert monitor_table([{"step": 1, "reward": 1.0}]) == ""
     assert "component/reward/format" not in describe("component/reward/format", MonitorConfig())

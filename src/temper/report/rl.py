@@ -246,11 +246,12 @@ def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None
         return ""
     config = monitors.MonitorConfig(**(settings or {}))
     table = [
-        [name, "–" if value is None else f"{value:.3g}", f"step {first}" if first is not None else "no",
+        [name, "–" if value is None else f"{value:.3g}",
+         "no" if first is None else f"step {first}" + ("" if now else " (not at the last step)"),
          monitors.describe(name, config)]
-        for name, value, first in found
+        for name, value, first, now in found
     ]  # fmt: skip
-    flagged = {i for i, (_, _, first) in enumerate(found) if first is not None}
+    flagged = {i for i, (_, _, first, _) in enumerate(found) if first is not None}
     note = "gold: greedy held-out eval accuracy when the window holds two evals, else the verifier's accuracy on the training samples"
     return "<h3>Reward-hacking monitors</h3>" + _table(
         table, ["monitor", "current value", "flagged", "what it means"], flagged, note

@@ -25,7 +25,9 @@ tasks) when the window holds at least two evals, else the verifier's `accuracy` 
 samples (which differs from the reward whenever the reward is more than the outcome: a format
 term, a learned or user reward, a length term). Nothing flags before the window holds `min_steps`
 steps. A flag is an alarm to read the rollouts, not a verdict: an honest reward can correlate
-with length, and a noisy gold can look flat for a while.
+with length, and a noisy gold can look flat for a while. A length hack that has run into
+`max_new_tokens` leaves no length to correlate with (every sample truncated): `length_r` then
+falls back, and the truncation rate in the curves tells the rest.
 
 Everything is computed from numbers logged in metrics.jsonl (`monitor/length_r/sums` keeps the
 sufficient statistics of the step's samples), so a resumed run recomputes the same values.
@@ -284,7 +286,7 @@ def describe(name: str, config: MonitorConfig) -> str:
     c, kind = config, name.split("/", 1)[0]
     window = f"over the last {c.window} steps"
     rule = {
-        "length_r": f"Pearson r(reward, response length) over the samples {window}; flags at r >= {c.length_r:g} "
+        "length_r": f"Pearson r(reward, response length) over the samples of the last {c.window} steps; flags at r >= {c.length_r:g} "
         f"while the gold does not rise (trend < {c.rising:g})",
         "divergence": f"trend of the reward minus trend of the gold {window}; flags when the reward rises "
         f"(trend >= {c.rising:g}) and the gold is flat or falling (trend <= {c.flat:g})",
@@ -295,9 +297,9 @@ def describe(name: str, config: MonitorConfig) -> str:
     return f"{rule}. {meaning(name).capitalize()}" if rule else meaning(name)
 
 
-def summary(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float | None, int | None]]:
-    """(monitor, its value at the last step, the first step it flagged or None) for every monitor
-    in the rows, in the order first logged."""
+def summary(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float | None, int | None, bool]]:
+    """(monitor, its latest value, the first step it flagged or None, whether it flags at its
+    latest step) for every monitor in the rows, in the order first logged."""
     names = dict.fromkeys(
         k[len(PREFIX) : -len("/flag")]
         for r in rows
@@ -307,6 +309,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float | None, 
     out = []
     for name in names:
         values = [r[PREFIX + name] for r in rows if _finite(r.get(PREFIX + name))]
+        flags = [r[f"{PREFIX}{name}/flag"] for r in rows if f"{PREFIX}{name}/flag" in r]
         first = next((r["step"] for r in rows if r.get(f"{PREFIX}{name}/flag")), None)
-        out.append((name, values[-1] if values else None, first))
+        out.append((name, values[-1] if values else None, first, bool(flags[-1])))
     return out
