@@ -4,12 +4,14 @@ run, in metrics.jsonl, on the console and in the report, while an honest reward 
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
 from pydantic import ValidationError
 
-from temper.models import build_preset
+from temper.cli import main
+from temper.models import build_preset, save_model
 from temper.report import write_report
 from temper.report.rl import monitor_table
 from temper.rewards.monitors import (
@@ -285,3 +287,20 @@ def test_a_resumed_run_reads_its_window_back_and_warns_once(tokenizer, tmp_path,
             k: v for k, v in b.items() if k.startswith("monitor/")
         }
     assert "monitor length_r flagged" not in capsys.readouterr().err  # it flagged before the crash
+
+
+def test_the_rl_stage_records_its_thresholds_and_the_report_quotes_them(tokenizer, tmp_path, monkeypatch):
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "nano")
+    rows = [{"q": f"what is {i} plus 1?", "answer": str(i + 1)} for i in range(20)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "pay.py").write_text(REWARDS)
+    monkeypatch.chdir(tmp_path)
+    data = ["--task-data", "d.jsonl", "--prompt-column", "q", "--reward", "pay.py:longer"]
+    flags = ["--train.steps", "2", "--train.prompts_per_step", "2", "--train.group_size", "2"]
+    flags += ["--train.max_new_tokens", "4", "--train.progress", "false", "--probe_groups", "0"]
+    flags += ["--train.monitors.window", "3", "--train.monitors.length_r", "0.7"]
+    assert main(["rl", "--model", "nano", "--out", "run/01-rl", *data, *flags]) == 0
+    settings = json.loads((tmp_path / "run" / "01-rl" / "rl.json").read_text())["monitors"]
+    assert settings == asdict(MonitorConfig(window=3, length_r=0.7))
+    html = write_report(tmp_path / "run").read_text()
+    assert "over the samples of the last 3 steps; flags at r &gt;= 0.7" in html
