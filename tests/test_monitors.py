@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from temper.cli import main
 from temper.models import build_preset, save_model
+from temper.recipe import RecipeError, parse_recipe
 from temper.report import write_report
 from temper.report.rl import monitor_table
 from temper.rewards.monitors import (
@@ -189,6 +190,17 @@ def test_monitor_settings_are_validated_as_a_recipe_block():
     assert RLStage.model_validate({"kind": "rl", "tasks": ["t"]}).train.monitors.enabled is True
     with pytest.raises(ValidationError, match="windo"):
         RLStage.model_validate({"kind": "rl", "tasks": ["t"], "train": {"monitors": {"windo": 5}}})
+    with pytest.raises(
+        RecipeError, match=r"train\.monitors\.min_steps: 5 must be at most monitors\.window \(3\)"
+    ):
+        parse_recipe(
+            "name: r\nmodel: {path: m}\ntasks: {arithmetic: {}}\nstages:\n  - kind: rl\n"
+            "    tasks: [arithmetic]\n    train: {monitors: {window: 3, min_steps: 5}}\n"
+        )
+    parse_recipe(  # switched off, no contradiction to report
+        "name: r\nmodel: {path: m}\ntasks: {arithmetic: {}}\nstages:\n  - kind: rl\n"
+        "    tasks: [arithmetic]\n    train: {monitors: {window: 3, min_steps: 5, enabled: false}}\n"
+    )
     with pytest.raises(ValidationError, match="greater than or equal to 2"):
         RLStage.model_validate({"kind": "rl", "tasks": ["t"], "train": {"monitors": {"window": 1}}})
 
