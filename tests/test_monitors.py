@@ -310,9 +310,16 @@ def test_the_rl_stage_records_its_thresholds_and_the_report_quotes_them(tokenize
     data = ["--task-data", "d.jsonl", "--prompt-column", "q", "--reward", "pay.py:longer"]
     flags = ["--train.steps", "2", "--train.prompts_per_step", "2", "--train.group_size", "2"]
     flags += ["--train.max_new_tokens", "4", "--train.progress", "false", "--probe_groups", "0"]
-    flags += ["--train.monitors.window", "3", "--train.monitors.length_r", "0.7"]
+    flags += [
+        "--train.monitors.window",
+        "3",
+        "--train.monitors.min_steps",
+        "2",
+        "--train.monitors.length_r",
+        "0.7",
+    ]
     assert main(["rl", "--model", "nano", "--out", "run/01-rl", *data, *flags]) == 0
     settings = json.loads((tmp_path / "run" / "01-rl" / "rl.json").read_text())["monitors"]
-    assert settings == asdict(MonitorConfig(window=3, length_r=0.7))
+    assert settings == asdict(MonitorConfig(window=3, min_steps=2, length_r=0.7))
     html = write_report(tmp_path / "run").read_text()
     assert "over the samples of the last 3 steps; flags at r &gt;= 0.7" in html
