@@ -20,6 +20,7 @@ import torch
 from temper.data.chat import prompt_ids
 from temper.models import build_preset
 from temper.rewards.diagnostics import CAUSES
+from temper.rewards.monitors import MonitorConfig
 from temper.rollout.sampler import Sample, derive_seed
 from temper.tasks.base import Problem, Score
 from temper.train import rl
@@ -313,8 +314,8 @@ def _rl_config(**kw):
     base = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3, warmup_steps=1,
                 schedule="cosine", weight_decay=0.01, kl_coef=0.1, dynamic_sampling=True,
                 max_sampling_rounds=1, eval_every=3, save_every=3, log_rollouts=1, seed=5, progress=True,
-                epochs=2)  # fmt: skip
-    return RLConfig(**(base | kw))
+                epochs=2, monitors=MonitorConfig(enabled=False))  # fmt: skip
+    return RLConfig(**(base | kw))  # (the monitors' rows are test_monitors.py's)
 
 
 def _zero_variance(all_wrong: float) -> dict[str, float]:

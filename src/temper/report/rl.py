@@ -24,6 +24,7 @@ from temper.report.common import (
     _table,
     read_metrics,
 )
+from temper.rewards import monitors
 from temper.rewards.diagnostics import CAUSES, NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice
 
 
@@ -260,6 +261,27 @@ def rl_compute(summary: Mapping[str, Any], rows: list[dict[str, Any]]) -> str:
     return _table(table, caption="compute")
 
 
+def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None = None) -> str:
+    """The reward-hacking monitors (`temper.rewards.monitors`): each one's latest value, the step
+    it first flagged, and what it measures with the run's thresholds (`settings`, rl.json's
+    `monitors`; the defaults when the stage has not written it yet). Flagged rows highlighted."""
+    found = monitors.summary(rows)
+    if not found:
+        return ""
+    config = monitors.MonitorConfig(**(settings or {}))
+    table = [
+        [name, "–" if value is None else f"{value:.3g}",
+         "no" if first is None else f"step {first}" + ("" if now else " (not at the last step)"),
+         monitors.describe(name, config)]
+        for name, value, first, now in found
+    ]  # fmt: skip
+    flagged = {i for i, (_, _, first, _) in enumerate(found) if first is not None}
+    note = "gold: greedy held-out eval accuracy when the window holds two evals, else the verifier's accuracy on the training samples"
+    return "<h3>Reward-hacking monitors</h3>" + _table(
+        table, ["monitor", "current value", "flagged", "what it means"], flagged, note
+    )
+
+
 def _rollout(r: Mapping[str, Any]) -> str:
     parts = ", ".join(f"{k} {_number(v)}" for k, v in (r.get("parts") or {}).items())
     reward = _number(r["reward"]) if isinstance(r.get("reward"), int | float) else r.get("reward")
@@ -319,6 +341,7 @@ def rl_section(stage: Stage, plots: Path) -> str:
     else:
         parts.append("<p>No metrics logged.</p>")
     parts.append(rl_compute(summary, rows))
+    parts.append(monitor_table(rows, summary.get("monitors")))
     parts.append(rl_episode_table(rows))
     samples = rollout_samples(stage.folder / "rollouts.jsonl")
     parts.append((LEGEND if "class='episode'" in samples else "") + samples)

@@ -176,6 +176,14 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
                 f"{config.advantage!r} it would have no effect",
             )
         )
+    m = config.monitors
+    if m.enabled and m.min_steps > m.window:
+        out.append(
+            (
+                ("monitors", "min_steps"),
+                f"{m.min_steps} must be at most monitors.window ({m.window}): no monitor could ever flag",
+            )
+        )
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -301,6 +302,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "precision": {"train": result.precision}
         | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
+        "monitors": asdict(config.monitors),  # the thresholds the report's monitor table quotes
     }
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)

@@ -31,7 +31,9 @@ from temper import distributed
 from temper.agent.loop import EpisodeLimits, run_episodes
 from temper.agent.trajectory import mean_signals
 from temper.envs.base import make_env
+from temper.jsonl import iter_jsonl
 from temper.precision import resolve_precision
+from temper.rewards import monitors
 from temper.rewards.diagnostics import breakdown
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rollout import HFSampler, Sampler
@@ -245,6 +247,16 @@ def train_rl(
         for path in (log.path, rollouts.path):
             path.unlink(missing_ok=True)
     accelerator.wait_for_everyone()
+    # the monitors' trailing window: a resumed run reads its steps so far back from the log
+    past = (
+        [r for _, _, r in iter_jsonl(log.path) if isinstance(r, dict)] if start and log.path.exists() else []
+    )
+    flagged: set[str] = set()
+    for r in past:
+        monitors.new_flags(r, flagged)
+    violations = [
+        n for t in tasks for n, kind in getattr(t, "path_signals", {}).items() if kind == "violation"
+    ]
 
     history: list[dict[str, Any]] = []
     sampled_tokens = trained_tokens = 0
@@ -318,6 +330,18 @@ def train_rl(
             ):
                 model.eval()
                 row |= {f"eval/{k}": v for k, v in distributed.on_main(evaluate, step + 1).items()}
+            if config.monitors.enabled:
+                done = [r for g in groups for r in g.rollouts]
+                row |= monitors.step_monitors(
+                    row, past, [r.reward for r in done], [r.tokens for r in done], config.monitors, violations
+                )
+                past = [*past[-config.monitors.window :], row]
+                for name in monitors.new_flags(row, flagged):
+                    if main:
+                        console.print(
+                            f"[yellow]rl[/]: step {step + 1}: reward-hacking monitor {name} flagged "
+                            f"({row.get('monitor/' + name, float('nan')):.3g}): {monitors.meaning(name)}"
+                        )
             log.log(row)
             history.append(row)
             progress.update(

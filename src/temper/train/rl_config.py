@@ -9,6 +9,7 @@ from pydantic import Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
+from temper.rewards.monitors import MonitorConfig
 from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
@@ -108,3 +109,6 @@ class RLConfig:
     training and the hf sampler each decide on their own."""
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
+    monitors: MonitorConfig = field(default_factory=MonitorConfig)
+    """Reward-hacking monitors (`temper.rewards.monitors`): length correlation, train vs gold
+    divergence, component trends, violation rate; logged as monitor/<name> and monitor/<name>/flag."""
