@@ -215,6 +215,15 @@ def test_the_fast_step_refuses_every_model_it_does_not_reproduce(tokenizer):
 
     assert LlamaDecodeStep.build(LlamaForCausalLM()) is None
 
+    class LlamaForCausalLM(nn.Module):  # a llama's name and settings, no `model` inside
+        config = SimpleNamespace(model_type="llama", hidden_act="silu")
+
+        def __init__(self):
+            super().__init__()
+            self.lm_head = nn.Linear(2, 2)
+
+    assert LlamaDecodeStep.build(LlamaForCausalLM()) is None
+
     class MyLlama(type(_tiny_llama(tokenizer))):
         pass
 
@@ -238,6 +247,9 @@ def test_the_fast_step_refuses_every_model_it_does_not_reproduce(tokenizer):
         model = _tiny_llama(tokenizer)
         model.model.rotary_emb.rope_type = rope
         assert LlamaDecodeStep.build(model) is None
+    model = _tiny_llama(tokenizer)
+    del model.model.rotary_emb.rope_type  # a rotary embedding that does not say: the default
+    assert LlamaDecodeStep.build(model) is not None
     # a hook without a __qualname__ (a functools.partial) acts like any other
     model = _tiny_llama(tokenizer)
     model.model.layers[0].mlp.register_forward_hook(functools.partial(lambda tag, *a: None, "x"))

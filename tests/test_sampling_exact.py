@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from temper.rollout.sampler import Sample, check_sample_args, with_greedy_copies
-from temper.rollout.sampling import _draw, choose_tokens
+from temper.rollout.sampling import _draw, choose_tokens, row_uniforms
 
 # probabilities 1/2, 1/4, 1/8, 1/8: exact in floating point
 LOGITS = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
@@ -96,3 +96,24 @@ def test_greedy_copies_are_independent_objects():
     copies[0].logprobs[0] = 0.0
     assert copies[1].token_ids == [2, 3] and copies[2].logprobs == [-0.5, -0.25]
     assert with_greedy_copies(decode, 3, 0.7) == decode(3) and calls[-2:] == [3, 3]
+
+
+def test_the_draws_do_not_depend_on_torchs_default_dtype():
+    """the uniform numbers are float32 draws of each row's generator even when a caller has made
+    float64 torch's default (float64 draws of the same generator are other numbers)."""
+    rows = 16
+    expected_u = torch.rand(rows, generator=torch.Generator().manual_seed(7))
+    cdf = [0.5, 0.75, 0.875, 1.0]
+    expected = [next(i for i, c in enumerate(cdf) if u < c) for u in expected_u.tolist()]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        uniforms = row_uniforms([3, 4], 5, torch.device("cpu"))
+        tokens, _ = choose_tokens(
+            LOGITS.repeat(rows, 1), temperature=1.0, generator=torch.Generator().manual_seed(7)
+        )
+    finally:
+        torch.set_default_dtype(old)
+    assert uniforms.dtype == torch.float32
+    assert uniforms[1].tolist() == torch.rand(5, generator=torch.Generator().manual_seed(4)).tolist()
+    assert tokens.tolist() == expected
