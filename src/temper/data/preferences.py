@@ -73,7 +73,9 @@ def _side(prompt: Text, completion: Any, field: str, row: dict, source: str, lin
             {"prompt": prompt, "completion": completion, "tools": row.get("tools")}, source, line
         )
     except DataError as err:
-        raise DataError(source, line, err.field.replace("completion", field, 1), err.problem) from None
+        raise DataError(
+            source, line, err.field.replace("completion", field, 1), err.problem.replace("completion", field)
+        ) from None
 
 
 def parse_preference(row: Any, source: str, line: int) -> Pair | Labelled:
