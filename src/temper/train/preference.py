@@ -231,6 +231,45 @@ def evaluate_objective(
     return {n: float(s / c) for n, (s, c) in stats.items() if c > 0}
 
 
+def backward_batch(
+    model: torch.nn.Module,
+    items: list[Any],
+    idx: list[int],
+    refs: torch.Tensor,
+    objective: Objective,
+    ctx: Any,
+    micro: int,
+    batch_size: int,
+    pad_id: int,
+    stats: Stats,
+    accelerator: Accelerator | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Accumulate into `.grad` the gradient of sum_i l_i / batch_size over the items `idx` (this
+    process's share of a global batch of `batch_size`), `micro` items per forward; return the
+    loss summed over the micro-batches and the tokens processed. Any split of `idx` into
+    micro-batches, and of the global batch into processes, gives the same summed gradient."""
+    world = accelerator.num_processes if accelerator else 1
+    loss_sum, tokens = torch.zeros(()), 0
+    for m in range(0, len(idx), micro):
+        chunk_idx = idx[m : m + micro]
+        chunk = [items[i] for i in chunk_idx]
+        last = m + micro >= len(idx)
+        sync = accelerator.no_sync(model) if accelerator and not last else nullcontext()
+        with sync:
+            seqs = objective.sequences(chunk)
+            logp, n_tokens = sequence_logps(model, seqs, pad_id)
+            losses = objective.loss(chunk, logp, n_tokens, refs[chunk_idx].to(logp.device), ctx, stats)
+            loss = losses.sum() / batch_size
+            # DDP averages the gradients over processes; each holds sum_local / batch_size
+            if accelerator is not None:
+                accelerator.backward(loss * world)
+            else:
+                loss.backward()
+        loss_sum = loss_sum + loss.detach().cpu()
+        tokens += sum(len(s.input_ids) for s in seqs)
+    return loss_sum, tokens
+
+
 def train_preference(
     model: torch.nn.Module,
     items: list[Any],
@@ -317,26 +356,26 @@ def train_preference(
             for group in optimizer.param_groups:
                 group["lr"] = lr_for(step)
             stats: Stats = {}
-            loss_sum = torch.zeros((), device=accelerator.device)
-            for m in range(0, per_process, micro):
-                idx = local[m : m + micro]
-                chunk = [items[i] for i in idx]
-                last = m + micro >= per_process
-                with accelerator.no_sync(model) if not last else nullcontext():
-                    seqs = objective.sequences(chunk)
-                    logp, tokens = sequence_logps(model, seqs, pad_id)
-                    losses = objective.loss(chunk, logp, tokens, refs[idx].to(logp.device), ctx, stats)
-                    loss = losses.sum() / config.batch_size
-                    accelerator.backward(loss * world)  # DDP averages over processes
-                loss_sum += loss.detach()
-                n = sum(len(s.input_ids) for s in seqs)
-                tokens_total, tok_window = tokens_total + n, tok_window + n
+            loss_sum, n = backward_batch(
+                model,
+                items,
+                local,
+                refs,
+                objective,
+                ctx,
+                micro,
+                config.batch_size,
+                pad_id,
+                stats,
+                accelerator,
+            )
+            tokens_total, tok_window = tokens_total + n, tok_window + n
             grad_norm = None
             if config.grad_clip > 0:
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
+            loss_value = accelerator.reduce(loss_sum.to(accelerator.device), reduction="sum").item()
             done = step + 1
             row: dict[str, Any] = {"step": done, "loss": loss_value, "lr": lr_for(step)} | _means(
                 stats, accelerator
