@@ -246,6 +246,25 @@ def test_dpo_refuses_unpaired_rows_and_ipo_smoothing(tmp_path, saved, capsys):
     )
     assert main(args + ["--loss", "ipo", "--label_smoothing", "0.1"]) != 0
     assert "label_smoothing" in capsys.readouterr().err
+    assert main(["kto", "--model", str(model), "--out", str(tmp_path / "k")]) != 0
+    assert "give data.files (preference data sets) and/or data.generate" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "kto",
+                "--model",
+                str(model),
+                "--out",
+                str(tmp_path / "k"),
+                "--data.files",
+                str(data),
+                "--train.batch_size",
+                "1",
+            ]
+        )
+        != 0
+    )
+    assert "must be at least 2: KTO estimates its reference point" in capsys.readouterr().err
 
 
 # ---- the generator --------------------------------------------------------------------------------

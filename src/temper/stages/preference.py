@@ -79,7 +79,7 @@ class PreferenceData(Strict):
 class PreferenceStage(Strict):
     """The fields every preference stage has (each kind adds its loss's options)."""
 
-    data: PreferenceData
+    data: PreferenceData = PreferenceData()
     beta: float = Field(0.1, gt=0)
     """Strength of the pull toward the reference (the implicit reward's scale)."""
     max_len: int = Field(256, gt=1)
