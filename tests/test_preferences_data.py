@@ -65,12 +65,10 @@ def test_implicit_prompt_splits_as_trl(row):
 def test_unpaired_and_unpair():
     item = parse_preference({"prompt": [U], "completion": [A5], "label": True}, "f", 2)
     assert isinstance(item, Labelled) and item.desirable and item.completion == [A5]
-    pair = Pair("f", 3, [U], [A5], [A6])
-    assert [(x.completion, x.desirable) for x in unpair([pair, item])] == [
-        ([A5], True),
-        ([A6], False),
-        ([A5], True),
-    ]
+    p1, p2 = Pair("f", 3, [U], [A5], [A6]), Pair("f", 4, "q", "a", "b")
+    got = [(x.completion, x.desirable) for x in unpair([p1, item, p2])]
+    # chosen of every pair, then rejected of every pair, as TRL: neighbours answer other prompts
+    assert got == [([A5], True), ([A5], True), ("a", True), ([A6], False), ("b", False)]
 
 
 @pytest.mark.parametrize(

@@ -179,14 +179,13 @@ def load_preferences(
 
 def unpair(items: list[Pair | Labelled]) -> list[Labelled]:
     """Unpaired rows for KTO: each pair becomes its chosen (desirable) and its rejected
-    (undesirable) completion, as `trl.unpair_preference_dataset` does; unpaired rows stay."""
-    out: list[Labelled] = []
-    for it in items:
-        if isinstance(it, Labelled):
-            out.append(it)
-        else:
-            out.append(Labelled(it.source, it.line, it.prompt, it.chosen, True, it.tools))
-            out.append(Labelled(it.source, it.line, it.prompt, it.rejected, False, it.tools))
+    (undesirable) completion, as `trl.unpair_preference_dataset` does: every chosen first, then
+    every rejected, so that neighbours (whose prompt and completion KTO's KL estimate mismatches,
+    `temper.train.preference.kto_items`) answer different prompts. Unpaired rows stay, in front."""
+    pairs = [it for it in items if isinstance(it, Pair)]
+    out = [it for it in items if isinstance(it, Labelled)]
+    out += [Labelled(p.source, p.line, p.prompt, p.chosen, True, p.tools) for p in pairs]
+    out += [Labelled(p.source, p.line, p.prompt, p.rejected, False, p.tools) for p in pairs]
     return out
 
 
