@@ -45,6 +45,7 @@ __all__ = [
 ENVIRONMENT_TASKS = {
     "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
     "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
+    "multi_tool": "temper.envs.multi_tool:MultiToolTask",  # tools with costs and dependencies, local or MCP
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
 modules import temper.tasks, so this package cannot import them while it initializes."""
