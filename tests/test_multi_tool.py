@@ -293,3 +293,22 @@ def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
         assert "ToolServerError" in dead.signals[-1]["error"]
     finally:
         close_connections()
+
+
+@pytest.mark.parametrize("show_tools", [True, False])
+def test_sft_trains_the_calls_and_answer_never_a_tool_result(tokenizer, show_tools):
+    from types import SimpleNamespace
+
+    from temper.data.chat import IGNORE, tokenize_example
+    from temper.stages.sft import demonstrations
+
+    task = make_task("multi_tool", show_tools=show_tools)
+    [example] = demonstrations(SimpleNamespace(tasks={"multi_tool": task}), ["multi_tool"], "train", 1, 3)
+    problem = task.sample("train", 1, 3)[0]
+    assert example.messages == task.demonstration_messages(problem)
+    assert example.tools == (registry_of(task.config).schemas if show_tools else None)
+    tok = tokenize_example(tokenizer, example, 4096)
+    trained = tokenizer.decode([t for t, lab in zip(tok.input_ids, tok.labels, strict=True) if lab != IGNORE])
+    calls = "".join(call_text(n, a) + "<|end|>" for n, a in task.cheapest_chain(problem))
+    assert trained == calls + f"Answer: {problem.data['answer']}<|end|>"
+    assert ("price of an item" in tokenizer.decode(tok.input_ids)) == show_tools  # the schemas in the prompt
