@@ -185,6 +185,7 @@ def test_registry():
     assert set(task_types()) == {
         "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt",
         "code_repair",
+        "multi_tool",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

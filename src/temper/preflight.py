@@ -353,10 +353,13 @@ def _template_problem(value: str, base_dir: Path) -> str | None:
     """Why a `chat_template` option cannot be used (no such name or file, or Jinja that does not
     parse, which would otherwise surface as a traceback at the first rendered prompt), or None."""
     import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
 
     try:
         text = template_text(value, base_dir)
-        jinja2.Environment().parse(text)
+        # compiled as transformers compiles it: plain Jinja lacks its `{% generation %}` tag, which
+        # the built-in `temper` template uses, and its loop controls
+        _compile_jinja_template(text)
     except (ChatTemplateError, OSError, UnicodeDecodeError) as err:
         return str(err)
     except jinja2.TemplateSyntaxError as err:

@@ -101,7 +101,12 @@ def demonstrations(
                     {"role": "assistant", "content": task.demonstration(problem)}
                 ]
             spans = tuple(task.environment_spans(problem)) if hasattr(task, "environment_spans") else ()
-            out.append(Example(source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans))
+            tools = getattr(task, "tools", None)  # the schemas an env task's prompts show (multi_tool)
+            out.append(
+                Example(
+                    source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans, tools=tools
+                )
+            )
     return out
 
 

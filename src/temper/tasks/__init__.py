@@ -46,6 +46,7 @@ ENVIRONMENT_TASKS = {
     "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
     "code_repair": "temper.envs.code_repair.task:CodeRepairTask",
     "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
+    "multi_tool": "temper.envs.multi_tool:MultiToolTask",  # tools with costs and dependencies, local or MCP
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
 modules import temper.tasks, so this package cannot import them while it initializes."""
