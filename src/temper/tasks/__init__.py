@@ -45,6 +45,8 @@ __all__ = [
 ENVIRONMENT_TASKS = {
     "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
     "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
+    "simulated_search": "temper.envs.simulated_search:SimulatedSearchTask",
+    "search_documents": "temper.envs.simulated_search:SearchDocumentsTask",  # its simulator's SFT task
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
 modules import temper.tasks, so this package cannot import them while it initializes."""
