@@ -183,7 +183,8 @@ def test_registry():
     assert {"arithmetic": Arithmetic, "general_points": GeneralPoints}.items() <= TASKS.items()
     assert set(TASKS) >= {"arithmetic", "general_points", "dataset", "reasoning_gym"}
     assert set(task_types()) == {
-        "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt"
+        "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt",
+        "simulated_search", "search_documents",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)
