@@ -148,7 +148,7 @@ def test_noise_0_documents_hold_the_fact_and_a_scripted_search_then_answer_score
             doc = t.messages[2]["content"]
             assert doc == f"doc: {document(p.data['country'], p.data['capital'])}"
             assert t.signals[0] == {"search": 1, "noisy": 0, "off_topic": 0, "doc_has_answer": 1}
-    assert perfect.calls == 6  # one batched simulator call per group and round (2 searches each)
+    assert perfect.calls == 1  # one batched simulator call for the round's 12 searches (6 groups)
     assert all(pr.startswith("Write a useful doc") for pr in perfect.prompts)
 
 

@@ -20,8 +20,9 @@ problem's seed), so the policy cannot know the answer and must search and read:
 The simulator is any causal LM temper loads (`simulator`: a model folder or hub id, or a preset
 name for an untrained from-scratch model, which only tests plumbing). It is loaded once per
 process and shared by every env (`load_simulator`), frozen (`requires_grad_(False)`, eval mode)
-and sampled under `torch.inference_mode` by an `HFSampler` of its own: one batched call per group
-and round (`SimulatedSearchEnv.step_batch`; the agent loop calls it in the main thread).
+and sampled under `torch.inference_mode` by an `HFSampler` of its own: one batched call per round
+(`SimulatedSearchEnv.step_batch`, with `batch_across_groups`: the agent loop then steps every
+env of the round in one call, in the main thread).
 What it writes reaches the policy only as a `user` message, so the agent loop appends it as
 environment tokens (`Segment(trainable=False, logprobs=None)`): never trained on, never scored
 by the policy's logprobs. To write documents at all the tiny default needs the short fine-tuning
@@ -414,6 +415,7 @@ class SimulatedSearchEnv:
     """One episode: search (the simulator answers) until the policy answers or runs out of turns."""
 
     stop = ()
+    batch_across_groups = True  # the agent loop steps a whole round's envs in one step_batch call
 
     def __init__(self, task: SimulatedSearchTask, problem: Problem, ordinal: int = 0):
         self.task, self.problem, self.ordinal = task, problem, ordinal
