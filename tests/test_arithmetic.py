@@ -186,6 +186,7 @@ def test_registry():
         "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt",
         "code_repair",
         "multi_tool",
+        "simulated_search", "search_documents",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

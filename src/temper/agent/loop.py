@@ -181,7 +181,9 @@ def _step_round(
     threaded: list[_Episode] = []
     for e in live:
         if hasattr(type(e.env), "step_batch"):
-            batched.setdefault((type(e.env), e.group), []).append(e)
+            # an env class may batch across groups (a simulator LM: one call for the whole round)
+            across = getattr(type(e.env), "batch_across_groups", False)
+            batched.setdefault((type(e.env), -1 if across else e.group), []).append(e)
         else:
             threaded.append(e)
     futures = {pool.submit(_timed, e.env.step, actions[id(e)]): e for e in threaded}

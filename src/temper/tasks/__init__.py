@@ -47,6 +47,8 @@ ENVIRONMENT_TASKS = {
     "code_repair": "temper.envs.code_repair.task:CodeRepairTask",
     "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
     "multi_tool": "temper.envs.multi_tool:MultiToolTask",  # tools with costs and dependencies, local or MCP
+    "simulated_search": "temper.envs.simulated_search:SimulatedSearchTask",
+    "search_documents": "temper.envs.simulated_search:SearchDocumentsTask",  # its simulator's SFT task
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
 modules import temper.tasks, so this package cannot import them while it initializes."""

@@ -73,11 +73,16 @@ def problems_for_step(
     tasks: list[Task], n: int, seed: int, step: int, stream: int = 0
 ) -> list[tuple[Task, Problem]]:
     """n training problems, a pure function of (seed, step, stream): resume replays them exactly.
-    Stream 0 is the step's batch; refill rounds of dynamic sampling draw from other streams."""
+    Stream 0 is the step's batch; refill rounds of dynamic sampling draw from other streams.
+    A task with `sample_at_step` is told the step (a curriculum over training, e.g. the noise of
+    `simulated_search`): what changes with the step is part of the drawn problems."""
     out = []
     for i, task in enumerate(tasks):
         k = n // len(tasks) + (i < n % len(tasks))
-        out += [(task, p) for p in task.sample("train", k, seed=derive_seed(seed, step, stream, i))]
+        key = derive_seed(seed, step, stream, i)
+        at_step = getattr(task, "sample_at_step", None)
+        drawn = at_step("train", k, seed=key, step=step) if at_step else task.sample("train", k, seed=key)
+        out += [(task, p) for p in drawn]
     return out
 
 
