@@ -15,6 +15,7 @@ from temper.envs.code_repair.curriculum import CURRICULUM_REASONS, CurriculumCon
 from temper.envs.code_repair.generator import RepairTask
 from temper.envs.code_repair.task import task_of
 from temper.models import build_preset
+from temper.report.rl import curriculum_table
 from temper.tasks import make_task
 from temper.train.rl import RLConfig, grow_curricula, train_rl
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
@@ -156,6 +157,13 @@ def test_an_rl_run_logs_the_curriculum_and_a_resumed_run_draws_the_same(tokenize
     sizes = [r["curriculum/pool_size"] for r in full.history]
     assert sizes == sorted(sizes) and sizes[-1] > 4 and full.history[-1]["curriculum/generated_share"] > 0
     a = drawn_ids(tmp_path / "a", [1, 2, 3, 4])
+    # the report's table: the pool at the end, its generated share, admitted and rejected totals
+    table = curriculum_table(full.history)
+    last = full.history[-1]
+    assert f"<td>pool at the end</td><td>{last['curriculum/pool_size']}</td>" in table
+    assert f"<td>{round(100 * last['curriculum/generated_share'])}%</td>" in table
+    assert f"<td>{sum(r['curriculum/admitted'] for r in full.history)}</td>" in table
+    assert curriculum_table([{"step": 1, "reward": 0.0}]) == ""
     assert not any(i.startswith("gen") for i in a[0]) and any(i.startswith("gen") for s in a[2:] for i in s)
 
     class Stop(Exception):
