@@ -52,7 +52,7 @@ def test_the_variants_of_a_failure_are_exact_and_seeded():
 
 def test_every_variant_passes_the_gate_and_planted_bad_ones_are_rejected(monkeypatch):
     task = small()
-    c = task.curriculum
+    c = task.failure_curriculum
     parent = c.originals()[0]
     test_task = task_of(task.problems("test")[0])
     real = type(c).make_variant
@@ -78,7 +78,7 @@ def test_every_variant_passes_the_gate_and_planted_bad_ones_are_rejected(monkeyp
 
 def test_the_pool_grows_only_from_all_fail_groups_and_stays_a_bounded_share():
     task = small()
-    c = task.curriculum
+    c = task.failure_curriculum
     c.resume("/nonexistent", 0, main=False)
     ids = [p.id for p in c.originals()]
 
@@ -115,7 +115,7 @@ def test_the_pool_grows_only_from_all_fail_groups_and_stays_a_bounded_share():
 
 
 def test_growth_every_k_steps_uses_the_failures_of_those_steps():
-    c = small(curriculum=CURRICULUM | {"every": 2}).curriculum
+    c = small(curriculum=CURRICULUM | {"every": 2}).failure_curriculum
     c.resume("/nonexistent", 0, main=False)
     ids = [p.id for p in c.originals()]
     assert c.after_step(1, [(ids[0], True)])["curriculum/admitted"] == 0 and c.pending == [ids[0]]

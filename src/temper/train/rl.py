@@ -268,7 +268,7 @@ def train_rl(
         for path in (log.path, rollouts.path):
             path.unlink(missing_ok=True)
     # tasks whose train pool grows from the policy's failures (envs/code_repair/curriculum.py)
-    curricula = {t.name: t.curriculum for t in tasks if getattr(t, "curriculum", None) is not None}
+    curricula = {t.name: c for t in tasks if (c := getattr(t, "failure_curriculum", None)) is not None}
     for curriculum in curricula.values():
         curriculum.resume(out_dir, start, main)
     accelerator.wait_for_everyone()

@@ -158,12 +158,12 @@ class CodeRepairTask:
     name: ClassVar[str] = "code_repair"
     config_type: ClassVar[type] = CodeRepairConfig
     path_signals: ClassVar[dict[str, str]] = PATH_SIGNALS
-    curriculum: Curriculum | None = field(default=None, init=False, compare=False, repr=False)
+    failure_curriculum: Curriculum | None = field(default=None, init=False, compare=False, repr=False)
     """The growing train pool under `config.curriculum` (train_rl drives it), else None."""
 
     def __post_init__(self) -> None:
         if self.config.curriculum is not None:
-            object.__setattr__(self, "curriculum", Curriculum(self, self.config.curriculum))
+            object.__setattr__(self, "failure_curriculum", Curriculum(self, self.config.curriculum))
 
     @property
     def max_turns(self) -> int:
@@ -192,8 +192,8 @@ class CodeRepairTask:
 
     def sample_at_step(self, split: str, n: int, seed: int, step: int) -> list[Problem]:
         """`sample`, with the curriculum's variants born before RL step `step` in the train draws."""
-        if split == "train" and self.curriculum is not None:
-            return self.curriculum.draw(n, seed, step)
+        if split == "train" and self.failure_curriculum is not None:
+            return self.failure_curriculum.draw(n, seed, step)
         return self.sample(split, n, seed)
 
     def make_env(self, problem: Problem) -> CodeRepairEnv:
