@@ -282,6 +282,32 @@ def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None
     )
 
 
+def curriculum_table(rows: list[dict[str, Any]]) -> str:
+    """A curriculum grown from failures (code_repair's, WebRL-style): the pool at the end, the
+    share of it the curriculum generated, what the gate admitted and rejected over the run, and
+    the share of the drawn problems that were generated; empty when no curriculum ran."""
+    rows = [r for r in rows if "curriculum/pool_size" in r]
+    if not rows:
+        return ""
+    last = rows[-1]
+    rejected = {
+        k.removeprefix("curriculum/rejected/"): sum(r.get(k, 0) for r in rows)
+        for k in dict.fromkeys(k for r in rows for k in r if k.startswith("curriculum/rejected/"))
+    }
+    drawn = [r["curriculum/drawn_generated_share"] for r in rows if "curriculum/drawn_generated_share" in r]
+    table = [
+        ["pool at the end", f"{last['curriculum/pool_size']:,}"],
+        ["generated share of the pool", _pct(last["curriculum/generated_share"])],
+        ["variants admitted", f"{sum(r.get('curriculum/admitted', 0) for r in rows):,}"],
+        ["rejected by the gate", ", ".join(f"{k} {v:,}" for k, v in rejected.items() if v) or "none"],
+        [
+            "generated share of the drawn problems (mean over steps)",
+            _pct(sum(drawn) / len(drawn)) if drawn else "–",
+        ],
+    ]
+    return _table(table, caption="curriculum (train tasks the policy failed, turned into admitted variants)")
+
+
 def _rollout(r: Mapping[str, Any]) -> str:
     parts = ", ".join(f"{k} {_number(v)}" for k, v in (r.get("parts") or {}).items())
     reward = _number(r["reward"]) if isinstance(r.get("reward"), int | float) else r.get("reward")
@@ -342,6 +368,7 @@ def rl_section(stage: Stage, plots: Path) -> str:
         parts.append("<p>No metrics logged.</p>")
     parts.append(rl_compute(summary, rows))
     parts.append(monitor_table(rows, summary.get("monitors")))
+    parts.append(curriculum_table(rows))
     parts.append(rl_episode_table(rows))
     samples = rollout_samples(stage.folder / "rollouts.jsonl")
     parts.append((LEGEND if "class='episode'" in samples else "") + samples)

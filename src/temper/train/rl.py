@@ -74,8 +74,9 @@ def problems_for_step(
 ) -> list[tuple[Task, Problem]]:
     """n training problems, a pure function of (seed, step, stream): resume replays them exactly.
     Stream 0 is the step's batch; refill rounds of dynamic sampling draw from other streams.
-    A task with `sample_at_step` is told the step (a curriculum over training, e.g. the noise of
-    `simulated_search`): what changes with the step is part of the drawn problems."""
+    A task with `sample_at_step` is told the step (a curriculum over training: the noise of
+    `simulated_search`, the pool `code_repair` grows from failures): what changes with the step is
+    part of the drawn problems."""
     out = []
     for i, task in enumerate(tasks):
         k = n // len(tasks) + (i < n % len(tasks))
@@ -94,6 +95,7 @@ def sample_share(
     step: int,
     rank: int = 0,
     world: int = 1,
+    graded: list[Group] | None = None,
 ) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
     cause of every first-round group, sampling rounds, the error of each group left out because
@@ -105,7 +107,8 @@ def sample_share(
     the same global batch). With dynamic sampling (DAPO, Yu et al. 2025 §3.2) constant-reward
     groups are dropped and EACH PROCESS REFILLS ITS OWN SHARE from its own problem stream, so no
     process waits for another while sampling; like DAPO, a refill round over-samples by the share
-    of groups the previous round kept (at most 4x)."""
+    of groups the previous round kept (at most 4x). `graded`, when given, receives every graded
+    group of every round, the dropped ones included (a curriculum grows from the all-fail ones)."""
     share = distributed.share(config.prompts_per_step, rank, world)
     want = share.stop - share.start
     kept: list[Group] = []
@@ -147,6 +150,8 @@ def sample_share(
                 failed.append(next(t.signals[-1].get("error", t.stop_reason) for t in trajectories
                                    if t.stop_reason in INFRA_ERRORS))  # fmt: skip
                 continue
+            if graded is not None:
+                graded.append(group)
             if rounds == 0:
                 causes.append(group.cause)  # the breakdown describes the policy, before filtering
             if not config.dynamic_sampling or group.cause is None:
@@ -154,6 +159,20 @@ def sample_share(
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
     return kept[:want], causes, rounds, failed
+
+
+def grow_curricula(curricula: dict[str, Any], graded: list[Group], step: int) -> dict[str, float]:
+    """Every process's graded problems of the step (all sampling rounds), gathered, each with
+    whether its whole group failed, handed to its task's curriculum, which grows its pool from
+    the failures (the same pool in every process); the curricula's metrics."""
+    drawn = distributed.gather([
+        (g.rollouts[0].problem.task, g.rollouts[0].problem.id, not any(r.score.correct for r in g.rollouts))
+        for g in graded if g.rollouts
+    ])  # fmt: skip
+    row: dict[str, float] = {}
+    for name, curriculum in curricula.items():
+        row |= curriculum.after_step(step, [(pid, failed) for task, pid, failed in drawn if task == name])
+    return row
 
 
 def episode_limits(config: RLConfig) -> EpisodeLimits:
@@ -251,6 +270,10 @@ def train_rl(
     elif main:
         for path in (log.path, rollouts.path):
             path.unlink(missing_ok=True)
+    # tasks whose train pool grows from the policy's failures (envs/code_repair/curriculum.py)
+    curricula = {t.name: c for t in tasks if (c := getattr(t, "failure_curriculum", None)) is not None}
+    for curriculum in curricula.values():
+        curriculum.resume(out_dir, start, main)
     accelerator.wait_for_everyone()
     # the monitors' trailing window: a resumed run reads its steps so far back from the log
     past = (
@@ -273,7 +296,10 @@ def train_rl(
             # 1. sample and grade this process's share; metrics describe the gathered global batch
             t0 = time.perf_counter()
             model.eval()
-            local, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, rank, world)
+            graded: list[Group] | None = [] if curricula else None
+            local, causes, rounds, failed = sample_share(
+                sampler, tokenizer, tasks, config, step, rank, world, graded
+            )
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
                 causes, rounds = distributed.gather(causes), max(distributed.gather([rounds]))
@@ -285,6 +311,8 @@ def train_rl(
                 | sampling_stats(causes, rounds, len(groups), config)
                 | _failed_stats(failed)
             )
+            if curricula:
+                row |= grow_curricula(curricula, graded, step + 1)
             if failed and main:
                 console.print(
                     f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "

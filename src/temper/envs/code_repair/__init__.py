@@ -6,4 +6,5 @@ grader.py      the oracle: hidden tests in a fresh sandbox the workspace cannot 
 visible.py     `run_tests`: the visible test file run in the episode's workspace
 env.py         one episode: commands, rule and milestone signals, trajectory verification
 task.py        the `code_repair` task: splits, prompts, path_signals, SFT demonstrations
+curriculum.py  the train pool grown from the tasks RL fails (WebRL): variants through the gate
 """

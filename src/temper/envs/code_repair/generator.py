@@ -127,7 +127,7 @@ _INT_SITE = re.compile(r"(?<![\w.])\d+(?![\w.])")
 _RANGE_SITE = re.compile(r"range\(n\)")
 
 
-def _mutations(family: str, line: str) -> list[str]:
+def mutations(family: str, line: str) -> list[str]:
     """Every rewrite of `line` the family can make (empty when it has no site there)."""
     out: list[str] = []
 
@@ -161,6 +161,12 @@ def run_reference(source: str, args: tuple[int, ...]) -> int | None:
         return None
 
 
+def bug_sites(shape: str) -> tuple[list[int], int]:
+    """The 0-based lines a bug may hit in `shape` and its arity (neither depends on the draw)."""
+    _, at, arity = _shape_lines(shape, random.Random(0))
+    return at, arity
+
+
 def _inputs(arity: int, rng: random.Random) -> tuple[int, ...]:
     if arity == 1:
         return (rng.randint(0, 9),)
@@ -174,10 +180,25 @@ def generate(shape: str, family: str, seed: int | str, n_hidden: int = 6) -> Rep
     are `n_hidden` other seeded inputs; whether they catch the bug is admission's question."""
     rng = random.Random(f"code_repair:{shape}:{family}:{seed}")
     lines, sites, arity = _shape_lines(shape, rng)
-    choices = [(i, m) for i in sites for m in _mutations(family, lines[i])]
+    choices = [(i, m) for i in sites for m in mutations(family, lines[i])]
     if not choices:
         return None
     i, mutated = rng.choice(choices)
+    return build(shape, family, lines, i, mutated, arity, rng, n_hidden)
+
+
+def build(
+    shape: str,
+    family: str,
+    lines: list[str],
+    i: int,
+    mutated: str,
+    arity: int,
+    rng: random.Random,
+    n_hidden: int = 6,
+) -> RepairTask:
+    """The task whose reference is `lines` and whose bug replaces line `i` by `mutated`, with
+    seeded inputs: the visible one where bug and fix differ, and `n_hidden` hidden ones."""
     fixed = "\n".join(lines) + "\n"
     buggy = "\n".join(lines[:i] + [mutated] + lines[i + 1 :]) + "\n"
     pool = [_inputs(arity, rng) for _ in range(24)]

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from temper.envs.base import StepResult
 from temper.envs.code_repair.admission import Admission, admit
+from temper.envs.code_repair.curriculum import Curriculum, CurriculumConfig
 from temper.envs.code_repair.env import PATH_SIGNALS, CodeRepairEnv
 from temper.envs.code_repair.generator import FAMILIES, SHAPES, SOLUTION, TESTS, RepairTask, candidates
 from temper.tasks.base import Problem, Score, check_split, draw, split_of
@@ -78,8 +79,18 @@ class CodeRepairConfig:
     timeout_s: float = 5.0
     unsafe: bool = False
     """Run sandboxed code with rlimits only where no sandbox tier works (never the default)."""
+    curriculum: CurriculumConfig | None = None
+    """Grow the train pool from the tasks RL fails (curriculum.py), e.g. {every: 1,
+    variants_per_failure: 2, max_share: 0.5}; None: a fixed pool."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.curriculum, dict):
+            fields = set(CurriculumConfig.__dataclass_fields__)
+            if bad := set(self.curriculum) - fields:
+                raise ValueError(
+                    f"unknown curriculum options {sorted(bad)}; valid: {', '.join(sorted(fields))}"
+                )
+            object.__setattr__(self, "curriculum", CurriculumConfig(**self.curriculum))
         for name in ("shapes", "families", "ood_shapes", "ood_families"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         for name, valid in (
@@ -147,6 +158,12 @@ class CodeRepairTask:
     name: ClassVar[str] = "code_repair"
     config_type: ClassVar[type] = CodeRepairConfig
     path_signals: ClassVar[dict[str, str]] = PATH_SIGNALS
+    failure_curriculum: Curriculum | None = field(default=None, init=False, compare=False, repr=False)
+    """The growing train pool under `config.curriculum` (train_rl drives it), else None."""
+
+    def __post_init__(self) -> None:
+        if self.config.curriculum is not None:
+            object.__setattr__(self, "failure_curriculum", Curriculum(self, self.config.curriculum))
 
     @property
     def max_turns(self) -> int:
@@ -172,6 +189,12 @@ class CodeRepairTask:
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
         """`n` tasks of `split`: with repeats from train, without from the held-out splits."""
         return draw(self.problems(split), f"code_repair:{split}:{seed}", n, repeat=split == "train")
+
+    def sample_at_step(self, split: str, n: int, seed: int, step: int) -> list[Problem]:
+        """`sample`, with the curriculum's variants born before RL step `step` in the train draws."""
+        if split == "train" and self.failure_curriculum is not None:
+            return self.failure_curriculum.draw(n, seed, step)
+        return self.sample(split, n, seed)
 
     def make_env(self, problem: Problem) -> CodeRepairEnv:
         c = self.config
