@@ -4,7 +4,8 @@ outcome + verified path rewards, from the same SFT model at equal compute.
 Per arm and seed, from the RL stage's metrics.jsonl (sampled training episodes, temperature 1):
 success (the share of episodes whose hidden tests pass), violations per episode (every signal the
 task declares a "violation", summed) and the share of all-fail groups (no episode of the group
-correct: `path/all_fail_groups`), each at the start (mean of the first `--window` steps) and the
+correct: `path/all_fail_groups`) and of no-signal groups (all rewards equal, outcome and path
+together: `zero_variance`, what GRPO cannot learn from), each at the start (mean of the first `--window` steps) and the
 end (mean of the last `--window`). From the eval stage (greedy and sampled episodes on held-out
 problems): success (greedy accuracy) and violations per episode. Table cells: mean ± sample std
 [min, max] over seeds; the paired RLVP - outcome difference per seed with its 95% t-interval.
@@ -50,6 +51,7 @@ def train_figures(rows: list[dict], window: int) -> dict[str, float]:
         out[f"success/{when}"] = _mean([r["accuracy"] for r in part])
         out[f"violations/{when}"] = _mean([r.get("path/violations", 0.0) for r in part])
         out[f"all_fail/{when}"] = _mean([r.get("path/all_fail_groups", 0.0) for r in part])
+        out[f"no_signal/{when}"] = _mean([r.get("zero_variance", 0.0) for r in part])
     return out
 
 
@@ -93,8 +95,8 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         f"end = the last {window}). Mean ± std [min, max] over seeds.",
         "",
         "| arm | success start % | success end % | violations/episode start | violations/episode end "
-        "| all-fail groups start % | all-fail groups end % |",
-        "|---|---|---|---|---|---|---|",
+        "| all-fail groups start % | all-fail groups end % | no-signal groups start % | no-signal groups end % |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, figs in train.items():
         cells = [
@@ -104,6 +106,8 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
             spread([f["violations/end"] for f in figs]),
             spread([f["all_fail/start"] for f in figs], 100, 1),
             spread([f["all_fail/end"] for f in figs], 100, 1),
+            spread([f["no_signal/start"] for f in figs], 100, 1),
+            spread([f["no_signal/end"] for f in figs], 100, 1),
         ]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     a, b = train["outcome only"], train["outcome + path (RLVP)"]
@@ -112,7 +116,8 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         "Paired RLVP - outcome-only at the end of training (per seed, and a 95% t-interval over seeds): "
         f"success {paired([f['success/end'] for f in a], [f['success/end'] for f in b], 100, 1)} pp; "
         f"violations/episode {paired([f['violations/end'] for f in a], [f['violations/end'] for f in b])}; "
-        f"all-fail groups {paired([f['all_fail/end'] for f in a], [f['all_fail/end'] for f in b], 100, 1)} pp.",
+        f"all-fail groups {paired([f['all_fail/end'] for f in a], [f['all_fail/end'] for f in b], 100, 1)} pp; "
+        f"no-signal groups {paired([f['no_signal/end'] for f in a], [f['no_signal/end'] for f in b], 100, 1)} pp.",
         "",
     ]
     splits = list(json.loads((_stage(runs[seeds[0]], "eval") / "eval.json").read_text())["code_repair"]["sft"])
