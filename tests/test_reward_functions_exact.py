@@ -348,6 +348,9 @@ def test_math_verify_reads_bare_latex_and_plain_text():
     assert g.grade("the answer is 0.5", "1/2") == 1.0
     assert g.grade("no math here", "1/2") == 0.0
     assert rf._math_equal("1/2", "") is False
+    # a text with a "$" of its own is not wrapped in $...$ again (wrapped, "x$" would parse as x)
+    assert rf._math_parse("a $ b") == []
+    assert g.grade("x$", "x") == 0.0
 
 
 # ---------------------------------------------------------------- make_grader
