@@ -86,7 +86,10 @@ def paired(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) 
 
 def summarize(root: Path, seeds: list[int], window: int) -> str:
     runs = {s: root / f"seed-{s}" for s in seeds}
-    train = {arm: [train_figures(_rows(run, stage), window) for run in runs.values()] for arm, stage in ARMS.items()}
+    train = {
+        arm: [train_figures(_rows(run, stage), window) for run in runs.values()]
+        for arm, stage in ARMS.items()
+    }
     lines = [
         f"# RLVP on code_repair: outcome-only vs outcome + path rewards, {len(seeds)} seeds "
         f"({', '.join(map(str, seeds))})",
@@ -120,7 +123,9 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         f"no-signal groups {paired([f['no_signal/end'] for f in a], [f['no_signal/end'] for f in b], 100, 1)} pp.",
         "",
     ]
-    splits = list(json.loads((_stage(runs[seeds[0]], "eval") / "eval.json").read_text())["code_repair"]["sft"])
+    splits = list(
+        json.loads((_stage(runs[seeds[0]], "eval") / "eval.json").read_text())["code_repair"]["sft"]
+    )
     lines += [
         "Eval on held-out episodes (greedy success; violations per episode over the greedy and sampled "
         f"episodes; {', '.join(VIOLATIONS)} summed):",
