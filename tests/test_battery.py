@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -948,8 +949,22 @@ def _files(folder: Path) -> dict[str, bytes | None]:
 _SAID = re.compile(r"^temper(?: \w+)?: (error|interrupted|terminated)")
 
 
+def _fresh_ctrl_c(name: str) -> None:
+    """The interrupt cases start from what a terminal gives a fresh process: Python's SIGINT handler,
+    SIGINT unblocked (a child inherits an ignored or blocked SIGINT). In two full-suite runs of
+    2026-11-30 (not reproduced alone) both SIGINT cases behaved as if SIGINT were ignored in the
+    pytest process; the cause was not found. A warning names the state found, so a leak shows."""
+    handler, blocked = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if handler is not signal.default_int_handler or signal.SIGINT in blocked:
+        warnings.warn(f"{name}: SIGINT handler {handler!r}, blocked {sorted(blocked)}: reset", stacklevel=2)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_bad_input_is_refused_cleanly(name, saved, tmp_path, capsys, monkeypatch):
+    if name.startswith("interrupt/"):
+        _fresh_ctrl_c(name)
     root = tmp_path / "cwd"  # the command's working folder: a relative path lands here, nowhere else
     root.mkdir()
     monkeypatch.chdir(root)
