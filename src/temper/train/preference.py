@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -27,10 +27,17 @@ from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence, collate
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
 from temper.precision import resolve_precision
-from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from temper.train.metrics import MetricsLog, progress_bar
-from temper.train.schedule import lr_at
-from temper.train.supervised import TrainConfig, TrainResult, batch_indices
+from temper.train.checkpoint import save_checkpoint
+from temper.train.metrics import progress_bar
+from temper.train.supervised import (
+    TrainConfig,
+    TrainResult,
+    adamw,
+    batch_indices,
+    lr_schedule,
+    process_batches,
+    resume_or_start,
+)
 
 Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (sum, count); the metric is sum / count
 
@@ -288,24 +295,10 @@ def train_preference(
         raise ValueError("no preference items to train on")
     out_dir = Path(out_dir)
     accelerator = accelerator or distributed.make_accelerator()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if config.batch_size % world:
-        raise ValueError(f"batch_size {config.batch_size} is not divisible by {world} processes")
-    per_process = config.batch_size // world
-    micro = config.micro_batch_size or per_process
-    if per_process % micro:
-        raise ValueError(f"per-process batch {per_process} is not divisible by micro_batch_size {micro}")
+    world, rank, per_process, micro = process_batches(config, accelerator)
 
     torch.manual_seed(config.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-        betas=config.betas,
-    )
+    optimizer = adamw(model, config)
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
@@ -319,29 +312,8 @@ def train_preference(
         )
 
     ckpt_root = out_dir / "checkpoints"
-    log = MetricsLog(
-        out_dir / "metrics.jsonl",
-        accelerator.is_main_process,
-        trackers=config.trackers,
-        config=asdict(config),
-    )
-    start = 0
-    if checkpoints := list_checkpoints(ckpt_root):
-        start = load_checkpoint(checkpoints[-1], accelerator)
-        log.truncate_after(start)
-    elif accelerator.is_main_process and log.path.exists():
-        log.path.unlink()
-    accelerator.wait_for_everyone()
-
-    def lr_for(step: int) -> float:
-        return lr_at(
-            step,
-            lr=config.lr,
-            max_steps=config.max_steps,
-            warmup_steps=config.warmup_steps,
-            schedule=config.schedule,
-            min_lr_ratio=config.min_lr_ratio,
-        )
+    log, start = resume_or_start(out_dir, config, accelerator)
+    lr_for = lr_schedule(config)
 
     history: list[dict[str, Any]] = []
     tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0

@@ -130,6 +130,63 @@ def evaluate_loss(
     return float(sums[0] / sums[1].clamp_min(1))
 
 
+def process_batches(config: TrainConfig, accelerator: Accelerator) -> tuple[int, int, int, int]:
+    """(world, rank, per-process batch, micro-batch) of a data-parallel run; a batch that does not
+    split evenly over the processes or into micro-batches is refused."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if config.batch_size % world:
+        raise ValueError(f"batch_size {config.batch_size} is not divisible by {world} processes")
+    per_process = config.batch_size // world
+    micro = config.micro_batch_size or per_process
+    if per_process % micro:
+        raise ValueError(f"per-process batch {per_process} is not divisible by micro_batch_size {micro}")
+    return world, rank, per_process, micro
+
+
+def adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, with no weight decay on vectors (norms, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=config.betas,
+    )
+
+
+def resume_or_start(out_dir: Path, config: TrainConfig, accelerator: Accelerator) -> tuple[MetricsLog, int]:
+    """The run's metrics log and the step to start from: the newest checkpoint under
+    `out_dir/checkpoints` is loaded and the log cut back to it; without one a stale log is removed."""
+    log = MetricsLog(
+        out_dir / "metrics.jsonl",
+        accelerator.is_main_process,
+        trackers=config.trackers,
+        config=asdict(config),
+    )
+    start = 0
+    if checkpoints := list_checkpoints(out_dir / "checkpoints"):
+        start = load_checkpoint(checkpoints[-1], accelerator)
+        log.truncate_after(start)
+    elif accelerator.is_main_process and log.path.exists():
+        log.path.unlink()
+    accelerator.wait_for_everyone()  # nobody reads the checkpoint folder while it changes
+    return log, start
+
+
+def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
+    """The learning rate at each step (warm-up, then the configured schedule)."""
+    return lambda step: lr_at(
+        step,
+        lr=config.lr,
+        max_steps=config.max_steps,
+        warmup_steps=config.warmup_steps,
+        schedule=config.schedule,
+        min_lr_ratio=config.min_lr_ratio,
+    )
+
+
 def train_supervised(
     model: torch.nn.Module,
     train: list[Sequence],
@@ -148,51 +205,18 @@ def train_supervised(
         raise ValueError("no training sequences (every example was empty or dropped)")
     out_dir = Path(out_dir)
     accelerator = accelerator or distributed.make_accelerator()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if config.batch_size % world:
-        raise ValueError(f"batch_size {config.batch_size} is not divisible by {world} processes")
-    per_process = config.batch_size // world
-    micro = config.micro_batch_size or per_process
-    if per_process % micro:
-        raise ValueError(f"per-process batch {per_process} is not divisible by micro_batch_size {micro}")
+    world, rank, per_process, micro = process_batches(config, accelerator)
 
     torch.manual_seed(config.seed)
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
-        betas=config.betas,
-    )
+    optimizer = adamw(model, config)
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     precision = resolve_precision(config.precision, unwrapped)
 
     ckpt_root = out_dir / "checkpoints"
-    log = MetricsLog(
-        out_dir / "metrics.jsonl",
-        accelerator.is_main_process,
-        trackers=config.trackers,
-        config=asdict(config),
-    )
-    start = 0
-    if checkpoints := list_checkpoints(ckpt_root):
-        start = load_checkpoint(checkpoints[-1], accelerator)
-        log.truncate_after(start)
-    elif accelerator.is_main_process and log.path.exists():
-        log.path.unlink()
-    accelerator.wait_for_everyone()  # nobody reads the checkpoint folder while it changes
-
-    def lr_for(step: int) -> float:
-        return lr_at(
-            step,
-            lr=config.lr,
-            max_steps=config.max_steps,
-            warmup_steps=config.warmup_steps,
-            schedule=config.schedule,
-            min_lr_ratio=config.min_lr_ratio,
-        )
+    log, start = resume_or_start(out_dir, config, accelerator)
+    lr_for = lr_schedule(config)
 
     history: list[dict[str, Any]] = []
     tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
