@@ -1,0 +1,136 @@
+"""A process reward model: one score per step of a completion, and a solution score from them.
+
+The model is the policy's architecture with a one-output token head (`AutoModelForTokenClassification`,
+num_labels=1), so it saves and loads the Hugging Face way. A step's score is sigma(z) at the step's
+last token: the probability that the step is correct (and, with the labels of `temper.tasks.steps`,
+that the solution is still on track after it). Steps come from `temper.tasks.steps.segment`; their
+tokens are found in the sampled ids themselves (`step_token_ends`), never by re-tokenizing text.
+
+A solution's score aggregates its step scores (`aggregate`): `min` (the weakest step) or `product`
+(the probability that every step is right, if their errors were independent; Lightman et al. 2023
+section 2.6 score a solution by the product).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer, PreTrainedTokenizerBase
+
+from temper.tasks.steps import Span
+
+Aggregate = Literal["min", "product"]
+
+
+def step_token_ends(
+    tokenizer: PreTrainedTokenizerBase, completion_ids: Sequence[int], spans: Sequence[Span]
+) -> list[int | None]:
+    """For each span of the completion's text, the index (into `completion_ids`) of the token that
+    holds the span's last character; the outcome span's is always the last token (the end-of-turn
+    token when the completion has one). An equation span whose last token is that same last token
+    (a completion cut off inside its first line) gets None: the token carries the outcome's label.
+    The text is the ids decoded as the sampler decodes them (`skip_special_tokens`)."""
+    if not completion_ids:
+        return [None] * len(spans)
+    last = len(completion_ids) - 1
+    # decoded length after each token: token i holds characters [ends[i-1], ends[i])
+    ends = [len(tokenizer.decode(completion_ids[: i + 1], skip_special_tokens=True)) for i in range(last + 1)]
+    out: list[int | None] = []
+    for span in spans:
+        if span.outcome:
+            out.append(last)
+            continue
+        i = next((i for i, e in enumerate(ends) if e >= span.end), last)
+        out.append(None if i == last else i)
+    return out
+
+
+def aggregate(step_scores: Sequence[float], how: Aggregate = "min") -> float:
+    """A solution's score from its step scores in (0, 1): the min, or the product. No steps: 0."""
+    if not step_scores:
+        return 0.0
+    if how == "min":
+        return min(step_scores)
+    if how == "product":
+        return math.prod(step_scores)
+    raise ValueError(f"aggregate must be 'min' or 'product', got {how!r}")
+
+
+class ProcessRewardModel:
+    """A saved PRM folder (model + tokenizer) that scores steps, batched, without gradients."""
+
+    def __init__(self, model, tokenizer: PreTrainedTokenizerBase):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProcessRewardModel:
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path}: no process reward model here (no config.json); a process_reward_model stage "
+                "saves one to <stage out>/process_reward_model"
+            )
+        return cls(AutoModelForTokenClassification.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+
+    @torch.no_grad()
+    def logits(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 32
+    ) -> list[list[float]]:
+        """The head's logit at every completion token, per completion (right-padded batches)."""
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        out: list[list[float]] = []
+        for lo in range(0, len(prompt_ids), batch_size):
+            rows = [
+                p + c for p, c in zip(prompt_ids[lo : lo + batch_size], completion_ids[lo : lo + batch_size])
+            ]
+            width = max(len(r) for r in rows)
+            ids_B_T = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask_B_T = torch.zeros((len(rows), width), dtype=torch.long)
+            for b, r in enumerate(rows):
+                ids_B_T[b, : len(r)] = torch.tensor(r)
+                mask_B_T[b, : len(r)] = 1
+            z_B_T = self.model(input_ids=ids_B_T.to(device), attention_mask=mask_B_T.to(device)).logits[
+                ..., 0
+            ]
+            for b, p in enumerate(prompt_ids[lo : lo + batch_size]):
+                n = len(completion_ids[lo + b])
+                out.append(z_B_T[b, len(p) : len(p) + n].float().cpu().tolist())
+        return out
+
+    def step_scores(
+        self,
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        positions: list[list[int | None]],
+        batch_size: int = 32,
+    ) -> list[list[float]]:
+        """sigma(z) at each step's last token (`positions`, as `step_token_ends` gives them;
+        None positions are skipped), per completion."""
+        z = self.logits(prompt_ids, completion_ids, batch_size)
+        return [[1 / (1 + math.exp(-zs[i])) for i in pos if i is not None] for zs, pos in zip(z, positions)]
+
+    def score(
+        self,
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        positions: list[list[int | None]],
+        how: Aggregate = "min",
+        batch_size: int = 32,
+    ) -> list[float]:
+        """One score per completion: its step scores aggregated by `how`."""
+        return [
+            aggregate(s, how) for s in self.step_scores(prompt_ids, completion_ids, positions, batch_size)
+        ]
+
+
+def process_model_from(source: str | Path, pad_token_id: int):
+    """A fresh PRM on `source`'s weights: the causal LM's backbone, a new one-output token head."""
+    model = AutoModelForTokenClassification.from_pretrained(str(source), num_labels=1)
+    model.config.pad_token_id = pad_token_id
+    return model
