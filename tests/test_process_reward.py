@@ -16,6 +16,7 @@ from temper.rewards.process_reward_model import (
     aggregate,
     process_model_from,
     step_token_ends,
+    token_labels,
 )
 from temper.tasks import GeneralPoints
 from temper.tasks.base import Problem
@@ -92,9 +93,17 @@ def test_step_token_ends_point_at_each_steps_last_token(tokenizer):
     # byte tokens: "1*2=2" ends at index 4, "2*3=6" at 11; the outcome at the eos, the last token
     assert ends == [4, 11, len(ids) - 1]
     assert tokenizer.decode(ids[4]) == "2" and tokenizer.decode(ids[11]) == "6"
-    # no eos, no second line: the last equation shares the last token with the outcome -> None
+    # no eos, no second line: the last equation ends at the last token, as the outcome does
     cut = tokenizer.encode("1*2=2, 2*3=6", add_special_tokens=False)
-    assert step_token_ends(tokenizer, cut, segment("1*2=2, 2*3=6")) == [4, None, 11]
+    assert step_token_ends(tokenizer, cut, segment("1*2=2, 2*3=6")) == [4, 11, 11]
+
+
+def test_a_shared_token_gets_the_first_error():
+    # equation good, outcome bad (no answer): bad; equation bad, outcome unlabelled: still bad
+    assert token_labels([1, 3, 3], [1, 1, 0], 4) == [IGNORE, 1, IGNORE, 0]
+    assert token_labels([1, 3, 3], [1, 0, IGNORE], 4) == [IGNORE, 1, IGNORE, 0]
+    assert token_labels([0, 2, 3], [1, 1, 1], 4) == [1, IGNORE, 1, 1]
+    assert token_labels([0, 2, 2], [0, IGNORE, IGNORE], 3) == [0, IGNORE, IGNORE]
 
 
 # --- the loss ----------------------------------------------------------------------------------
@@ -175,11 +184,8 @@ def _labelled(tokenizer, problem: Problem, text: str) -> Sequence:
     spans, steps = label_steps(TASK, problem, text)
     prompt = tokenizer.encode(problem.prompt, add_special_tokens=False)
     ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    labels = [IGNORE] * (len(prompt) + len(ids))
-    for end, st in zip(step_token_ends(tokenizer, ids, spans), steps):
-        if end is not None and st.label != IGNORE:
-            labels[len(prompt) + end] = st.label
-    return Sequence(prompt + ids, labels, list(range(len(prompt) + len(ids))))
+    per_token = token_labels(step_token_ends(tokenizer, ids, spans), [st.label for st in steps], len(ids))
+    return Sequence(prompt + ids, [IGNORE] * len(prompt) + per_token, list(range(len(prompt) + len(ids))))
 
 
 def test_micro_run_raises_held_out_step_accuracy(tokenizer, nano, tmp_path):

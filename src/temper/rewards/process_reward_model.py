@@ -21,31 +21,38 @@ from typing import Literal
 import torch
 from transformers import AutoModelForTokenClassification, AutoTokenizer, PreTrainedTokenizerBase
 
-from temper.tasks.steps import Span
+from temper.tasks.steps import IGNORE, Span
 
 Aggregate = Literal["min", "product"]
 
 
 def step_token_ends(
     tokenizer: PreTrainedTokenizerBase, completion_ids: Sequence[int], spans: Sequence[Span]
-) -> list[int | None]:
+) -> list[int]:
     """For each span of the completion's text, the index (into `completion_ids`) of the token that
     holds the span's last character; the outcome span's is always the last token (the end-of-turn
-    token when the completion has one). An equation span whose last token is that same last token
-    (a completion cut off inside its first line) gets None: the token carries the outcome's label.
+    token when the completion has one). Two steps can end at the same token (a completion cut off
+    inside its first line: its last equation and the outcome); `token_labels` resolves that.
     The text is the ids decoded as the sampler decodes them (`skip_special_tokens`)."""
     if not completion_ids:
-        return [None] * len(spans)
+        return []
     last = len(completion_ids) - 1
     # decoded length after each token: token i holds characters [ends[i-1], ends[i])
     ends = [len(tokenizer.decode(completion_ids[: i + 1], skip_special_tokens=True)) for i in range(last + 1)]
-    out: list[int | None] = []
-    for span in spans:
-        if span.outcome:
-            out.append(last)
-            continue
-        i = next((i for i, e in enumerate(ends) if e >= span.end), last)
-        out.append(None if i == last else i)
+    return [
+        last if span.outcome else next((i for i, e in enumerate(ends) if e >= span.end), last)
+        for span in spans
+    ]
+
+
+def token_labels(ends: Sequence[int], labels: Sequence[int], length: int) -> list[int]:
+    """A label per completion token: each step's label at its last token, IGNORE elsewhere. Where
+    several steps end at one token, the token gets the lowest of their labels that is not IGNORE
+    (bad if any of them is): the first error is never hidden behind a later step's label."""
+    out = [IGNORE] * length
+    for end, label in zip(ends, labels, strict=True):
+        if label != IGNORE:
+            out[end] = label if out[end] == IGNORE else min(out[end], label)
     return out
 
 
@@ -107,19 +114,19 @@ class ProcessRewardModel:
         self,
         prompt_ids: list[list[int]],
         completion_ids: list[list[int]],
-        positions: list[list[int | None]],
+        positions: list[list[int]],
         batch_size: int = 32,
     ) -> list[list[float]]:
-        """sigma(z) at each step's last token (`positions`, as `step_token_ends` gives them;
-        None positions are skipped), per completion."""
+        """sigma(z) at each step's last token (`positions`, as `step_token_ends` gives them; a token
+        two steps share is scored once), per completion."""
         z = self.logits(prompt_ids, completion_ids, batch_size)
-        return [[1 / (1 + math.exp(-zs[i])) for i in pos if i is not None] for zs, pos in zip(z, positions)]
+        return [[1 / (1 + math.exp(-zs[i])) for i in dict.fromkeys(pos)] for zs, pos in zip(z, positions)]
 
     def score(
         self,
         prompt_ids: list[list[int]],
         completion_ids: list[list[int]],
-        positions: list[list[int | None]],
+        positions: list[list[int]],
         how: Aggregate = "min",
         batch_size: int = 32,
     ) -> list[float]:

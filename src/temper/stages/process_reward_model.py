@@ -29,7 +29,7 @@ from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
 from temper.data.dataset import Sequence, collate
 from temper.models import save_model
-from temper.rewards.process_reward_model import process_model_from, step_token_ends
+from temper.rewards.process_reward_model import process_model_from, step_token_ends, token_labels
 from temper.rollout import HFSampler, Sampler
 from temper.stages.base import (
     Loc,
@@ -71,6 +71,10 @@ class ProcessRewardModelStage(Strict):
     kind: Literal["process_reward_model"]
     name: str = "process_reward_model"
     data: StepDataSpec
+    labels: Literal["steps", "outcome"] = "steps"
+    """steps: a label at every step's last token (the PRM); outcome: only the final token, labelled
+    with the verifier's grade of the whole completion (an outcome reward model trained on the same
+    samples, the same head and the same loss: the ORM baseline of Lightman et al. 2023 section 3)."""
     max_len: int = Field(256, gt=1)
     """Prompt + completion tokens; a longer completion is dropped (counted), never cut: its last steps would lose their labels."""
     train: TrainConfig = TrainConfig(max_steps=200, batch_size=32, lr=3e-4, warmup_steps=10)
@@ -109,30 +113,34 @@ def step_items(
     max_new_tokens: int,
     seed: int,
     max_len: int,
+    labels: Literal["steps", "outcome"] = "steps",
 ) -> tuple[list[Sequence], list[dict[str, Any]], dict[str, Any]]:
     """(sequences with a label at each step's last token, one readable row per completion, counts)
-    from `n` prompts of `task`'s `split`, k completions each."""
+    from `n` prompts of `task`'s `split`, k completions each. With `labels="outcome"` only the last
+    token is labelled: 1 when the task grades the completion correct, else 0."""
     problems = task.sample(split, n, seed)
     prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
     groups = sampler.sample(prompts, k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     items, rows = [], []
-    reasons, labels, dropped, correct = Counter(), Counter(), 0, 0
+    reasons, counted, dropped, correct, right = Counter(), Counter(), 0, 0, 0
     for problem, prompt, group in zip(problems, prompts, groups, strict=True):
         for s in group:
             spans, steps = label_steps(task, problem, s.text)
             ends = step_token_ends(tokenizer, s.token_ids, spans)
             correct += all(st.label == 1 for st in steps)
+            outcome = task.score(problem, s.text).correct
+            right += outcome
             if len(prompt) + len(s.token_ids) > max_len:
                 dropped += 1
                 continue
-            token_labels = [IGNORE] * (len(prompt) + len(s.token_ids))
-            for end, st in zip(ends, steps):
-                reasons[st.reason] += 1
-                if end is not None and st.label != IGNORE:
-                    token_labels[len(prompt) + end] = st.label
-                    labels["good" if st.label else "bad"] += 1
+            reasons.update(st.reason for st in steps)
+            if labels == "steps":
+                per_token = token_labels(ends, [st.label for st in steps], len(s.token_ids))
+            else:
+                per_token = token_labels(ends[-1:], [int(outcome)], len(s.token_ids))
+            counted.update("good" if x else "bad" for x in per_token if x != IGNORE)
             ids = prompt + s.token_ids
-            items.append(Sequence(ids, token_labels, list(range(len(ids)))))
+            items.append(Sequence(ids, [IGNORE] * len(prompt) + per_token, list(range(len(ids)))))
             rows.append(
                 {
                     "problem": problem.id,
@@ -146,10 +154,11 @@ def step_items(
         "prompts": len(problems),
         "completions": len(problems) * k,
         "dropped_too_long": dropped,
-        "good_steps": labels["good"],
-        "bad_steps": labels["bad"],
+        "good_steps": counted["good"],
+        "bad_steps": counted["bad"],
         "reasons": dict(reasons),
         "all_steps_good_share": correct / max(len(problems) * k, 1),
+        "accuracy": right / max(len(problems) * k, 1),
     }
     return items, rows, counts
 
@@ -176,12 +185,13 @@ def step_metrics(model, items: list[Sequence], pad_id: int, batch_size: int = 32
         good += int(ys.sum())
     model.train(was_training)
     bad, bad_hits = n - good, hits - good_hits
+    nan = float("nan")  # no labelled step, or no step of one class: no such accuracy
     return {
-        "step_accuracy": hits / max(n, 1),
-        "balanced_accuracy": (good_hits / max(good, 1) + bad_hits / max(bad, 1)) / 2,
-        "step_bce": bce / max(n, 1),
+        "step_accuracy": hits / n if n else nan,
+        "balanced_accuracy": (good_hits / good + bad_hits / bad) / 2 if good and bad else nan,
+        "step_bce": bce / n if n else nan,
         "steps": n,
-        "good_share": good / max(n, 1),
+        "good_share": good / n if n else nan,
     }
 
 
@@ -217,6 +227,7 @@ def run(stage: ProcessRewardModelStage, job) -> Path:
                     max_new_tokens=spec.max_new_tokens,
                     seed=spec.seed,
                     max_len=stage.max_len,
+                    labels=stage.labels,
                 )
                 into += items
                 counts[f"{name}/{split}"] = c
@@ -224,7 +235,7 @@ def run(stage: ProcessRewardModelStage, job) -> Path:
                 console.print(
                     f"process_reward_model ({split}): {name}: {len(items)} completions, {c['good_steps']} good / "
                     f"{c['bad_steps']} bad steps labelled, {c['dropped_too_long']} too long; "
-                    f"{100 * c['all_steps_good_share']:.0f}% with every step good"
+                    f"{100 * c['all_steps_good_share']:.0f}% with every step good, {100 * c['accuracy']:.1f}% correct"
                 )
         atomic_write_text(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in shown))
         return train, held_out, counts
@@ -280,10 +291,8 @@ def run(stage: ProcessRewardModelStage, job) -> Path:
 
 def describe(stage: ProcessRewardModelStage, recipe: Any) -> str:
     d = stage.data
-    return (
-        f"process reward model on {d.tasks}: {d.prompts_per_task} prompts x {d.k} samples, steps labelled by "
-        f"the verifier, {length(stage.train)}"
-    )
+    what = "steps labelled by the verifier" if stage.labels == "steps" else "outcome labels only (an ORM)"
+    return f"process reward model on {d.tasks}: {d.prompts_per_task} prompts x {d.k} samples, {what}, {length(stage.train)}"
 
 
 def summary(out: Path) -> str:
