@@ -212,3 +212,57 @@ def test_micro_run_raises_held_out_step_accuracy(tokenizer, nano, tmp_path):
     assert after["step_bce"] < before["step_bce"]
     assert after["balanced_accuracy"] > before["balanced_accuracy"] + 0.2
     assert after["step_accuracy"] > max(before["step_accuracy"], after["good_share"])
+
+
+# --- the experiment's best-of-N estimator, and the stage from the CLI ----------------------------
+
+
+def _experiment():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "experiments" / "prm_vs_orm.py"
+    spec = importlib.util.spec_from_file_location("prm_vs_orm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_best_of_n_is_the_exact_expectation_over_subsets():
+    best_of_n = _experiment().best_of_n
+    scores, correct = [0.9, 0.5, 0.5, 0.1], [False, True, False, True]
+    assert best_of_n(scores, correct, 1) == pytest.approx(0.5)
+    # the 6 pairs: ab ac ad -> a (wrong); bc -> a tie, 1/2; bd -> b (right); cd -> c (wrong): 1.5 / 6
+    assert best_of_n(scores, correct, 2) == pytest.approx(0.25)
+    assert best_of_n(scores, correct, 4) == 0.0
+    # ranked by the verifier itself: pass@2 = 1 - C(2, 2) / C(4, 2)
+    assert best_of_n([float(c) for c in correct], correct, 2) == pytest.approx(5 / 6)
+    with pytest.raises(ValueError):
+        best_of_n(scores, correct, 5)
+
+
+@pytest.mark.parametrize("labels", ["steps", "outcome"])
+def test_stage_runs_from_the_cli_and_saves_a_loadable_prm(tokenizer, nano, tmp_path, labels, capsys):
+    import json
+
+    from temper.cli import main
+
+    nano.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    out = tmp_path / "prm"
+    args = ["process_reward_model", "--model", str(tmp_path / "policy"), "--out", str(out), "--labels", labels,
+            "--data.tasks", "general_points", "--data.prompts_per_task", "3", "--data.eval_prompts", "2",
+            "--data.k", "2", "--data.max_new_tokens", "8", "--train.max_steps", "2", "--train.warmup_steps", "0",
+            "--train.batch_size", "2", "--train.progress", "false"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((out / "process_reward_model.json").read_text())
+    train = summary["generated"]["general_points/train"]
+    assert train["completions"] == 6 and summary["steps"] == 2
+    # an untrained nano writes no equation: one labelled token per completion either way
+    assert train["good_steps"] + train["bad_steps"] == summary["data"]["labelled_steps"] == 6
+    assert len(summary["held_out_evals"]) == 2  # before training and at the end
+    prm = ProcessRewardModel.load(out / "process_reward_model")
+    assert prm.model.config.num_labels == 1
+    # arithmetic's one equation has no step verifier: refused, naming the key
+    assert main([a if a != "general_points" else "arithmetic" for a in args]) != 0
+    assert "'arithmetic' has no step verifier" in capsys.readouterr().err
