@@ -266,3 +266,59 @@ def test_stage_runs_from_the_cli_and_saves_a_loadable_prm(tokenizer, nano, tmp_p
     # arithmetic's one equation has no step verifier: refused, naming the key
     assert main([a if a != "general_points" else "arithmetic" for a in args]) != 0
     assert "'arithmetic' has no step verifier" in capsys.readouterr().err
+
+
+class _Fixed:
+    """A sampler that answers every prompt with the given texts (ids: the bytes, then eos)."""
+
+    def __init__(self, tokenizer, texts: list[str]):
+        self.tokenizer, self.texts = tokenizer, texts
+
+    def sample(self, prompts, n, **kwargs):
+        from temper.rollout.sampler import Sample
+
+        eos = self.tokenizer.eos_token_id
+        ids = [self.tokenizer.encode(t, add_special_tokens=False) + [eos] for t in self.texts]
+        return [[Sample(p, i, [0.0] * len(i), t, "eos") for i, t in zip(ids, self.texts)] for p in prompts]
+
+
+def test_step_items_label_steps_or_only_the_outcome(tokenizer):
+    from temper.stages.process_reward_model import step_items
+
+    problem = TASK.sample("train", 1, 0)[0]
+    right = TASK.demonstration(problem)  # three valid steps and the correct answer
+    wrong = right.split("\n")[0] + "\nAnswer: 1+1"  # the same steps, a wrong answer
+    sampler = _Fixed(tokenizer, [right, wrong])
+    kw = dict(k=2, temperature=1.0, max_new_tokens=64, seed=0, max_len=512)
+    items, rows, counts = step_items(sampler, tokenizer, _OneProblem(problem), "train", 1, **kw)
+    assert [[lab for lab in s.labels if lab != IGNORE] for s in items] == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert counts["good_steps"] == 7 and counts["bad_steps"] == 1 and counts["accuracy"] == 0.5
+    assert rows[1]["steps"][-1] == ["\nAnswer: 1+1", 0, "wrong_cards"]
+    # each label on its step's last token: the byte of the result, then the eos for the outcome
+    first = items[0]
+    shown = [tokenizer.decode([first.input_ids[i]]) for i, lab in enumerate(first.labels) if lab != IGNORE]
+    assert shown[:3] == [st.split("=")[1][-1] for st in right.split("\n")[0].split(", ")]
+    assert first.labels[-1] == 1 and first.input_ids[-1] == tokenizer.eos_token_id
+    out, _, counts = step_items(sampler, tokenizer, _OneProblem(problem), "train", 1, labels="outcome", **kw)
+    assert [[(i, lab) for i, lab in enumerate(s.labels) if lab != IGNORE] for s in out] == [
+        [(len(out[0].labels) - 1, 1)],
+        [(len(out[1].labels) - 1, 0)],
+    ]
+    # a completion longer than max_len is dropped and counted, never cut
+    _, _, counts = step_items(sampler, tokenizer, _OneProblem(problem), "train", 1, **(kw | {"max_len": 40}))
+    assert counts["dropped_too_long"] == 2
+
+
+class _OneProblem:
+    """GeneralPoints that always deals `problem` (step_items samples the task itself)."""
+
+    name = "general_points"
+
+    def __init__(self, problem):
+        self.problem = problem
+
+    def sample(self, split, n, seed):
+        return [self.problem] * n
+
+    def score(self, problem, completion):
+        return TASK.score(problem, completion)
