@@ -94,6 +94,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--sample-seed", type=int, default=7)
+    parser.add_argument(
+        "--split",
+        default="test",
+        choices=["test", "train"],
+        help="problems to rank answers of; train: train-split hands the reward models never saw "
+        "(the prompts of every seed's data are left out), where the SFT policy is far more accurate",
+    )
     parser.add_argument("--out", help="markdown file for the table (a .png with the same stem beside it)")
     args = parser.parse_args()
 
@@ -111,7 +118,13 @@ def main() -> None:
     policy_dir = dirs[args.policy] / "model"
     tokenizer = load_tokenizer(policy_dir)
     sampler = HFSampler(load_model(policy_dir).eval(), tokenizer)
-    problems = task.sample("test", args.problems, args.sample_seed)
+    if args.split == "test":
+        problems = task.sample("test", args.problems, args.sample_seed)
+    else:
+        stage = next(s for s in recipe.stages if s.name == args.prm)
+        seen = {p.id for sd in args.seeds for p in task.sample("train", stage.data.prompts_per_task, sd)}
+        fresh = [p for p in task.sample("train", 4 * args.problems, args.sample_seed) if p.id not in seen]
+        problems = list({p.id: p for p in fresh}.values())[: args.problems]
     prompts = [prompt_ids(tokenizer, p.messages()) for p in problems]
     groups = sampler.sample(
         prompts,
@@ -159,7 +172,7 @@ def main() -> None:
                 ]
                 for n in ns
             }
-    with open(run_dir / "prm_vs_orm_samples.jsonl", "w") as f:
+    with open(run_dir / f"prm_vs_orm_samples_{args.split}.jsonl", "w") as f:
         for i, s in enumerate(flat_s):
             row = {"problem": problems[i // k].id, "text": s.text, "correct": correct[i]}
             row |= {f"{r} seed {sd}": v[i] for r, by in scores.items() for sd, v in by.items()}
@@ -174,7 +187,7 @@ def main() -> None:
     prm_json = json.loads((dirs[args.prm] / "process_reward_model.json").read_text())
     orm_json = json.loads((dirs[args.orm] / "process_reward_model.json").read_text())
     lines = [
-        f"# Best-of-N on {args.task}: PRM vs ORM vs verifier ({len(problems)} test problems, "
+        f"# Best-of-N on {args.task}: PRM vs ORM vs verifier ({len(problems)} {args.split} problems, "
         f"{k} answers each at temperature {args.temperature}, reward-model seeds {args.seeds})",
         "",
         f"Sample accuracy of the policy (`{args.policy}`): {100 * statistics.mean(correct):.1f}% "
