@@ -1,6 +1,7 @@
 """How a stage ranks samples for best-of-N (the eval stage's `best_of_n`, the sft stage's
 `data.best_of_n`): by the task's verifier or by a reward model that an earlier `reward_model`
-stage saved (named by that stage) or a folder saved by one (relative to the recipe's folder).
+stage saved (named by that stage) or a folder saved by one (relative to the recipe's folder);
+and `generate_best_of_n`, best-of-N as an SFT data generator.
 
 The reward model is a `temper.rewards.reward_model.RewardModel`; it scores the policy's token
 ids, so it must share the policy's tokenizer (`load_ranker` checks the vocabularies). A stage
@@ -10,14 +11,16 @@ retrained reward model reruns it.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import model_validator
 
-from temper.rewards.best_of_n import Ranker
+from temper.rewards.best_of_n import Ranker, best_index
 from temper.stages.base import Loc, StageError, Strict, folder_digest, raise_located
 from temper.stages.context import StageContext
+from temper.tasks.base import Task, grade_batch
 
 Rank = Literal["verifier", "reward_model"]
 
@@ -117,3 +120,72 @@ def check_same_tokenizer(folder: Path, tokenizer: Any, model_name: str) -> None:
             "policy's token ids, so it must be trained from the same model family (a reward_model stage "
             "starts from the policy's weights and keeps its tokenizer)"
         )
+
+
+def generate_best_of_n(
+    sampler: Any,
+    tokenizer: Any,
+    task: Task,
+    split: str,
+    n_prompts: int,
+    *,
+    n: int,
+    ranker: Ranker | None,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    keep_truncated: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(SFT rows in TRL's conversational format, counts) from `n_prompts` prompts of `task`: n
+    samples each, and the top-ranked usable one kept (`best_index`: the highest score, the
+    earlier sample on a tie). Usable: a non-empty text that stopped on its own (a completion cut
+    by max_new_tokens would teach the end of turn mid-answer) unless `keep_truncated`.
+
+    Ranked by the verifier (`ranker` None), only a verified-correct sample is kept (the first
+    usable correct one); ranked by a reward model, its top usable sample is kept whatever the
+    verifier says, and `kept_correct` says how many of the kept ones the verifier accepts.
+    Counts: prompts, rows, `yield` (rows / prompts), the prompts without a row by cause,
+    `sample_accuracy` (all samples, verifier), `kept_correct`."""
+    from temper.data.chat import prompt_ids  # imports transformers
+
+    problems = task.sample(split, n_prompts, seed)
+    groups = sampler.sample(
+        [prompt_ids(tokenizer, p.messages()) for p in problems],
+        n,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+    )
+    flat = [s for g in groups for s in g]
+    scores = ranker([s.prompt_ids for s in flat], [s.token_ids for s in flat]) if ranker else None
+    rows, causes, correct, kept_correct = [], Counter(), 0, 0
+    for i, (problem, group) in enumerate(zip(problems, groups, strict=True)):
+        grades = grade_batch(
+            task, [problem] * len(group), [s.text for s in group], [s.token_ids for s in group]
+        )
+        correct += sum(g.correct for g in grades)
+        usable = [bool(s.text.strip()) and (keep_truncated or s.stop_reason != "length") for s in group]
+        candidates = [j for j, u in enumerate(usable) if u]  # in draw order: ties go to the earlier
+        if not candidates:
+            causes["all_empty_or_cut"] += 1
+            continue
+        if scores is None:  # the verifier: the first usable correct sample
+            rank = [float(grades[j].correct) for j in candidates]
+        else:
+            rank = [scores[i * n + j] for j in candidates]
+        pick = candidates[best_index(rank)]
+        if scores is None and not grades[pick].correct:
+            causes["no_usable_correct" if any(g.correct for g in grades) else "all_wrong"] += 1
+            continue
+        kept_correct += grades[pick].correct
+        rows.append({"messages": [*problem.messages(), {"role": "assistant", "content": group[pick].text}]})
+    counts = {
+        "prompts": len(problems),
+        "samples_per_prompt": n,
+        "rows": len(rows),
+        "yield": len(rows) / max(len(problems), 1),
+        "no_row": dict(causes),
+        "sample_accuracy": correct / max(len(flat), 1),
+        "kept_correct": kept_correct / max(len(rows), 1),
+    }
+    return rows, counts
