@@ -185,3 +185,6 @@ def test_micro_sft_on_best_of_n_rows(tmp_path, capsys):
     assert all(len(e.messages[-1]["content"]) % 2 == 0 for e in examples)  # each one verified
     assert summary["data"]["examples"] == c["rows"]
     assert f"best-of-4 (verifier) on even: {c['rows']} rows from 8 prompts" in capsys.readouterr().err
+    html = (run / "report.html").read_text()
+    assert "best-of-N rows (sampled from the starting model, top-ranked kept)" in html
+    assert f"<td>even</td><td>8</td><td>4</td><td>{c['rows']}</td><td>{round(100 * c['yield'])}%</td>" in html
