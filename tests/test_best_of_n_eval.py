@@ -295,3 +295,36 @@ def test_micro_eval_ranked_by_a_reward_model_folder(tmp_path, tokenizer):
     before = _stage_hash(parsed, 1, ctx)
     _save_rm(project / "rm", tokenizer, seed=1)
     assert _stage_hash(parsed, 1, ctx) != before
+
+
+@pytest.mark.slow
+def test_a_reward_model_stage_named_by_eval_and_sft(tmp_path):
+    """pretrain -> reward_model (pairs labelled by the verifier) -> eval and sft ranking best-of-N
+    by that stage's reward model, named by the stage."""
+    project = tmp_path / "proj"
+    recipe = _data_project(project, "{n: [1, 4], rank: reward_model, reward_model: rm}")
+    text = recipe.read_text().replace(
+        "  - kind: eval\n",
+        "  - kind: reward_model\n"
+        "    name: rm\n"
+        "    data: {generate: {tasks: [even], prompts_per_task: 8, k: 4, max_new_tokens: 6}}\n"
+        "    train: {max_steps: 2, batch_size: 4, warmup_steps: 0, progress: false}\n"
+        "  - kind: sft\n"
+        "    data:\n"
+        "      best_of_n: {tasks: [even], n: 4, prompts_per_task: 6, max_new_tokens: 6, keep_truncated: true,\n"
+        "                  rank: reward_model, reward_model: rm}\n"
+        "      eval_problems: 0\n"
+        "    train: {max_steps: 1, batch_size: 2, warmup_steps: 0, progress: false}\n"
+        "  - kind: eval\n",
+    )
+    recipe.write_text(text)
+    run = tmp_path / "run"
+    assert main(["run", str(recipe), "--output-dir", str(run)]) == 0
+    rm_dir = str(run / "02-rm" / "reward_model")
+    sft = json.loads((run / "03-sft" / "sft.json").read_text())["best_of_n"]["even"]
+    assert sft["reward_model"] == rm_dir and sft["rows"] == 6  # every prompt has a usable answer
+    by_model = json.loads((run / "04-eval" / "eval.json").read_text())["even"]
+    assert set(by_model) == {"pretrain", "sft"}
+    for r in by_model.values():
+        b = r["test"]["best_of_n"]
+        assert b["rank"] == "reward_model" and b["reward_model"] == rm_dir and b["n"] == [1, 4]
