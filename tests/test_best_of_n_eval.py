@@ -194,6 +194,12 @@ def test_bad_values_are_located_errors(bon, error, tmp_path):
         assert "did you mean 'verifier'" in str(err.value)
 
 
+def test_best_of_n_at_temperature_0_is_refused_at_its_key():
+    with pytest.raises(RecipeError, match=r"r.yaml:11: stages\[1\].temperature: best_of_n needs sampling"):
+        parse_recipe(RECIPE.replace("best_of_n: BON", "temperature: 0\n    best_of_n: {}"), "r.yaml")
+    parse_recipe(RECIPE.replace("best_of_n: BON", "temperature: 0"), "r.yaml")  # without it, greedy k is fine
+
+
 def test_a_reward_model_on_an_environment_task_is_refused_at_its_key(tmp_path):
     text = RECIPE.replace("arithmetic: {max_digits: 1}", "arithmetic: {max_digits: 1}\n  treasure_hunt: {}")
     text = text.replace("best_of_n: BON", f"best_of_n: {{rank: reward_model, reward_model: {tmp_path}}}")

@@ -69,6 +69,20 @@ class EvalStage(Strict):
     best_of_n: BestOfNEval | None = None
     """Accuracy vs N of best-of-N (n, rank: verifier | reward_model, reward_model: stage or folder)."""
 
+    @model_validator(mode="after")
+    def _sampled(self) -> EvalStage:
+        if self.best_of_n is not None and self.temperature == 0:
+            raise_located(
+                [
+                    (
+                        ("temperature",),
+                        "best_of_n needs sampling: at temperature 0 the N samples are N copies of the "
+                        "greedy answer (best-of-N draws at the stage's temperature)",
+                    )
+                ]
+            )
+        return self
+
 
 def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
     """(name, path) of the model the run started from: the recipe's `model.path` (named by that
