@@ -47,8 +47,9 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
-    if (own := registry.get(stage.kind).fingerprint) is not None:  # e.g. the reward model it reads
-        parts.append(own(stage, ctx))
+    own = registry.get(stage.kind).fingerprint
+    if own is not None and (mine := own(stage, ctx)) is not None:  # e.g. the reward model it reads
+        parts.append(mine)  # (appended only when there is one: stage folders of earlier runs stay valid)
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
