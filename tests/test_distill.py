@@ -195,3 +195,84 @@ def test_the_students_kl_to_the_teacher_falls(tmp_path, tokenizer):
     run_rl(_stage("teacher", steps=16, lr=3e-2), ctx, tmp_path / "student", out)
     kl = [json.loads(line)["kl_ref"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(kl[-3:]) / 3 < 0.5 * sum(kl[:3]) / 3, kl
+
+
+# --- on-policy self-distillation (OPSD): privileged context for the teacher only ---
+
+from temper.tasks.base import Problem  # noqa: E402
+from temper.train.privileged import (  # noqa: E402
+    PrivilegedLeak,
+    check_no_leak,
+    privileged_text,
+    teacher_messages,
+)
+
+
+def test_teacher_messages_add_the_solution_for_the_teacher_only():
+    task, problem = FirstByteTask(), Problem("first_byte", "train", "p", "q1")
+    messages = teacher_messages(task, problem)
+    assert messages[-1]["content"] == "q1\n\n" + privileged_text(task, problem)
+    assert problem.messages() == [{"role": "user", "content": "q1"}]  # the student's prompt is untouched
+
+
+def test_the_leak_check_catches_a_planted_leak(tokenizer):
+    from temper.data.chat import prompt_ids
+
+    task, problem = FirstByteTask(), Problem("first_byte", "train", "p", "q1")
+    secret = privileged_text(task, problem)
+    clean = prompt_ids(tokenizer, problem.messages())
+    check_no_leak(tokenizer, [clean], [secret])  # nothing raised
+    leaked = prompt_ids(
+        tokenizer, teacher_messages(task, problem)
+    )  # the teacher's prompt given to the student
+    with pytest.raises(PrivilegedLeak, match="row 1"):
+        check_no_leak(tokenizer, [clean, leaked], [secret, secret])
+    ids_only = clean[:-1] + tokenizer.encode(secret, add_special_tokens=False) + clean[-1:]
+    with pytest.raises(PrivilegedLeak, match="row 0"):
+        check_no_leak(tokenizer, [ids_only], [secret])
+
+
+class LeakyTask(FirstByteTask):
+    """A task whose prompt already holds its own privileged text: the student would see it."""
+
+    def sample(self, split, n, seed):
+        return [
+            Problem(
+                self.name,
+                split,
+                f"{seed}-{i}",
+                f"q\n\n{privileged_text(self, Problem(self.name, split, '', ''))}",
+            )
+            for i in range(n)
+        ]
+
+
+def test_a_run_whose_student_would_see_the_solution_is_stopped(tmp_path, tokenizer):
+    from temper.train.rl import train_rl
+
+    model = build_preset("nano", tokenizer, seed=1)
+    config = RLConfig(
+        steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, progress=False,
+        advantage="on_policy_distill", kl_coef=1.0, kl_mode="reward", teacher_context="solution",
+    )  # fmt: skip
+    with pytest.raises(PrivilegedLeak):
+        train_rl(model, tokenizer, [LeakyTask()], config, tmp_path, reference=model)
+
+
+def test_the_self_teacher_reads_the_privileged_prompt(tmp_path, tokenizer):
+    """With teacher: self the reference is the live policy, so every k1 would be 0 if the teacher read
+    the student's prompt; with the solution in its prompt the two differ from the first step."""
+    save_model(build_preset("nano", tokenizer, seed=1), tokenizer, tmp_path / "student")
+    ctx = StageContext(
+        run_dir=tmp_path, base_dir=tmp_path, tasks={"first_byte": FirstByteTask()}, task_options={}
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    run_rl(_stage("self", steps=2, teacher_context="solution"), ctx, tmp_path / "student", out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert abs(rows[0]["kl_ref"]) > 1e-4, rows[0]
+
+
+def test_self_teacher_needs_privileged_context(tmp_path):
+    with pytest.raises(RecipeError, match="teacher 'self' is the policy itself"):
+        _recipe(tmp_path, teacher="    teacher: self\n")

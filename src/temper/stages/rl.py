@@ -59,7 +59,9 @@ class RLStage(Strict):
     teacher: str | None = None
     """A model (an earlier stage's name, a folder or a hub id) that replaces the starting model as
     the KL reference: with `advantage: on_policy_distill` the student learns from the teacher's
-    logprob of every token it samples. It must share the student's tokenizer."""
+    logprob of every token it samples. It must share the student's tokenizer. `self`: the policy
+    itself, reading each prompt with privileged context (`train.teacher_context: solution`), i.e.
+    on-policy self-distillation."""
 
     @model_validator(mode="after")
     def _check(self) -> RLStage:
@@ -74,6 +76,18 @@ class RLStage(Strict):
             errors.append((("tasks",), "an rl stage needs at least one task"))
         if self.train.advantage == "on_policy_distill" and not self.teacher:
             errors.append((("teacher",), "advantage 'on_policy_distill' needs a teacher model to learn from"))
+        if self.teacher == SELF and self.train.teacher_context == "none":
+            errors.append(
+                (
+                    ("teacher",),
+                    "teacher 'self' is the policy itself, so without privileged context "
+                    "(train.teacher_context: solution) it would teach nothing",
+                )
+            )
+        if self.train.teacher_context != "none" and not self.teacher:
+            errors.append(
+                (("train", "teacher_context"), "privileged context is for a teacher: set teacher (e.g. self)")
+            )
         if self.teacher and self.train.kl_coef <= 0:
             errors.append(
                 (
@@ -107,6 +121,9 @@ def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str |
     1, 3 and 4, `temper.rewards.path.signal_errors`)."""
     mine = {name: tasks[name] for name in stage.tasks if name in tasks}
     return [(("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)]
+
+
+SELF = "self"  # `teacher: self`: on-policy self-distillation
 
 
 class GateError(StageError):
@@ -286,7 +303,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         atomic_write_json(out / "probe.json", summary)
 
     reference = None
-    if stage.teacher:
+    if stage.teacher and stage.teacher != SELF:
         reference = load_teacher(ctx, stage.teacher, tokenizer, source)
     if stage.lora:
         model = with_lora(model, stage.lora.adapter_args())
@@ -296,6 +313,9 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
             reference = _AdapterDisabled(model)
     elif reference is None and config.kl_coef > 0:
         reference = load_model(source).eval().requires_grad_(False)  # the eos options change no logit
+
+    if stage.teacher == SELF:  # OPSD: the live policy, reading the privileged prompt (no gradient)
+        reference = model
 
     def evaluate(step: int) -> dict[str, float]:
         return greedy_eval(sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens)
@@ -378,7 +398,7 @@ KIND = StageKind(
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
     section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
-    uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher else [],
+    uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher not in (None, SELF) else [],
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )

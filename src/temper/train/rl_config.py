@@ -74,6 +74,9 @@ class RLConfig:
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     """beta of the KL to the frozen reference; 0 = no reference model."""
+    teacher_context: Literal["none", "solution"] = "none"
+    """solution: the reference (the rl stage's teacher, `self` for on-policy self-distillation) reads
+    each prompt with the task's worked solution added (`train/privileged.py`); the student never does."""
     kl_mode: KLMode = "loss"
     """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.0
