@@ -45,6 +45,8 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
+    if uses := registry.get(stage.kind).uses(stage):  # a path or hub id is covered as written
+        parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in uses})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
     own = registry.get(stage.kind).fingerprint
@@ -118,7 +120,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                     marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}
                 )
             state.wait_for_everyone()
-        ctx.stage_dirs[stage.name] = out
+        ctx.stage_dirs[stage.name], ctx.output_hashes[stage.name] = out, digest
         if kind.produces_model:
             ctx.models[stage.name] = out / "model"
             ctx.model_hashes[stage.name] = digest
