@@ -68,13 +68,7 @@ def calibration_figure(calibration: dict[str, Any], title: str) -> Figure | None
             color="C0",
             edgecolor="C0",
         )
-        ax.annotate(
-            f"n={b['n']}",
-            ((b["lo"] + b["hi"]) / 2, min(b["accuracy"], 0.97)),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        ax.annotate(f"n={b['n']}", ((b["lo"] + b["hi"]) / 2, 0.02), ha="center", va="bottom", fontsize=8)
     ax.plot(
         [b["confidence"] for b in bins],
         [b["accuracy"] for b in bins],
@@ -91,7 +85,7 @@ def calibration_figure(calibration: dict[str, Any], title: str) -> Figure | None
         title=f"{title}: calibration" + (f" (ECE {ece:.3f})" if ece is not None else ""),
     )
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
+    fig.legend(loc="outside lower center", ncols=2)  # below the axes: inside, it hides bars or labels
     return fig
 
 
@@ -122,7 +116,8 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
         parts.append(
             _table(
                 [
-                    [f"{b['lo']:.1f}-{b['hi']:.1f}", b["n"], f"{b['confidence']:.3f}", f"{b['accuracy']:.3f}"]
+                    [f"{b['lo']:.1f}-{b['hi']:.1f}", b["n"]]
+                    + ([f"{b['confidence']:.3f}", f"{b['accuracy']:.3f}"] if b["n"] else ["–", "–"])
                     for b in cal["bins"]
                 ],
                 head=("confidence bin", "pairs", "mean confidence", "accuracy"),
@@ -130,10 +125,10 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
             )
         )
     shown = [
-        ["held-out accuracy", _pct(acc) if acc is not None else "–"],
+        ["held-out accuracy", f"{100 * acc:.1f}%" if acc is not None else "–"],
         [
             "held-out accuracy before training",
-            _pct(summary["held_out_accuracy_initial"])
+            f"{100 * summary['held_out_accuracy_initial']:.1f}%"
             if summary.get("held_out_accuracy_initial") is not None
             else "–",
         ],

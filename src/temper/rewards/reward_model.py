@@ -63,6 +63,19 @@ def _check_config(folder: Path) -> dict:
     return config
 
 
+def find_reward_model(ref: str | Path, run_dir: Path, base_dir: Path) -> Path:
+    """The folder a recipe's `reward_model: <ref>` means: the `<ref>` stage's `<out>/reward_model`
+    in this run (`NN-<ref>/reward_model`) when one exists, else `<ref>` as a path (relative to the
+    recipe's folder), which may be a stage folder holding `reward_model/`. Not checked further:
+    `RewardModel.load` says what is wrong with it."""
+    stages = sorted(p for p in Path(run_dir).glob(f"[0-9][0-9]-{ref}") if p.is_dir())
+    if stages and isinstance(ref, str) and "/" not in ref:
+        return stages[-1] / REWARD_MODEL_DIR
+    path = Path(ref).expanduser()
+    path = path if path.is_absolute() else (Path(base_dir) / path).resolve()
+    return path / REWARD_MODEL_DIR if (path / REWARD_MODEL_DIR / "config.json").is_file() else path
+
+
 def reward_model_from_policy(policy: PreTrainedModel, pad_token_id: int, seed: int = 0) -> PreTrainedModel:
     """A one-label sequence classifier of `policy`'s architecture holding `policy`'s backbone
     weights and a freshly initialized scalar head (seeded), on its device and in its dtype: where
