@@ -7,7 +7,7 @@ from transformers import LlamaForSequenceClassification
 
 from temper.models import build_preset
 from temper.models.presets import preset_config
-from temper.rewards.reward_model import RewardModel, RewardModelError, sequence_rewards
+from temper.rewards.reward_model import RewardModel, RewardModelError, find_reward_model, sequence_rewards
 
 
 def _tiny_rm(tokenizer, seed=0):
@@ -94,3 +94,14 @@ def test_score_checks_its_inputs(tokenizer):
         rm.score([[5], [6]], [[7]])
     with pytest.raises(ValueError, match="sequence 0 is empty"):
         rm.score([[]], [[]])
+
+
+def test_a_recipe_names_a_reward_model_by_stage_or_path(tmp_path):
+    run, base = tmp_path / "runs" / "r", tmp_path / "recipes"
+    (run / "03-rm" / "reward_model").mkdir(parents=True)
+    (run / "03-rm" / "reward_model" / "config.json").write_text("{}")
+    (base / "models" / "mine").mkdir(parents=True)
+    assert find_reward_model("rm", run, base) == run / "03-rm" / "reward_model"
+    assert find_reward_model("models/mine", run, base) == base / "models" / "mine"
+    assert find_reward_model(str(run / "03-rm"), run, base) == run / "03-rm" / "reward_model"
+    assert find_reward_model("other", run, base) == base / "other"  # RewardModel.load names it
