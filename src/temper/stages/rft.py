@@ -34,6 +34,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
+from temper.data import contamination
 from temper.data.chat import prompt_ids
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example
@@ -252,7 +253,14 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
                 f"rft round {r}: no prompt of {counts['prompts']} had a correct sample among {stage.k}: nothing to "
                 "fine-tune on; raise k or temperature, or start from a model that solves some (more SFT)"
             )
-        sequences, stats = build_sequences(tokenizer, _examples(train_rows, f"rft:round{r}"), stage.max_len)
+        examples, counts["contamination"] = contamination.screen(
+            _examples(train_rows, f"rft:round{r}"), ctx, f"rft round {r}"
+        )
+        if not examples:
+            raise StageError(
+                f"rft round {r}: every kept sample overlaps an eval set and was dropped (contamination)"
+            )
+        sequences, stats = build_sequences(tokenizer, examples, stage.max_len)
         config = epoch_steps(
             dataclasses.replace(stage.train, seed=stage.train.seed + r), len(sequences), f"rft round {r}"
         )
@@ -263,7 +271,7 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
             {"round": r}
             | counts
             | {
-                "data_size": len(train_rows),
+                "data_size": len(examples),
                 "supervised_tokens": stats.supervised_tokens,
                 "truncated": stats.truncated,
                 "steps": result.steps,

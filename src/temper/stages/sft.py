@@ -15,6 +15,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
+from temper.data import contamination
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_rows
 from temper.data.mask_view import mask_views
@@ -143,6 +144,7 @@ def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], lis
 def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
     tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
+    train_rows, contaminated = contamination.screen(train_rows, ctx, "sft")
     if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
         require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
@@ -172,6 +174,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "seconds": result.seconds,
                 "tokens": result.tokens,
                 "precision": result.precision,
+                "contamination": contaminated,
             },
         )
     return model_dir

@@ -1,0 +1,135 @@
+"""The contamination check: planted copies of eval problems are counted (exact and n-gram) and
+dropped on request; honest training data of the built-in tasks is not flagged."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from temper.data.contamination import HELD_OUT_SEED, ContaminationSpec, Index, check, row_texts, screen
+from temper.data.formats import Example
+from temper.models import build_preset, save_model
+from temper.stages import rl
+from temper.stages.context import StageContext
+from temper.stages.sft import SFTStage, run_sft
+from temper.tasks import make_recipe_task
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {
+        "arithmetic": make_recipe_task("arithmetic", {"max_digits": 2, "ood_digits": 3}, Path(".")),
+        "general_points": make_recipe_task("general_points", {"n_cards": 4, "target": 24}, Path(".")),
+    }
+
+
+def _chat(prompt, answer="Answer: 1", source="train.jsonl", line=1):
+    return Example(
+        source, line, messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    )
+
+
+def _rows(examples):
+    return [(f"{e.source}:{e.line}", *row_texts(e)) for e in examples]
+
+
+def test_planted_overlaps_are_counted_and_dropped(tasks):
+    gp_test = [p.prompt for p in tasks["general_points"].sample("test", 60, 7)]
+    index = Index({"arithmetic:test": ["23*9=?", "5*6=?"], "general_points:test": gp_test})
+    hand = gp_test[3]
+    other = tasks["general_points"].sample("train", 1, 3)[0].prompt
+    planted = [
+        _chat("23*9=?", "23*9=207\nAnswer: 207", line=1),  # an eval problem verbatim: exact
+        _chat("  " + hand.upper().replace(" ", "   ") + " ", line=2),  # case and spaces differ: still exact
+        _chat(
+            "Please solve this. " + hand + " Think step by step.", line=3
+        ),  # inside a longer prompt: n-gram
+        Example("train.jsonl", 4, prompt="Q", completion="as seen in the test set: " + hand),  # in an answer
+    ]
+    clean = [
+        _chat("15*6=?", line=5),  # holds "5*6=?" but not at a word boundary
+        _chat("23*8=?", line=6),
+        _chat(other, line=7),  # a train-split hand: the same instructions, another hand
+        _chat(
+            hand.replace(hand.split()[2], "7" if hand.split()[2] != "7" else "8"), line=8
+        ),  # one card changed
+    ]
+    keep, block = check(_rows(planted + clean), index, "warn")
+    assert keep == list(range(8))  # warn keeps everything
+    assert block["contaminated"] == 4 and block["exact"] == 2 and block["ngram"] == 4
+    assert block["by_eval_set"] == {"arithmetic:test": 1, "general_points:test": 3}
+    assert [e["row"] for e in block["examples"]] == [
+        "train.jsonl:1",
+        "train.jsonl:2",
+        "train.jsonl:3",
+        "train.jsonl:4",
+    ]
+    assert [e["how"] for e in block["examples"]] == ["exact", "exact", "n-gram", "n-gram"]
+    keep, block = check(_rows(planted + clean), index, "drop")
+    assert keep == [4, 5, 6, 7] and block["dropped"] == 4
+
+
+def test_honest_training_data_of_the_builtin_tasks_is_not_flagged(tasks):
+    """Train-split demonstrations share the instructions of every eval prompt (GeneralPoints) or
+    are as short as they are (arithmetic): neither may read as a leak."""
+    from temper.data.contamination import eval_sets
+
+    sets = eval_sets(tasks, [(["arithmetic", "general_points"], ["test", "ood"], 200, 1234)], 500)
+    assert set(sets) == {f"{t}:{s}" for t in tasks for s in ("test", "ood")}
+    index = Index(sets)
+    examples = [
+        _chat(p.prompt, tasks[name].demonstration(p), name, i)
+        for name in tasks
+        for i, p in enumerate(tasks[name].sample("train", 1500, 11))
+    ]
+    _, block = check(_rows(examples), index)
+    assert block["rows"] == 3000 and block["contaminated"] == 0, block["examples"]
+
+
+def test_screen_reads_the_recipe_settings_and_rl_cannot_drop(tasks, tmp_path):
+    ctx = StageContext(tmp_path, tmp_path, tasks, {})
+    ctx.eval_specs = [(["arithmetic"], ["test"], 50, 1234)]
+    ctx.contamination = ContaminationSpec(action="drop", eval_problems=0)
+    leaked = tasks["arithmetic"].sample("test", 50, 1234)[:3]
+    rows = [_chat(p.prompt, line=i) for i, p in enumerate(leaked)] + [_chat("1+1=?", line=9)]
+    kept, block = screen(rows, ctx, "sft")
+    assert (
+        [r.line for r in kept] == [9]
+        and block["dropped"] == 3
+        and block["eval_sets"]
+        == {"arithmetic:test": len({p.prompt for p in tasks["arithmetic"].sample("test", 50, 1234)})}
+    )
+    kept, block = screen(leaked, ctx, "rl", can_drop=False)  # RL prompts (task Problems): counted only
+    assert (
+        len(kept) == 3
+        and block["contaminated"] == 3
+        and block["dropped"] == 0
+        and "never dropped" in block["note"]
+    )
+    assert HELD_OUT_SEED == rl.HELD_OUT_SEED  # the problems rl and rft grade are the ones checked
+
+
+def test_the_sft_stage_records_and_drops_planted_rows(tasks, tokenizer, tmp_path):
+    start = save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "start")
+    leaked = tasks["arithmetic"].sample("test", 4, HELD_OUT_SEED)  # the held-out problems rl/rft grade
+    rows = [
+        {"messages": [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": "x"}]}
+        for p in leaked
+    ]
+    rows += [
+        {"messages": [{"role": "user", "content": f"{i}+{i}=?"}, {"role": "assistant", "content": "y"}]}
+        for i in range(100, 106)
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = StageContext(tmp_path, tmp_path, tasks, {})
+    ctx.contamination = ContaminationSpec(action="drop", eval_problems=50)
+    stage = SFTStage(
+        kind="sft", data={"files": ["d.jsonl"], "eval_problems": 0},
+        train={"max_steps": 1, "batch_size": 2, "warmup_steps": 0, "progress": False},
+    )  # fmt: skip
+    out = tmp_path / "sft"
+    out.mkdir()
+    run_sft(stage, ctx, start, out)
+    summary = json.loads((out / "sft.json").read_text())
+    assert summary["contamination"]["exact"] == 4 and summary["contamination"]["dropped"] == 4
+    assert summary["data"]["examples"] == 6
