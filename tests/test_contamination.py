@@ -133,3 +133,18 @@ def test_the_sft_stage_records_and_drops_planted_rows(tasks, tokenizer, tmp_path
     summary = json.loads((out / "sft.json").read_text())
     assert summary["contamination"]["exact"] == 4 and summary["contamination"]["dropped"] == 4
     assert summary["data"]["examples"] == 6
+
+
+def test_the_report_shows_the_counts_and_the_flagged_rows(tasks):
+    from temper.report.contamination import contamination_html
+
+    index = Index({"arithmetic:test": ["23*9=?"]})
+    _, block = check(_rows([_chat("23*9=?", line=3), _chat("2+2=?", line=4)]), index, "drop")
+    page = contamination_html(block)
+    assert (
+        "<td>training rows checked</td><td>2</td>" in page
+        and "<td>dropped (action: drop)</td><td>1</td>" in page
+    )
+    assert "1 of 2 training rows overlap an eval set and were dropped before training" in page
+    assert "<td>train.jsonl:3</td><td>arithmetic:test</td><td>exact</td>" in page
+    assert contamination_html(None) == ""

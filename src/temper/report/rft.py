@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from temper.report.common import Stage, _embed, _number, _pct, _read_json, _table
+from temper.report.contamination import contamination_html
 
 
 def rounds_figure(rounds: list[dict[str, Any]], title: str) -> Figure:
@@ -67,4 +68,10 @@ def rft_section(stage: Stage, plots: Path) -> str:
     )
     name = stage.folder.name
     fig = _embed(rounds_figure(rounds, name), plots / f"{name}-rounds.png", f"{name} rounds")
-    return said + _table(rows, head, caption="per round") + fig
+    checks = [r["contamination"] for r in rounds if r.get("contamination")]
+    return (
+        said
+        + _table(rows, head, caption="per round")
+        + fig
+        + contamination_html(checks[-1] if checks else None, f"samples of round {rounds[-1]['round']}")
+    )
