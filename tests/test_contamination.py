@@ -148,3 +148,28 @@ def test_the_report_shows_the_counts_and_the_flagged_rows(tasks):
     assert "1 of 2 training rows overlap an eval set and were dropped before training" in page
     assert "<td>train.jsonl:3</td><td>arithmetic:test</td><td>exact</td>" in page
     assert contamination_html(None) == ""
+
+
+def test_the_recipe_option_and_the_stage_hash(tmp_path):
+    """The default (warn) leaves every stage hash as it was (the shipped base and finished runs stay
+    valid); drop changes what trains, so it reruns the stages that read a model."""
+    from temper.recipe import parse_recipe
+    from temper.runner import _stage_hash, eval_specs
+
+    text = """\
+name: c
+model: {path: m}
+tasks: {arithmetic: {max_digits: 2}}
+stages:
+  - {kind: sft, data: {tasks: [arithmetic]}}
+  - {kind: eval, tasks: [arithmetic], splits: [test], n_problems: 50, seed: 7}
+"""
+    (tmp_path / "m").mkdir()
+    plain = parse_recipe(text, base_dir=tmp_path)
+    warn = parse_recipe(text + "contamination: {action: warn}\n", base_dir=tmp_path)
+    drop = parse_recipe(text + "contamination: {action: drop, n: 16}\n", base_dir=tmp_path)
+    assert drop.contamination == ContaminationSpec(action="drop", n=16)
+    assert eval_specs(drop) == [(["arithmetic"], ["test"], 50, 7)]
+    ctx = StageContext(tmp_path, tmp_path, {}, plain.tasks)
+    hashes = [_stage_hash(r, 0, ctx) for r in (plain, warn, drop)]
+    assert hashes[0] == hashes[1] != hashes[2]

@@ -116,3 +116,22 @@ def test_end_to_end_a_stage_checkpoints_are_scored_and_one_becomes_the_model(tok
         run / "01-sft" / "checkpoints" / "step-0000003" / "pytorch_model.bin", weights_only=True
     )
     assert all(torch.equal(chosen[k], v) for k, v in saved.items() if k in chosen)
+
+
+def test_candidates_are_checkpoints_then_rounds_then_the_final_model(tmp_path):
+    from temper.stages.select import candidates
+
+    for d in (
+        "checkpoints/step-0000020",
+        "checkpoints/step-0000010",
+        "round-02/model",
+        "round-01/model",
+        "model",
+    ):
+        (tmp_path / d).mkdir(parents=True)
+    for step in ("0000010", "0000020"):
+        (tmp_path / "checkpoints" / f"step-{step}" / "state.json").write_text("{}")
+    (tmp_path / "checkpoints" / "step-0000030").mkdir()  # no state.json: unfinished, not a candidate
+    found = candidates(tmp_path)
+    assert [n for n, _ in found] == ["step-0000010", "step-0000020", "round-01", "round-02", "final"]
+    assert found[2][1] == tmp_path / "round-01" / "model"
