@@ -173,3 +173,18 @@ stages:
     ctx = StageContext(tmp_path, tmp_path, {}, plain.tasks)
     hashes = [_stage_hash(r, 0, ctx) for r in (plain, warn, drop)]
     assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_preference_rows_and_rl_prompts_are_read_too(tasks):
+    from temper.data.preferences import Labelled, Pair
+
+    pair = Pair("p.jsonl", 1, [{"role": "user", "content": "23*9=?"}], "207", "206")
+    assert row_texts(pair) == (["23*9=?"], "23*9=?\n207\n206")
+    kto = Labelled("k.jsonl", 2, "5*6=?", "30", True)
+    assert row_texts(kto) == (["5*6=?"], "5*6=?\n30")
+    problem = tasks["arithmetic"].sample("test", 1, 0)[0]
+    assert row_texts(problem) == ([problem.prompt], problem.prompt)
+    _, block = check(
+        [("p.jsonl:1", *row_texts(pair)), ("k.jsonl:2", *row_texts(kto))], Index({"a:test": ["5*6=?"]})
+    )
+    assert block["exact"] == 1 and block["examples"][0]["row"] == "k.jsonl:2"
