@@ -188,3 +188,15 @@ def test_preference_rows_and_rl_prompts_are_read_too(tasks):
         [("p.jsonl:1", *row_texts(pair)), ("k.jsonl:2", *row_texts(kto))], Index({"a:test": ["5*6=?"]})
     )
     assert block["exact"] == 1 and block["examples"][0]["row"] == "k.jsonl:2"
+
+
+def test_a_task_without_an_ood_split_gives_no_ood_set(tasks):
+    from temper.data.contamination import eval_sets
+
+    class NoOod:
+        def sample(self, split, n, seed):
+            if split == "ood":
+                raise ValueError("task 'rows' has no ood rows")
+            return tasks["arithmetic"].sample(split, n, seed)
+
+    assert list(eval_sets({"rows": NoOod()}, [], 10)) == ["rows:test"]

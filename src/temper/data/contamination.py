@@ -167,8 +167,13 @@ def eval_sets(
     for names, splits, n, seed in [*wanted, *evals]:
         for name in names or list(tasks):
             for split in splits:
-                if name in tasks:
-                    out[f"{name}:{split}"] += [p.prompt for p in tasks[name].sample(split, n, seed)]
+                if name not in tasks:
+                    continue
+                try:
+                    drawn = tasks[name].sample(split, n, seed)
+                except ValueError:  # a data task without that split (no ood_data): nothing to check
+                    continue
+                out[f"{name}:{split}"] += [p.prompt for p in drawn]
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
