@@ -24,6 +24,8 @@ class StageContext:
     contamination: Any = None  # the recipe's ContaminationSpec (temper.data.contamination); None: defaults
     eval_specs: list[tuple[list[str], list[str], int, int]] = field(default_factory=list)
     """(tasks, splits, n_problems, seed) of each eval stage of the recipe: what training sets are checked against."""
+    stage_dirs: dict[str, Path] = field(default_factory=dict)  # stage name -> its folder, every kind
+    output_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash, every kind
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
@@ -34,6 +36,11 @@ class StageContext:
         a hub id as written."""
         local = local_model(name, self.base_dir)
         return name if local is None else local
+
+    def model_of(self, ref: str) -> Path | str:
+        """The model a stage's reference (`StageKind.uses`) names: an earlier model stage's saved
+        model, else a local folder relative to the recipe or a hub id."""
+        return self.models[ref] if ref in self.models else self.model_source(ref)
 
 
 def local_model(name: str, base_dir: Path) -> Path | None:
