@@ -62,7 +62,10 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         lines.append(f"| {arm} | {cells} | {spread(start, 100, 1)} | {spread(end, 100, 1)} | {kl_cell} |")
     lines += ["", "Greedy held-out accuracy at the periodic evals (200 test problems), mean over seeds:", ""]
     evals = {
-        arm: [[(r["step"], r["eval/arithmetic/accuracy"]) for r in rs if "eval/arithmetic/accuracy" in r] for rs in by_seed.values()]
+        arm: [
+            [(r["step"], r["eval/arithmetic/accuracy"]) for r in rs if "eval/arithmetic/accuracy" in r]
+            for rs in by_seed.values()
+        ]
         for arm, by_seed in rows.items()
     }
     steps = [s for s, _ in next(iter(evals.values()))[0]]
@@ -94,7 +97,9 @@ def _eval_cell(result: dict, model: str, split: str) -> tuple[float, float] | No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("root", type=Path)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--window", type=int, default=10)

@@ -35,6 +35,8 @@ def seeded_recipe(text: str, seed: int, vary: list[str]):
             stage.setdefault("train", {})["seed"] = seed
             if stage["kind"] == "sft":
                 stage.setdefault("data", {})["seed"] = 1000 + seed
+            if stage["kind"] == "rft":  # its sampling seed too: other problems, other samples
+                stage["seed"] = seed
     return parse_recipe(yaml.safe_dump(data, sort_keys=False)), yaml.safe_dump(data, sort_keys=False)
 
 
@@ -67,6 +69,7 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
                     ]
                     lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += rft_rounds(recipe, runs)
     lines += [
         "Compute per model stage (mean over seeds):",
         "",
@@ -89,6 +92,36 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
             f"| {stage.name} | {stage.kind} | {statistics.mean(seconds):.0f} | {statistics.mean(tokens):,.0f} ({what}) |"
         )
     return "\n".join(lines) + "\n"
+
+
+def rft_rounds(recipe, runs: dict[int, Path]) -> list[str]:
+    """Per round of each rft stage: yield, kept samples and greedy test accuracy over seeds."""
+    lines = []
+    for index, stage in enumerate(recipe.stages):
+        if stage.kind != "rft":
+            continue
+        per_seed = [
+            json.loads((stage_dir(run, index, stage.name) / "rft.json").read_text())["rounds"]
+            for run in runs.values()
+        ]
+        lines += [
+            f"{stage.name}: per round ({len(runs)} seeds; round 0 is the starting model)",
+            "",
+            "| round | yield % | kept samples | greedy test accuracy % | parse rate % |",
+            "|---|---|---|---|---|",
+        ]
+        for r in range(len(per_seed[0])):
+            rounds = [seed_rounds[r] for seed_rounds in per_seed]
+            kept = [x["kept"] for x in rounds if "kept" in x]
+            cells = [
+                _spread([x["yield"] for x in rounds]) if "yield" in rounds[0] else "–",
+                f"{statistics.mean(kept):.0f} [{min(kept)}, {max(kept)}]" if kept else "–",
+                _spread([x["accuracy"] for x in rounds]),
+                _spread([x["parse_rate"] for x in rounds]),
+            ]
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def main() -> None:

@@ -146,6 +146,8 @@ def test_every_kind_keeps_the_contract():
         "dpo",
         "kto",
         "rl",
+        "rft",
+        "select",
         "eval",
     ]
     for name, kind in kinds.items():

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
+from temper.data.contamination import ContaminationSpec
 from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
@@ -72,6 +73,8 @@ class Recipe(Strict):
     model: ModelSpec
     tasks: dict[str, dict[str, Any]] = {}
     """Task name -> options (see `temper.tasks`); stages refer to tasks by name."""
+    contamination: ContaminationSpec = ContaminationSpec()
+    """How every training set is checked against the recipe's eval sets (`temper.data.contamination`)."""
     stages: list[Any]
     """Each a registered stage kind's spec, chosen by its `kind` (see `schema()`)."""
 

@@ -42,9 +42,17 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
     return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.weights()
 
 
+def eval_specs(recipe: Recipe) -> list[tuple[list[str], list[str], int, int]]:
+    """(tasks, splits, n_problems, seed) of each eval stage: the eval sets training data is checked against."""
+    return [(s.tasks, list(s.splits), s.n_problems, s.seed) for s in recipe.stages if s.kind == "eval"]
+
+
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
+    if recipe.contamination.action == "drop" and registry.get(stage.kind).reads != "base":
+        # dropping changes what trains; the default (warn) only counts, and leaves every hash as it was
+        parts.append([recipe.contamination.model_dump(), eval_specs(recipe)])
     if uses := registry.get(stage.kind).uses(stage):  # a path or hub id is covered as written
         parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in uses})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
@@ -88,6 +96,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
     ctx = StageContext(
         run_dir=run_dir, base_dir=base_dir, tasks=tasks, task_options=recipe.tasks, chat=recipe.model.chat()
     )
+    ctx.contamination, ctx.eval_specs = recipe.contamination, eval_specs(recipe)
     for i, stage in enumerate(recipe.stages):
         kind = registry.get(stage.kind)
         out = stage_dir(run_dir, i, stage.name)

@@ -24,6 +24,7 @@ from temper.report.common import (
     _table,
     read_metrics,
 )
+from temper.report.contamination import contamination_html
 from temper.rewards import monitors
 from temper.rewards.diagnostics import CAUSES, NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice
 
@@ -367,6 +368,7 @@ def rl_section(stage: Stage, plots: Path) -> str:
     else:
         parts.append("<p>No metrics logged.</p>")
     parts.append(rl_compute(summary, rows))
+    parts.append(contamination_html(summary.get("contamination") or pre.get("contamination"), "RL prompts"))
     parts.append(monitor_table(rows, summary.get("monitors")))
     parts.append(curriculum_table(rows))
     parts.append(rl_episode_table(rows))

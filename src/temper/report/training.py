@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from temper.report.common import Stage, _box, _embed, _esc, _number, _pct, _read_json, _table, read_metrics
+from temper.report.contamination import contamination_html
 
 # whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
 _VISIBLE = {" ": "·", "\t": "→", "\n": "↵", "\r": "␍"}
@@ -80,6 +81,7 @@ def training_section(stage: Stage, plots: Path) -> str:
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
     parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
     parts.append(best_of_n_table(summary.get("best_of_n") or {}))
+    parts.append(contamination_html(summary.get("contamination")))
     return "".join(parts) + mask_section(stage.folder / "examples.json")
 
 

@@ -21,6 +21,9 @@ class StageContext:
     models: dict[str, Path] = field(default_factory=dict)  # stage name -> saved model dir
     model_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash
     chat: ChatOptions = field(default_factory=ChatOptions)  # model.chat_template / eos_token
+    contamination: Any = None  # the recipe's ContaminationSpec (temper.data.contamination); None: defaults
+    eval_specs: list[tuple[list[str], list[str], int, int]] = field(default_factory=list)
+    """(tasks, splits, n_problems, seed) of each eval stage of the recipe: what training sets are checked against."""
     stage_dirs: dict[str, Path] = field(default_factory=dict)  # stage name -> its folder, every kind
     output_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash, every kind
 

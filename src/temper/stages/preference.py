@@ -23,6 +23,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
+from temper.data import contamination
 from temper.data.chat import prompt_ids
 from temper.data.preferences import Labelled, Pair, load_preferences
 from temper.models import require_chat_template, save_trained, with_lora
@@ -268,6 +269,7 @@ def run_preference(
     train `objective` from `source` against itself as the reference, save the model and `<kind>.json`."""
     tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, summary = preference_rows(stage, ctx, model, tokenizer, out)
+    train_rows, summary["contamination"] = contamination.screen(train_rows, ctx, kind)
     if any(not isinstance(r.prompt, str) for r in train_rows + eval_rows):
         require_chat_template(tokenizer, source)
     items, stats = build(tokenizer, train_rows, stage.max_len)

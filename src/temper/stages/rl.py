@@ -12,6 +12,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
+from temper.data import contamination
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
@@ -26,7 +27,7 @@ from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, ra
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
-from temper.train.rl import RLConfig, collect_groups, train_rl
+from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
 
 console = Console(stderr=True)
 
@@ -299,6 +300,13 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         summary["probe"] = distributed.on_main(
             reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
         )
+    # the prompts the run's steps draw (dynamic sampling's refills aside), against the eval sets;
+    # a curriculum task (sample_at_step) grows its pool as it trains, so it is not enumerated here
+    drawn_from = [t for t in tasks.values() if getattr(t, "sample_at_step", None) is None]
+    drawn = [
+        p for step in range(config.steps) for _, p in problems_for_step(drawn_from, config.prompts_per_step, config.seed, step)
+    ] if drawn_from else []  # fmt: skip
+    summary["contamination"] = contamination.screen(drawn, ctx, "rl", can_drop=False)[1]
     if distributed.is_main():
         atomic_write_json(out / "probe.json", summary)
 

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
+from temper.data import contamination
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, load_rows
 from temper.data.mask_view import mask_views
@@ -221,6 +222,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
         require_chat_template(tokenizer, source)  # the prompts are chats
         generated, bon_counts = best_of_n_examples(stage.data.best_of_n, ctx, model, tokenizer, source, out)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx, generated)
+    train_rows, contaminated = contamination.screen(train_rows, ctx, "sft")
     if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
         require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
@@ -251,6 +253,7 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "seconds": result.seconds,
                 "tokens": result.tokens,
                 "precision": result.precision,
+                "contamination": contaminated,
             }
             | ({"best_of_n": bon_counts} if bon_counts is not None else {}),
         )

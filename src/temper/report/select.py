@@ -1,0 +1,45 @@
+"""The select stage's section: every candidate checkpoint's criteria, the rule and the choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temper.report.common import Stage, _esc, _read_json, _table
+
+_SHOWN = {
+    "id_accuracy": "ID accuracy",
+    "ood_accuracy": "OOD accuracy",
+    "parse_rate": "parse rate",
+    "length": "length (tokens)",
+    "kl": "KL to reference",
+}
+
+
+def _cell(key: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}%" if key in ("id_accuracy", "ood_accuracy", "parse_rate") else f"{value:.4g}"
+
+
+def select_section(stage: Stage, plots: Path) -> str:
+    summary = _read_json(stage.folder / "select.json")
+    if not summary:
+        return "<p>No selection made yet.</p>"
+    rows, chosen = [], None
+    for i, c in enumerate(summary["candidates"]):
+        mark = "chosen" if c["name"] == summary["chosen"] else ("" if c["feasible"] else "fails a bound")
+        rows.append([c["name"], *(_cell(k, c["metrics"].get(k)) for k in _SHOWN), mark])
+        chosen = i if c["name"] == summary["chosen"] else chosen
+    ref = summary.get("reference")
+    said = (
+        f"<p>Candidates: the checkpoints of {_esc(summary['from'])}, greedy on held-out problems; KL to "
+        f"{_esc(ref) if ref else '(no reference)'} on each candidate's own samples. Rule: "
+        f"<b>{_esc(summary['rule'])}</b>. Chosen: <b>{_esc(summary['chosen'])}</b>, now this stage's model.</p>"
+    )
+    head = ["candidate", *_SHOWN.values(), ""]
+    return said + _table(
+        rows,
+        head,
+        flagged={chosen} if chosen is not None else set(),
+        caption="candidates (highlighted: chosen)",
+    )
