@@ -292,6 +292,7 @@ KIND = StageKind(
     section=lazy("temper.report.select", "select_section"),
     outputs=("select.json",),
     tasks=lambda stage: stage.tasks,
+    uses=lambda stage: [(("reference",), stage.reference)] if stage.reference else [],  # the KL's reference
     summary=select_table,
     order=85,
 )
