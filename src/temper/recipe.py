@@ -137,6 +137,11 @@ class Recipe(Strict):
                             f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}",
                         )
                     )
+            if kind.stage_rules is not None:  # e.g. rl's reward model: an earlier reward_model stage
+                errors += [
+                    (("stages", i, *loc), msg)
+                    for loc, msg in kind.stage_rules(stage, self.stages[:i], base_dir)
+                ]
             if kind.produces_model:
                 seen.append(stage.name)
         if self.model.preset and self.stages and registry.get(self.stages[0].kind).reads != "base":

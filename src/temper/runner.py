@@ -47,6 +47,8 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
+    if (own := registry.get(stage.kind).fingerprint) is not None:  # e.g. the reward model it reads
+        parts.append(own(stage, ctx))
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
@@ -115,6 +117,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                     marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}
                 )
             state.wait_for_everyone()
+        ctx.stage_dirs[stage.name] = out
         if kind.produces_model:
             ctx.models[stage.name] = out / "model"
             ctx.model_hashes[stage.name] = digest

@@ -244,6 +244,12 @@ class StageKind:
     """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
     order: int = 100
     """Position in listings (CLI help): pipeline order."""
+    stage_rules: Callable[[Any, list[Any], Path | None], list[tuple[Loc, str]]] | None = None
+    """Rules of the spec against the stages before it, (spec, earlier specs, the recipe's folder or
+    None) -> errors located below the stage (e.g. rl's `train.reward_model` naming a reward_model stage)."""
+    fingerprint: Callable[[Any, StageContext], Any] | None = None
+    """What the stage's hash covers beyond its settings and model (JSON-serializable), computed when
+    the stage is reached (earlier stages have run): e.g. the files of a reward model it reads."""
 
 
 def lazy(module: str, name: str) -> Callable[..., Any]:
@@ -254,3 +260,20 @@ def lazy(module: str, name: str) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = name
     return call
+
+
+def folder_digest(path: Path) -> str:
+    """A digest of a folder's files (relative names and bytes), or "missing": the stage hash of a
+    stage that reads a folder no model stage records (a reward model) covers what is in it."""
+    import hashlib
+
+    if not path.is_dir():
+        return "missing"
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()[:16]

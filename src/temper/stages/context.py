@@ -21,6 +21,7 @@ class StageContext:
     models: dict[str, Path] = field(default_factory=dict)  # stage name -> saved model dir
     model_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash
     chat: ChatOptions = field(default_factory=ChatOptions)  # model.chat_template / eos_token
+    stage_dirs: dict[str, Path] = field(default_factory=dict)  # stage name -> its folder, every kind
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
