@@ -127,7 +127,9 @@ def test_kl_in_the_reward_changes_the_advantages_by_minus_beta_k1():
     scores = torch.tensor([1.0, -1.0], dtype=F64)
     with_kl = kl_penalized_rewards(scores, kl, mask, 0.1)
     without = kl_penalized_rewards(scores, kl, mask, 0.0)
-    torch.testing.assert_close(with_kl - without, torch.tensor([[-0.05, 0.02, -0.01], [-0.03, -0.04, 0.0]], dtype=F64))
+    torch.testing.assert_close(
+        with_kl - without, torch.tensor([[-0.05, 0.02, -0.01], [-0.03, -0.04, 0.0]], dtype=F64)
+    )
 
 
 # ---------------------------------------------------------------- a reward model as a component
@@ -241,12 +243,16 @@ def test_the_update_does_not_depend_on_the_gold_reward_at_outcome_weight_0(token
 
     c, _ = _rlhf_run(tokenizer, tmp_path / "c", FirstByte(), 0.5)
     d, _ = _rlhf_run(tokenizer, tmp_path / "d", FirstByte(inverted=True), 0.5)
-    assert any(not torch.equal(x, y) for x, y in zip(c.state_dict().values(), d.state_dict().values(), strict=True))
+    assert any(
+        not torch.equal(x, y) for x, y in zip(c.state_dict().values(), d.state_dict().values(), strict=True)
+    )
 
 
 def test_train_rl_refuses_a_reward_model_component_without_its_scorer(tokenizer, tmp_path):
     model = build_preset("nano", tokenizer, seed=1)
-    config = RLConfig(steps=1, prompts_per_step=1, group_size=2, rewards={"reward_model": 1.0}, progress=False)
+    config = RLConfig(
+        steps=1, prompts_per_step=1, group_size=2, rewards={"reward_model": 1.0}, progress=False
+    )
     with pytest.raises(ValueError, match="'reward_model' needs a scorer"):
         train_rl(model, tokenizer, [FirstByte()], config, tmp_path)
 
@@ -260,7 +266,11 @@ RM_LINE = 18  # BASE's rl `train:` line
 @pytest.mark.parametrize(
     ("train", "key", "message"),
     [
-        ("{steps: 4, rewards: {reward_model: 1.0}}", "stages[2].train.rewards.reward_model", "needs a reward model"),
+        (
+            "{steps: 4, rewards: {reward_model: 1.0}}",
+            "stages[2].train.rewards.reward_model",
+            "needs a reward model",
+        ),
         (
             "{steps: 4, rewards: {outcome: 1.0}, reward_model: rm}",
             "stages[2].train.reward_model",
@@ -290,14 +300,18 @@ def test_a_recipe_with_a_bad_reward_model_is_refused_at_its_key(tmp_path, capsys
     path.write_text("\n".join(lines) + "\n")
     assert _dry_run(path, tmp_path) == 2
     err = capsys.readouterr().err
-    located = [row.strip() for row in err.splitlines() if row.strip().startswith(f"{path}:{RM_LINE}: {key}: ")]
+    located = [
+        row.strip() for row in err.splitlines() if row.strip().startswith(f"{path}:{RM_LINE}: {key}: ")
+    ]
     assert any(message in row for row in located), err
 
 
 def test_a_recipe_naming_a_reward_model_folder_passes(tmp_path, capsys):
     (tmp_path / "my_rm").mkdir()
     lines = BASE.splitlines()
-    lines[RM_LINE - 1] = "    train: {steps: 4, rewards: {reward_model: 1.0, outcome: 0.0}, reward_model: my_rm}"
+    lines[RM_LINE - 1] = (
+        "    train: {steps: 4, rewards: {reward_model: 1.0, outcome: 0.0}, reward_model: my_rm}"
+    )
     path = tmp_path / "recipe.yaml"
     path.write_text("\n".join(lines) + "\n")
     assert _dry_run(path, tmp_path) == 0, capsys.readouterr().err
@@ -340,7 +354,14 @@ def test_the_stage_hash_covers_the_reward_models_files(tmp_path):
 
 def _rows(proxy, gold):
     return [
-        {"step": i + 1, "reward": p, "reward/reward_model": p, "reward/gold": g, "accuracy": 0.5, "kl_ref_seq": 0.5 * i}
+        {
+            "step": i + 1,
+            "reward": p,
+            "reward/reward_model": p,
+            "reward/gold": g,
+            "accuracy": 0.5,
+            "kl_ref_seq": 0.5 * i,
+        }
         for i, (p, g) in enumerate(zip(proxy, gold, strict=True))
     ]
 
@@ -369,7 +390,9 @@ def test_the_report_draws_proxy_and_gold_against_steps_and_sqrt_kl(tmp_path):
     assert list(proxy.get_ydata()) == [0.1, 0.3, 0.5, 0.7]
     (gold,) = fig.axes[1].lines
     assert list(gold.get_ydata()) == [0.6, 0.7, 0.65, 0.5]
-    assert proxy_gold_kl_figure([{k: v for k, v in r.items() if k != "reward/gold"} for r in rows], "t") is None
+    assert (
+        proxy_gold_kl_figure([{k: v for k, v in r.items() if k != "reward/gold"} for r in rows], "t") is None
+    )
     full = rl_figure(rows, "t")
     titles = [a.get_ylabel() for a in full.axes]
     assert "reward model score" in titles and "gold reward" in titles

@@ -340,7 +340,9 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     if config.reward_model is not None:
         from temper.rewards.reward_model import RewardModel  # only runs with a learned reward
 
-        scorers["reward_model"] = RewardModel.load(reward_model_dir(config.reward_model, ctx))
+        scorers["reward_model"] = RewardModel.load(
+            reward_model_dir(config.reward_model, ctx), device=next(model.parameters()).device
+        )
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
