@@ -13,6 +13,7 @@ batches are right-padded with that id and a sequence scores the same alone or in
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -60,6 +61,29 @@ def _check_config(folder: Path) -> dict:
             f"{str(folder)!r} is a sequence classifier with {labels} labels; a reward model has one (num_labels=1)"
         )
     return config
+
+
+def reward_model_from_policy(policy: PreTrainedModel, pad_token_id: int, seed: int = 0) -> PreTrainedModel:
+    """A one-label sequence classifier of `policy`'s architecture holding `policy`'s backbone
+    weights and a freshly initialized scalar head (seeded), on its device and in its dtype: where
+    a reward model starts (InstructGPT's RM and TRL's RewardTrainer start from the SFT policy).
+    The config names `pad_token_id`, so the head reads each sequence's last non-pad token."""
+    config = copy.deepcopy(policy.config)
+    config.num_labels = 1
+    config.pad_token_id = int(pad_token_id)
+    config.architectures = None  # save_pretrained writes the classifier's own
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForSequenceClassification.from_config(config, dtype=policy.dtype)
+    except ValueError as err:  # transformers has no ...ForSequenceClassification for this config
+        raise RewardModelError(
+            f"the policy's architecture ({config.model_type}) has no sequence-classification head in "
+            f"transformers, so no reward model can be built on it: {str(err).splitlines()[0]}"
+        ) from None
+    backbone = getattr(policy, policy.base_model_prefix)
+    getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())  # strict: every weight
+    return model.to(policy.device)
 
 
 class RewardModel:
