@@ -397,3 +397,72 @@ def test_the_report_draws_proxy_and_gold_against_steps_and_sqrt_kl(tmp_path):
     titles = [a.get_ylabel() for a in full.axes]
     assert "reward model score" in titles and "gold reward" in titles
     assert _proxy_gold in [draw for draw, wants in __import__("temper.report.rl", fromlist=["PANELS"]).PANELS]
+
+
+# ---------------------------------------------------------------- the stages end to end
+
+
+MICRO = """\
+name: micro_rlhf
+model: {preset: nano, seed: 0}
+tasks:
+  arithmetic: {max_digits: 1, ood_digits: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 300}
+    max_len: 64
+    train: {max_steps: 20, batch_size: 8, lr: 0.003, warmup_steps: 5, log_every: 5, progress: false}
+  - kind: sft
+    data: {tasks: [arithmetic], problems_per_task: 100, eval_problems: 8}
+    train: {max_steps: 10, batch_size: 8, lr: 0.001, warmup_steps: 2, log_every: 5, progress: false}
+  - kind: reward_model
+    name: rm
+    data: {files: [pairs.jsonl]}
+    max_len: 64
+    train: {max_steps: 4, batch_size: 4, warmup_steps: 0, progress: false}
+  - kind: rl
+    name: ppo
+    tasks: [arithmetic]
+    probe_groups: 2
+    train:
+      steps: 2
+      prompts_per_step: 2
+      group_size: 4
+      max_new_tokens: 8
+      advantage: gae
+      kl_mode: reward
+      kl_coef: 0.05
+      rewards: {reward_model: 1.0, outcome: 0.0}
+      reward_model: rm
+      progress: false
+"""
+
+
+@pytest.mark.slow
+def test_micro_rlhf_recipe_end_to_end(tmp_path, capsys):
+    from temper.cli import main
+
+    pairs = [
+        {"prompt": [{"role": "user", "content": f"{a}+{b}="}],
+         "chosen": [{"role": "assistant", "content": f"Answer: {a + b}"}],
+         "rejected": [{"role": "assistant", "content": f"Answer: {a + b + 1}"}]}
+        for a in range(4) for b in range(4)
+    ]  # fmt: skip
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    recipe = tmp_path / "micro.yaml"
+    recipe.write_text(MICRO)
+    run = tmp_path / "run"
+    assert main(["run", str(recipe), "--output-dir", str(run)]) == 0
+    rows = [json.loads(line) for line in (run / "04-ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert {"reward/reward_model", "reward/gold", "reward/outcome", "kl_ref", "kl_ref_seq"} <= set(row)
+        assert row["reward"] == pytest.approx(row["reward/reward_model"])  # outcome weight 0
+    summary = json.loads((run / "04-ppo" / "rl.json").read_text())
+    assert summary["reward_model"] == str(run / "03-rm" / "reward_model")
+    assert summary["probe"]["groups"] == 2
+    html = (run / "report.html").read_text()
+    assert "proxy and gold vs sqrt KL" in html
+    capsys.readouterr()
+    assert main(["run", str(recipe), "--output-dir", str(run)]) == 0  # a rerun skips every stage
+    assert "ppo: complete, skipped" in capsys.readouterr().err

@@ -148,8 +148,10 @@ def stage_rules(
 def reward_model_dir(name: str, ctx: StageContext) -> Path:
     """The folder `train.reward_model` means: an earlier stage's `<out>/reward_model`, else a path
     relative to the recipe's folder."""
+    from temper.rewards.reward_model import REWARD_MODEL_DIR
+
     if name in ctx.stage_dirs:
-        return ctx.stage_dirs[name] / "reward_model"
+        return ctx.stage_dirs[name] / REWARD_MODEL_DIR
     return ctx.resolve(name)
 
 
@@ -408,6 +410,7 @@ def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
     rm = f", reward model {t.reward_model!r}" if t.reward_model else ""
+    rm += f", KL {t.kl_coef:g} in the {t.kl_mode}" if t.kl_coef else ""
     path = (
         f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"
         if t.path
