@@ -386,6 +386,7 @@ def test_the_report_draws_proxy_and_gold_against_steps_and_sqrt_kl(tmp_path):
     fig = proxy_gold_kl_figure(rows, "t")
     ax = fig.axes[0]
     (proxy,) = ax.lines
+    assert proxy.get_linestyle() == "None"  # points: the KL of successive steps need not grow
     assert list(proxy.get_xdata()) == pytest.approx([(0.5 * i) ** 0.5 for i in range(4)])
     assert list(proxy.get_ydata()) == [0.1, 0.3, 0.5, 0.7]
     (gold,) = fig.axes[1].lines

@@ -238,13 +238,14 @@ def proxy_gold_kl_figure(rows: list[dict[str, Any]], title: str) -> Figure | Non
     fig.suptitle(title)
     ax = fig.subplots()
     x = [p[0] for p in pts]
-    marker = "o" if len(pts) < 30 else None
+    # points, not a line: the KL of successive steps need not grow, and a line joining them in
+    # step order would zigzag back and forth across the axis
     proxy = [(a, b) for a, b, _ in pts if isinstance(b, int | float) and math.isfinite(b)]
     if proxy:
-        ax.plot(*zip(*proxy), color="C4", marker=marker, ms=3, label="proxy (reward model)")
+        ax.plot(*zip(*proxy), "o", color="C4", ms=4, label="proxy (reward model)")
         ax.set_ylabel("reward model score")
     twin = ax.twinx() if proxy else ax
-    twin.plot(x, [p[2] for p in pts], color="C3", marker=marker, ms=3, label="gold (verifier)")
+    twin.plot(x, [p[2] for p in pts], "s", color="C3", ms=4, mfc="none", label="gold (verifier)")
     twin.set_ylabel("gold reward", color="C3")
     ax.set_xlabel("sqrt(KL to reference), nats^0.5 per sequence")
     ax.grid(alpha=0.3)
