@@ -191,6 +191,22 @@ def _path(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
     return twin
 
 
+PROXY = "reward/reward_model"  # a learned reward model's mean score (the proxy)
+
+
+def _proxy_gold(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    """A run trained on a learned reward: the proxy (reward model score) against the gold (the
+    verifier's reward of the same samples, never trained on at weight 0) on a 0-1 axis on the
+    right. Over-optimization shows as the proxy rising while the gold stalls or falls."""
+    _plot(ax, rows, PROXY, color="C4", lw=2, label="proxy (reward model)")
+    if ax.lines:
+        ax.set(ylabel="reward model score")
+    if not _points(rows, monitors.GOLD):
+        return None
+    twin = _twin(ax, rows, monitors.GOLD, "gold (verifier)", "gold reward")
+    return twin
+
+
 # (panel, the metrics it draws: a panel none of whose metrics was logged is left out)
 PANELS = (
     (_reward, lambda k: k in ("reward", "path/phi") or k.startswith("reward/")),
@@ -200,13 +216,50 @@ PANELS = (
     (_length, lambda k: k in ("response_length", "truncation_rate")),
     (_clip, lambda k: k in ("clip_frac", "value_clip_frac")),
     (_path, lambda k: k.startswith("path/violations") or k == "path/compliance_rate"),
+    (_proxy_gold, lambda k: k == monitors.GOLD),
 )
 
 
+def proxy_gold_kl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
+    """Proxy and gold reward against sqrt(KL to the reference) per sequence, the axis of Gao et
+    al. 2023 (Scaling laws for reward model overoptimization, fig. 1): the gold peaks and falls
+    while the proxy keeps rising when the policy over-optimizes. KL is k1 summed over a sequence,
+    averaged over the step's samples (`kl_ref_seq`; a slightly negative estimate counts as 0).
+    None unless the run logged the gold and that KL."""
+    pts = [
+        (math.sqrt(max(r["kl_ref_seq"], 0.0)), r.get(PROXY), r[monitors.GOLD])
+        for r in rows
+        if all(
+            isinstance(r.get(k), int | float) and math.isfinite(r[k]) for k in ("kl_ref_seq", monitors.GOLD)
+        )
+    ]
+    if not pts:
+        return None
+    fig = Figure(figsize=(6, 3.4), layout="constrained")
+    fig.suptitle(title)
+    ax = fig.subplots()
+    x = [p[0] for p in pts]
+    # points, not a line: the KL of successive steps need not grow, and a line joining them in
+    # step order would zigzag back and forth across the axis
+    proxy = [(a, b) for a, b, _ in pts if isinstance(b, int | float) and math.isfinite(b)]
+    if proxy:
+        ax.plot(*zip(*proxy), "o", color="C4", ms=4, label="proxy (reward model)")
+        ax.set_ylabel("reward model score")
+    twin = ax.twinx() if proxy else ax
+    twin.plot(x, [p[2] for p in pts], "s", color="C3", ms=4, mfc="none", label="gold (verifier)")
+    twin.set_ylabel("gold reward", color="C3")
+    ax.set_xlabel("sqrt(KL to reference), nats^0.5 per sequence")
+    ax.grid(alpha=0.3)
+    handles = [h for a in dict.fromkeys((ax, twin)) for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, fontsize=8)
+    return fig
+
+
 def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
-    """Up to seven panels over steps, two per row: reward, accuracy/parse rate (+ evals),
+    """Up to eight panels over steps, two per row: reward, accuracy/parse rate (+ evals),
     zero-variance by cause, KL and entropy, response length and truncation, clip fraction, path
-    signals (RLVP: violations, compliance rate, success; only when path metrics were logged). A panel
+    signals (RLVP: violations, compliance rate, success; only when path metrics were logged), proxy
+    vs gold (a learned reward: reward model score against the verifier's reward). A panel
     whose metrics were never logged (KL without a KL term, say) is left out rather than drawn
     empty; None when there is no panel at all. One figure: one render, one PNG."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -367,6 +420,9 @@ def rl_section(stage: Stage, plots: Path) -> str:
         parts.append(_embed(fig, plots / f"{name}-curves.png", f"{name} RL curves"))
     else:
         parts.append("<p>No metrics logged.</p>")
+    kl_fig = proxy_gold_kl_figure(rows, f"{name}: proxy and gold reward against sqrt KL") if rows else None
+    if kl_fig is not None:
+        parts.append(_embed(kl_fig, plots / f"{name}-proxy-gold-kl.png", f"{name} proxy and gold vs sqrt KL"))
     parts.append(rl_compute(summary, rows))
     parts.append(contamination_html(summary.get("contamination") or pre.get("contamination"), "RL prompts"))
     parts.append(monitor_table(rows, summary.get("monitors")))

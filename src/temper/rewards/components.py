@@ -64,7 +64,21 @@ COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
 }
 
 
-def combine(x: RewardInput, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """(total, {component: unweighted value}) for the components named in `weights`."""
-    parts = {name: COMPONENTS[name](x) for name in weights}
+BATCH_COMPONENTS: dict[str, str] = {
+    "reward_model": "a learned reward model's score of (prompt, completion), `train.reward_model`",
+}
+"""Components scored by a model over a batch of completions, not by a pure function of one graded
+completion: the RL loop scores each sampling round at once (`temper.train.rollouts.batch_scores`)
+and hands the values to `grade_episodes`. Name -> what it is (for error messages)."""
+
+
+def combine(
+    x: RewardInput, weights: dict[str, float], scored: dict[str, float] | None = None
+) -> tuple[float, dict[str, float]]:
+    """(total, {component: unweighted value}) for the components named in `weights`; the values of
+    batch components (`BATCH_COMPONENTS`) come from `scored`, computed beforehand."""
+    scored = scored or {}
+    if missing := [n for n in weights if n in BATCH_COMPONENTS and n not in scored]:
+        raise ValueError(f"reward component {missing[0]!r} needs its scorer ({BATCH_COMPONENTS[missing[0]]})")
+    parts = {name: scored[name] if name in BATCH_COMPONENTS else COMPONENTS[name](x) for name in weights}
     return sum(weights[name] * value for name, value in parts.items()), parts

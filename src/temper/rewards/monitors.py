@@ -21,9 +21,11 @@ A *trend* is the Pearson r between step and value over the window's rows (scale-
 [-1, 1]; a constant series has trend 0): a series *rises* when its trend >= `rising`, and is
 *flat or falling* when its trend <= `flat`. The *gold* is the best check of the task the run
 has that the reward does not define: the greedy held-out eval (`eval/<task>/accuracy`, mean over
-tasks) when the window holds at least two evals, else the verifier's `accuracy` on the training
-samples (which differs from the reward whenever the reward is more than the outcome: a format
-term, a learned or user reward, a length term). Nothing flags before the window holds `min_steps`
+tasks) when the window holds at least two evals, else the verifier's reward on the training
+samples when the run logs it (`reward/gold`: a run trained on a learned reward model, whose
+proxy-vs-gold gap is Gao et al.'s over-optimization), else the verifier's `accuracy` on them
+(which differs from the reward whenever the reward is more than the outcome: a format term, a
+learned or user reward, a length term). Nothing flags before the window holds `min_steps`
 steps. A flag is an alarm to read the rollouts, not a verdict: an honest reward can correlate
 with length, and a noisy gold can look flat for a while. A length hack that has run into
 `max_new_tokens` leaves no length to correlate with (every sample truncated): `length_r` then
@@ -43,6 +45,8 @@ from typing import Annotated, Any, NamedTuple
 from pydantic import ConfigDict, Field
 
 PREFIX = "monitor/"
+GOLD = "reward/gold"
+"""The verifier's reward of the training samples, logged by runs whose reward is learned (a proxy)."""
 
 
 @dataclass
@@ -128,9 +132,10 @@ def _finite(v: Any) -> bool:
 
 
 def gold(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[float], list[float]]:
-    """("eval" | "accuracy", steps, values): the held-out greedy eval accuracy (mean over the
-    tasks evaluated at that step) when at least two rows of the window have one, else the
-    verifier's accuracy on the training samples."""
+    """("eval" | "reward/gold" | "accuracy", steps, values): the held-out greedy eval accuracy
+    (mean over the tasks evaluated at that step) when at least two rows of the window have one,
+    else the verifier's reward on the training samples that a run with a learned reward logs
+    (`reward/gold`), else the verifier's accuracy on them."""
     evals = []
     for r in rows:
         accs = [v for k, v in r.items() if k.startswith("eval/") and k.endswith("/accuracy") and _finite(v)]
@@ -138,6 +143,8 @@ def gold(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[float], list[floa
             evals.append((float(r["step"]), sum(accs) / len(accs)))
     if len(evals) >= 2:
         return "eval", [s for s, _ in evals], [v for _, v in evals]
+    if any(_finite(r.get(GOLD)) for r in rows):
+        return (GOLD, *series(rows, GOLD))
     return ("accuracy", *series(rows, "accuracy"))
 
 
@@ -182,7 +189,9 @@ def component_trends(rows: Sequence[Mapping[str, Any]], config: MonitorConfig) -
     e.g. a format or length term farmed while the answers get no better."""
     _, gold_steps, gold_values = gold(rows)
     g = trend(gold_steps, gold_values)
-    keys = dict.fromkeys(k for r in rows for k in r if k.startswith(("reward/", "reward_fn/")))
+    keys = dict.fromkeys(
+        k for r in rows for k in r if k.startswith(("reward/", "reward_fn/")) and k != GOLD
+    )  # the gold is what the components are judged by, not one of them
     out = {}
     for key in keys:
         steps, values = series(rows, key)

@@ -17,13 +17,22 @@ from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
-from temper.rewards import COMPONENTS
+from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.rollout.sampler import sampler_stop_ids
-from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, raise_located, rl_rules
+from temper.stages.base import (
+    LoraSpec,
+    StageError,
+    StageKind,
+    Strict,
+    folder_digest,
+    lazy,
+    raise_located,
+    rl_rules,
+)
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
@@ -71,8 +80,9 @@ class RLStage(Strict):
         errors += [
             (("train", "rewards", name), _unknown_component(name))
             for name in self.train.rewards
-            if name not in COMPONENTS
+            if name not in COMPONENTS and name not in BATCH_COMPONENTS
         ]
+        errors += reward_model_rules(self.train)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         if self.train.advantage == "on_policy_distill" and not self.teacher:
@@ -113,7 +123,73 @@ def _unknown_component(name: str) -> str:
             "reward component; path rewards go in `train.path` (rules, milestones), where they are "
             "normalized within the group apart from the outcome"
         )
-    return f"unknown reward component {name!r}; valid: {', '.join(COMPONENTS)}"
+    return f"unknown reward component {name!r}; valid: {', '.join([*COMPONENTS, *BATCH_COMPONENTS])}"
+
+
+def reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """A `reward_model` component needs `train.reward_model`, and a reward model is named only to
+    be used: each error at the key that is wrong (or missing)."""
+    if "reward_model" in config.rewards and config.reward_model is None:
+        return [
+            (
+                ("train", "rewards", "reward_model"),
+                "the reward_model component needs a reward model: set train.reward_model to an earlier "
+                "reward_model stage's name or to a folder saved by one",
+            )
+        ]
+    if config.reward_model is not None and "reward_model" not in config.rewards:
+        return [
+            (
+                ("train", "reward_model"),
+                f"{config.reward_model!r} is never used: no reward_model component in train.rewards "
+                "(e.g. rewards: {reward_model: 1.0, outcome: 0.0})",
+            )
+        ]
+    return []
+
+
+def stage_rules(
+    stage: RLStage, earlier: list[Any], base_dir: Path | None
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Rules against the stages before this one: `train.reward_model` names an earlier stage of
+    kind reward_model, or else a folder that exists (relative to the recipe's folder)."""
+    name = stage.train.reward_model
+    if name is None:
+        return []
+    loc = ("train", "reward_model")
+    before = {s.name: s.kind for s in earlier}
+    if name in before:
+        if before[name] != "reward_model":
+            return [(loc, f"stage {name!r} is a {before[name]} stage, not a reward_model stage")]
+        return []
+    rms = [s for s, kind in before.items() if kind == "reward_model"]
+    if base_dir is not None and not (base_dir / Path(name).expanduser()).exists():
+        return [
+            (
+                loc,
+                f"{name!r} is neither an earlier reward_model stage {rms} nor a folder "
+                f"({(base_dir / name).resolve()} does not exist)",
+            )
+        ]
+    return []
+
+
+def reward_model_dir(name: str, ctx: StageContext) -> Path:
+    """The folder `train.reward_model` means: an earlier stage's `<out>/reward_model`, else a path
+    relative to the recipe's folder."""
+    from temper.rewards.reward_model import REWARD_MODEL_DIR
+
+    if name in ctx.stage_dirs:
+        return ctx.stage_dirs[name] / REWARD_MODEL_DIR
+    return ctx.resolve(name)
+
+
+def fingerprint(stage: RLStage, ctx: StageContext) -> Any:
+    """What the stage hash covers beyond the settings: the reward model's files (a retrained or
+    replaced reward model reruns the stage). None without one."""
+    if stage.train.reward_model is None:
+        return None
+    return folder_digest(reward_model_dir(stage.train.reward_model, ctx))
 
 
 def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -211,7 +287,12 @@ def format_gate(
 
 
 def reachability_probe(
-    sampler: Sampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
+    sampler: Sampler,
+    tokenizer,
+    tasks: list[Task],
+    config: RLConfig,
+    groups: int,
+    scorers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Sample `groups` groups from the starting policy, as RL will, and report the share whose
     rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
@@ -224,7 +305,7 @@ def reachability_probe(
             "seed": config.seed + 7919,
         }
     )
-    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0)
+    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0, scorers=scorers)
     rollouts = [r for g in sampled for r in g.rollouts]
     stats = breakdown([g.cause for g in sampled]) | {
         "groups": len(sampled),
@@ -289,6 +370,13 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
     else:
         sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
+    scorers = {}
+    if config.reward_model is not None:
+        from temper.rewards.reward_model import RewardModel  # only runs with a learned reward
+
+        scorers["reward_model"] = RewardModel.load(
+            reward_model_dir(config.reward_model, ctx), device=next(model.parameters()).device
+        )
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
@@ -298,7 +386,13 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         )
     if stage.probe_groups:
         summary["probe"] = distributed.on_main(
-            reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+            reachability_probe,
+            sampler,
+            tokenizer,
+            list(tasks.values()),
+            config,
+            stage.probe_groups,
+            scorers,
         )
     # the prompts the run's steps draw (dynamic sampling's refills aside), against the eval sets;
     # a curriculum task (sample_at_step) grows its pool as it trains, so it is not enumerated here
@@ -337,6 +431,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler=sampler,
         reference=reference,
         evaluate=evaluate,
+        scorers=scorers,
     )
     model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     summary |= {
@@ -349,6 +444,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "final": result.history[-1] if result.history else {},
         "monitors": asdict(config.monitors),  # the thresholds the report's monitor table quotes
     }
+    if config.reward_model is not None:
+        summary["reward_model"] = str(reward_model_dir(config.reward_model, ctx))
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)
     return model_dir
@@ -387,13 +484,15 @@ def tokenizer_mismatch(student, teacher) -> str:
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
+    rm = f", reward model {t.reward_model!r}" if t.reward_model else ""
+    rm += f", KL {t.kl_coef:g} in the {t.kl_mode}" if t.kl_coef else ""
     path = (
         f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"
         if t.path
         else ""
     )
     teacher = f", teacher {stage.teacher}" if stage.teacher else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}{teacher}"
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{rm}{path}{teacher}"
 
 
 KIND = StageKind(
@@ -407,6 +506,8 @@ KIND = StageKind(
     section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
     uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher not in (None, SELF) else [],
+    stage_rules=stage_rules,
+    fingerprint=fingerprint,
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )

@@ -33,7 +33,7 @@ from temper.agent.trajectory import mean_signals
 from temper.envs.base import make_env
 from temper.jsonl import iter_jsonl
 from temper.precision import resolve_precision
-from temper.rewards import monitors
+from temper.rewards import BATCH_COMPONENTS, monitors
 from temper.rewards.diagnostics import breakdown
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rollout import HFSampler, Sampler
@@ -44,7 +44,7 @@ from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
 from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
-from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
+from temper.train.rollouts import BatchScorer, Group, batch_scores, grade_episodes, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
 __all__ = [
@@ -97,6 +97,7 @@ def sample_share(
     rank: int = 0,
     world: int = 1,
     graded: list[Group] | None = None,
+    scorers: dict[str, BatchScorer] | None = None,
 ) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
     cause of every first-round group, sampling rounds, the error of each group left out because
@@ -109,7 +110,9 @@ def sample_share(
     groups are dropped and EACH PROCESS REFILLS ITS OWN SHARE from its own problem stream, so no
     process waits for another while sampling; like DAPO, a refill round over-samples by the share
     of groups the previous round kept (at most 4x). `graded`, when given, receives every graded
-    group of every round, the dropped ones included (a curriculum grows from the all-fail ones)."""
+    group of every round, the dropped ones included (a curriculum grows from the all-fail ones).
+    `scorers` score the batch reward components (a reward model) once per round, over all its
+    episodes."""
     share = distributed.share(config.prompts_per_step, rank, world)
     want = share.stop - share.start
     kept: list[Group] = []
@@ -136,7 +139,8 @@ def sample_share(
             temperature=config.temperature,
             top_p=config.top_p,
         )
-        for (_, problem), trajectories in zip(drawn, episodes, strict=True):
+        scored = batch_scores(scorers or {}, episodes)
+        for (_, problem), trajectories, values in zip(drawn, episodes, scored, strict=True):
             group = grade_episodes(
                 problem,
                 trajectories,
@@ -144,6 +148,7 @@ def sample_share(
                 config.max_new_tokens,
                 config.overlong_buffer,
                 config.path,
+                values,
             )
             if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
                 # an environment that failed or hung is not the policy's doing: a reward of 0 would
@@ -205,9 +210,10 @@ def collect_groups(
     tasks: list[Task],
     config: RLConfig,
     step: int,
+    scorers: dict[str, BatchScorer] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
-    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, scorers=scorers)
     return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(failed)
 
 
@@ -223,9 +229,12 @@ def train_rl(
     evaluate: Callable[[int], dict[str, float]] | None = None,
     callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
     accelerator: Accelerator | None = None,
+    scorers: dict[str, BatchScorer] | None = None,
 ) -> RLResult:
     """Train `model` in place. `reference` is the frozen model for the KL term (required when
-    kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`.
+    kl_coef > 0). `scorers` give the batch reward components `config.rewards` names (a learned
+    reward model as "reward_model"; required for each of them). Resumes from the newest checkpoint
+    under `out_dir/checkpoints`.
 
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
     step's groups (`sample_share`); `prepare` sums the batch-wide advantage statistics (GAE
@@ -249,6 +258,9 @@ def train_rl(
             raise ValueError("teacher_context needs a teacher (the reference) and kl_coef > 0")
         if envs := [t.name for t in tasks if getattr(t, "make_env", None) is not None]:
             raise ValueError(f"teacher_context: single-turn tasks only; {envs} are environment tasks")
+    scorers = scorers or {}
+    if missing := [n for n in config.rewards if n in BATCH_COMPONENTS and n not in scorers]:
+        raise ValueError(f"reward component {missing[0]!r} needs a scorer: {BATCH_COMPONENTS[missing[0]]}")
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
     # the RLVP principles, checked here too for runs that bypass the recipe (the CLI, the API)
@@ -304,7 +316,7 @@ def train_rl(
             model.eval()
             graded: list[Group] | None = [] if curricula else None
             local, causes, rounds, failed = sample_share(
-                sampler, tokenizer, tasks, config, step, rank, world, graded
+                sampler, tokenizer, tasks, config, step, rank, world, graded, scorers
             )
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
@@ -356,7 +368,10 @@ def train_rl(
                     {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator
                 )
                 if "kl_ref/sum" in row:
-                    row["kl_ref"] = row.pop("kl_ref/sum") / max(row.pop("kl_ref/tokens"), 1)
+                    total = row.pop("kl_ref/sum")
+                    row["kl_ref"] = total / max(row.pop("kl_ref/tokens"), 1)
+                    # per sequence: the KL of Gao et al.'s over-optimization axis (sqrt KL)
+                    row["kl_ref_seq"] = total / max(row.pop("kl_ref/rows"), 1)
                 row |= {
                     "lr": lr,
                     "time/prepare": t2 - t1,
@@ -411,12 +426,14 @@ def _privileged_prompts(tokenizer, tasks: list[Task], groups: list[Group], stude
 
 
 def _ref_kl_sums(prepared) -> dict[str, float]:
-    """k1 to the reference summed over this process's completion tokens, and their count."""
+    """k1 to the reference summed over this process's completion tokens, their count and the
+    count of sequences."""
     if prepared.ref_kl is None:
         return {}
     return {
         "kl_ref/sum": float((prepared.ref_kl * prepared.mask).sum()),
         "kl_ref/tokens": float(prepared.mask.sum()),
+        "kl_ref/rows": float(prepared.mask.shape[0]),
     }
 
 
@@ -453,6 +470,10 @@ def rollout_metrics(
         "time/sample": seconds,
     }
     row |= {f"reward/{name}": sum(r.parts[name] for r in rollouts) / n for name in config.rewards}
+    if any(name in BATCH_COMPONENTS for name in config.rewards):
+        # a learned (proxy) reward: the verifier's reward of every sample, whatever its weight (0:
+        # never trained on), is the gold the proxy is judged by (Gao et al. 2023)
+        row["reward/gold"] = sum(r.score.reward for r in rollouts) / n
     functions: dict[str, list[float]] = {}  # a data task's reward functions, each on its own (as TRL
     for r in rollouts:  # logs rewards/<name>/mean), over the samples each one graded (None: not applicable)
         for name, value in (r.score.details.get("rewards") or {}).items():

@@ -6,8 +6,9 @@ advantages -> update.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -92,6 +93,36 @@ def grade_group(
     return grade_episodes(problem, trajectories, weights, max_new_tokens, overlong_buffer)
 
 
+class BatchScorer(Protocol):
+    """Scores (prompt, completion) token sequences in batches, without gradients: a learned reward
+    model (`temper.rewards.reward_model.RewardModel`) or anything with its `score`."""
+
+    def score(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 32
+    ) -> list[float]: ...
+
+
+def batch_scores(
+    scorers: dict[str, BatchScorer], episodes: Sequence[Sequence[Trajectory]]
+) -> list[dict[str, list[float]]]:
+    """For each group of episodes, {batch component: one score per episode}. Each scorer is called
+    once over all the episodes of a sampling round (the model runs in batches of its own size, not
+    group by group); it reads the prompt and everything after it (in a multi-turn episode the
+    environment's tokens too, as the policy saw them)."""
+    out: list[dict[str, list[float]]] = [{} for _ in episodes]
+    flat = [t for group in episodes for t in group]
+    if not flat:
+        return out
+    for name, scorer in scorers.items():
+        values = scorer.score([list(t.prompt_ids) for t in flat], [list(t.completion_ids) for t in flat])
+        if len(values) != len(flat):
+            raise ValueError(f"reward component {name!r}: {len(values)} scores for {len(flat)} episodes")
+        it = iter(values)
+        for i, group in enumerate(episodes):
+            out[i][name] = [float(next(it)) for _ in group]
+    return out
+
+
 def grade_episodes(
     problem: Problem,
     trajectories: list[Trajectory],
@@ -99,6 +130,7 @@ def grade_episodes(
     max_new_tokens: int,
     overlong_buffer: int,
     path: PathSpec | None = None,
+    scored: dict[str, list[float]] | None = None,
 ) -> Group:
     """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
     cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
@@ -110,14 +142,18 @@ def grade_episodes(
     are visible apart. The path term is part of the episode's final reward, as the outcome is: the
     turn-level estimators credit it at the last turn (`to_batch` keeps it out of the per-turn
     process rewards). The zero-variance cause is of the final rewards: an all-wrong group whose
-    path scores differ has a signal (`Group.outcome_all_fail` still counts it)."""
+    path scores differ has a signal (`Group.outcome_all_fail` still counts it).
+
+    `scored` holds the batch components' values (`batch_scores`: a reward model's score), one per
+    episode; they enter the reward with their weight like any component, and the verifier's grade
+    stays in `score` whatever its weight (the gold that RLHF runs log beside the proxy)."""
     rollouts = []
-    for t in trajectories:
+    for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
         x = RewardInput(
             score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
         )
-        total, parts = combine(x, weights)
+        total, parts = combine(x, weights, {k: v[i] for k, v in (scored or {}).items()})
         steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
         rollouts.append(
             Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
