@@ -1,0 +1,250 @@
+"""Generative judges: verdict parsing (malformed outputs included), the endpoint client against a
+local fake OpenAI-compatible server, the local judge through the Sampler, the RL parts of a
+group's verdicts and agreement with a verifier."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from temper.rewards.judge import (
+    EndpointJudge,
+    Judge,
+    JudgeSpec,
+    JudgeUnreachable,
+    LocalJudge,
+    agreement,
+    endpoint_judge,
+    judge_parts,
+    parse_verdict,
+    spec_errors,
+)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("The answer is right.\nScore: 7/10", 0.7),
+        ("Rating: 4 out of 5", 0.8),
+        ("**Score:** 9", 0.9),
+        ("**Score**: 3", 0.3),
+        ("score is 85%", 0.85),
+        ("My verdict: [[8]]", 0.8),
+        ("[[2/5]]", 0.4),
+        ('{"score": 6}', 0.6),
+        ('reasoning... {"reasoning": "ok", "score": 1.0, "max": 10}', 0.1),
+        ('{"verdict": "PASS"}', 1.0),
+        ('{"score": true}', 1.0),
+        ("Verdict: PASS", 1.0),
+        ("verdict: fail", 0.0),
+        ("Decision: incorrect", 0.0),
+        ("The answer is correct", 1.0),
+        ("FAILED", 0.0),
+        ("overall 9/10", 0.9),
+        ("Score: 2/10 at first, but on reflection Score: 8/10", 0.8),  # the last verdict wins
+        ("[[3]] then Score: 9/10", 0.3),  # the bracket form outranks a labelled score
+        ("Score: 10", 1.0),
+        ("Score: 0", 0.0),
+    ],
+)
+def test_parse_verdict_forms(text, value):
+    assert parse_verdict(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "<answer>42</answer>",  # the tiny policy answering the question instead of grading
+        "1/4 of 8 is 2",  # a question's fraction, not a verdict on a usual scale
+        "Score: 11/10",  # out of range: not clipped
+        "Score: -1",
+        "Score: 12",  # above the 0-10 scale
+        "[[15]]",
+        "Score: 3/0",
+        "PASS or FAIL, hard to say",  # both bare words
+        "The answer is not correct",  # no verdict word after the label
+        '{"score": "great"}',
+        '{"score": [1, 2]',  # malformed JSON, no other form
+        "Verdict: maybe",
+        None,
+    ],
+)
+def test_parse_verdict_unparseable(text):
+    assert parse_verdict(text) is None
+
+
+def test_parse_verdict_scale():
+    """A bare score is mapped through the configured range; a fraction keeps its own maximum."""
+    assert parse_verdict("[[1]]", (1, 10)) == 0.0
+    assert parse_verdict("Score: 5.5", (1, 10)) == pytest.approx(0.5)
+    assert parse_verdict("Score: 3/4", (1, 10)) == pytest.approx(0.75)
+    assert parse_verdict("Score: 0", (1, 10)) is None
+
+
+def test_spec_errors():
+    assert spec_errors(JudgeSpec()) == []
+    bad = JudgeSpec(scale=(5, 5), fallback=2.0, api_key_env="K", timeout=0)
+    assert [loc for loc, _ in spec_errors(bad)] == [("scale",), ("fallback",), ("api_key_env",), ("timeout",)]
+    assert spec_errors(JudgeSpec(url="localhost:8000"))[0][0] == ("url",)
+
+
+def test_judge_parts_excludes_or_falls_back():
+    values = [1.0, None, 0.0, 0.5]
+    parts = judge_parts(values, fallback=None)
+    assert [p["judge"] for p in parts] == [1.0, 0.5, 0.0, 0.5]  # the parsed ones' mean, not 0
+    assert [p["judge_parsed"] for p in parts] == [1.0, 0.0, 1.0, 1.0]
+    assert [p["judge"] for p in judge_parts(values, fallback=0.25)] == [1.0, 0.25, 0.0, 0.5]
+    none = judge_parts([None, None], fallback=None)
+    assert [p["judge"] for p in none] == [0.0, 0.0] and sum(p["judge_parsed"] for p in none) == 0
+
+
+def test_agreement_and_kappa():
+    # judge says pass on 1,2,3; verifier correct on 1,2,4; item 5 unparseable
+    a = agreement([0.9, 0.6, 0.7, 0.1, None, 0.0], [True, True, False, True, True, False])
+    assert (a["n"], a["parsed"], a["unparseable"]) == (6, 5, 1)
+    assert a["agreement"] == pytest.approx(3 / 5)
+    p_j, p_v = 3 / 5, 3 / 5
+    p_e = p_j * p_v + (1 - p_j) * (1 - p_v)
+    assert a["kappa"] == pytest.approx((3 / 5 - p_e) / (1 - p_e))
+    assert a["lo"] < 0.6 < a["hi"]
+    # a judge that passes everything agrees by chance only: kappa 0
+    assert agreement([1.0] * 10, [True] * 9 + [False])["kappa"] == pytest.approx(0.0)
+    assert agreement([None], [True])["agreement"] is None
+
+
+class _Fake(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint: replies 'Score: N/10' with N = the answer's length,
+    after failing the first `fail_first` requests with 503."""
+
+    calls: list[dict] = []
+    fail_first = 0
+    status = 200
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).calls.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+        if len(type(self).calls) <= type(self).fail_first or type(self).status != 200:
+            self.send_response(type(self).status if type(self).status != 200 else 503)
+            self.end_headers()
+            self.wfile.write(b'{"error": "busy"}')
+            return
+        answer = body["messages"][-1]["content"].split("[Answer]\n")[1].split("\n\n")[0]
+        reply = {"choices": [{"message": {"role": "assistant", "content": f"Score: {len(answer)}/10"}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    _Fake.calls, _Fake.fail_first, _Fake.status = [], 0, 200
+    httpd = HTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_endpoint_judge_grades_in_order(server):
+    spec = JudgeSpec(url=server, model="judge-m", api_key_env="JUDGE_KEY", concurrency=3)
+    judge = endpoint_judge(spec, environ={"JUDGE_KEY": "sekret"})
+    verdicts = judge.grade(["q1", "q2", "q3", "q4"], ["a", "abcd", "", "abcdefghijk"])
+    assert [v.value for v in verdicts] == [
+        pytest.approx(0.1),
+        pytest.approx(0.4),
+        0.0,
+        None,
+    ]  # 11/10: out of range
+    assert verdicts[3].text == "Score: 11/10"
+    assert {c["path"] for c in _Fake.calls} == {"/v1/chat/completions"}
+    assert {c["auth"] for c in _Fake.calls} == {"Bearer sekret"}
+    assert {c["body"]["model"] for c in _Fake.calls} == {"judge-m"}
+    assert all(c["body"]["temperature"] == 0.0 for c in _Fake.calls)
+
+
+def test_endpoint_retries_with_backoff(server):
+    _Fake.fail_first = 2
+    waits = []
+    backend = EndpointJudge(server, "m", retries=3, backoff=0.5, sleep=waits.append)
+    assert backend([[{"role": "user", "content": "x\n\n[Answer]\nabc\n\n"}]]) == ["Score: 3/10"]
+    assert waits == [0.5, 1.0] and len(_Fake.calls) == 3
+
+
+def test_endpoint_gives_up_with_a_clear_error(server):
+    _Fake.fail_first = 99
+    waits = []
+    backend = EndpointJudge(server, "m", retries=2, backoff=0.1, sleep=waits.append)
+    with pytest.raises(JudgeUnreachable, match=r"unreachable after 3 attempts.*HTTP 503"):
+        backend([[{"role": "user", "content": "x"}]])
+    assert waits == [0.1, 0.2]
+
+
+def test_endpoint_does_not_retry_a_refusal(server):
+    _Fake.status = 401
+    backend = EndpointJudge(server, "m", retries=3, sleep=lambda s: None)
+    with pytest.raises(JudgeUnreachable, match="refused the request: HTTP 401"):
+        backend([[{"role": "user", "content": "x"}]])
+    assert len(_Fake.calls) == 1
+
+
+def test_endpoint_unreachable_names_the_url():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = EndpointJudge(f"http://127.0.0.1:{port}/v1", "m", retries=1, timeout=2, sleep=lambda s: None)
+    with pytest.raises(JudgeUnreachable, match=rf"127.0.0.1:{port}/v1/chat/completions unreachable after 2"):
+        backend([[{"role": "user", "content": "x"}]])
+
+
+def test_missing_api_key_is_an_error():
+    with pytest.raises(JudgeUnreachable, match="NOPE_KEY, which is not set"):
+        endpoint_judge(JudgeSpec(url="http://127.0.0.1:1/v1", api_key_env="NOPE_KEY"), environ={})
+
+
+class _Sampler:
+    """Records the prompts of each call; answers each prompt with a fixed verdict."""
+
+    def __init__(self, replies):
+        self.replies, self.calls = replies, []
+
+    def sample(self, prompts, n, **kw):
+        from temper.rollout.sampler import Sample
+
+        self.calls.append((prompts, n, kw))
+        return [[Sample(p, [1], [0.0], self.replies[i], "eos")] for i, p in enumerate(prompts)]
+
+
+def test_local_judge_batches_one_sampler_call(tokenizer):
+    sampler = _Sampler(["Score: 9/10", "garbage", "Verdict: FAIL"])
+    judge = Judge(LocalJudge(sampler, tokenizer, max_new_tokens=16), JudgeSpec())
+    verdicts = judge.grade(["1+1", "2+2", "3+3"], ["2", "5", "7"])
+    assert [v.value for v in verdicts] == [pytest.approx(0.9), None, 0.0]
+    ((prompts, n, kw),) = sampler.calls
+    assert n == 1 and len(prompts) == 3 and kw["temperature"] == 0.0 and kw["max_new_tokens"] == 16
+    assert "[Answer]\n5" in tokenizer.decode(prompts[1])
+
+
+def test_local_judge_runs_a_tiny_model(tokenizer, nano):
+    """A real causal LM through HFSampler: whatever the untrained judge writes, each verdict is
+    a value in [0, 1] or None, never an exception."""
+    from temper.rollout import HFSampler
+
+    nano.eval()
+    judge = Judge(LocalJudge(HFSampler(nano, tokenizer), tokenizer, max_new_tokens=8), JudgeSpec())
+    verdicts = judge.grade(["1+1"] * 3, ["2", "3", ""])
+    assert len(verdicts) == 3
+    assert all(v.value is None or 0.0 <= v.value <= 1.0 for v in verdicts)
