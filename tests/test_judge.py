@@ -248,3 +248,137 @@ def test_local_judge_runs_a_tiny_model(tokenizer, nano):
     verdicts = judge.grade(["1+1"] * 3, ["2", "3", ""])
     assert len(verdicts) == 3
     assert all(v.value is None or 0.0 <= v.value <= 1.0 for v in verdicts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the judge as an RL reward component
+
+RECIPE = """\
+name: j
+model: {preset: nano}
+tasks:
+  arithmetic: {max_digits: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 10}
+    train: {max_steps: 4, batch_size: 4, warmup_steps: 1}
+  - kind: rl
+    tasks: [arithmetic]
+    train:
+      steps: 2
+      rewards: {outcome: 1.0, judge: 0.5}
+      judge: {model: policy, fallback: 0.5}
+"""
+
+
+def _recipe(old: str = "", new: str = ""):
+    from temper.recipe import parse_recipe
+
+    return parse_recipe(RECIPE.replace(old, new), source="r.yaml")
+
+
+def test_recipe_accepts_a_judge_component():
+    stage = _recipe().stages[1]
+    assert stage.train.rewards == {"outcome": 1.0, "judge": 0.5}
+    assert stage.train.judge == JudgeSpec(model="policy", fallback=0.5)
+    url = "{url: http://127.0.0.1:8000/v1, model: m, api_key_env: KEY, scale: [1, 10]}"
+    spec = _recipe("{model: policy, fallback: 0.5}", url).stages[1].train.judge
+    assert (spec.url, spec.model, spec.api_key_env, spec.scale) == (
+        "http://127.0.0.1:8000/v1",
+        "m",
+        "KEY",
+        (1, 10),
+    )
+
+
+@pytest.mark.parametrize(
+    "old, new, where",
+    [
+        # a judge component without a judge: refused at the component's line
+        (
+            "      judge: {model: policy, fallback: 0.5}\n",
+            "",
+            "r.yaml:13: stages[1].train.rewards.judge: the judge component needs a judge",
+        ),
+        # a judge nobody weighs
+        (
+            "judge: 0.5}",
+            "format: 0.5}",
+            "r.yaml:14: stages[1].train.judge: is set but `rewards` does not weigh it",
+        ),
+        (
+            "fallback: 0.5",
+            "fallback: 2",
+            "r.yaml:14: stages[1].train.judge.fallback: is a judge value in [0, 1]",
+        ),
+        ("fallback: 0.5", "urll: http://x", "r.yaml:14: stages[1].train.judge.urll"),
+        (
+            "judge: 0.5}",
+            "judges: 0.5}",
+            "unknown reward component 'judges'; valid: outcome, format, overlong, process, judge",
+        ),
+    ],
+)
+def test_recipe_refuses_a_judge_misconfigured(old, new, where):
+    from temper.recipe import RecipeError
+
+    assert old in RECIPE
+    with pytest.raises(RecipeError) as err:
+        _recipe(old, new)
+    assert where in str(err.value), str(err.value)
+
+
+def _stub_judge(texts: list[str]):
+    """A judge that passes answers starting below 'P' (FirstByteTask's notion of correct) and
+    writes an unreadable verdict for answers starting with a digit."""
+
+    def complete(chats):
+        out = []
+        for chat in chats:
+            answer = chat[0]["content"].split("[Answer]\n")[1].split("\n\n[Your grade]")[0]
+            texts.append(answer)
+            out.append("hmm" if answer[:1].isdigit() else "Score: 10/10" if answer[:1] < "P" else "[[0]]")
+        return out
+
+    return Judge(complete, JudgeSpec())
+
+
+def test_judge_reward_trains_the_policy_and_counts_unparseable(tokenizer, tmp_path):
+    """With the judge as the only reward, the policy learns what the judge passes; unreadable
+    verdicts are counted per step and given the group's mean, never 0."""
+    import torch
+
+    from temper.models import build_preset
+    from temper.rewards.judge import judge_scorer
+    from temper.train.rl import RLConfig, train_rl
+    from test_rl import FirstByteTask
+
+    torch.manual_seed(0)
+    model = build_preset("nano", tokenizer, seed=1)
+    seen: list[str] = []
+    config = RLConfig(
+        steps=12, prompts_per_step=4, group_size=8, max_new_tokens=2, lr=1e-2, seed=0, progress=False,
+        rewards={"judge": 1.0},
+    )  # fmt: skip
+    result = train_rl(
+        model, tokenizer, [FirstByteTask()], config, tmp_path, scorers=[judge_scorer(_stub_judge(seen))]
+    )
+    assert len(seen) == 12 * 4 * 8  # every sample judged, one call per step
+    rewards = [row["reward/judge"] for row in result.history]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.25, rewards
+    unparseable = [row["judge/unparseable"] for row in result.history]
+    assert sum(unparseable) == sum(s[:1].isdigit() for s in seen) > 0
+    rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    for row in rows:  # the logged parts: what the stub judge said (on the graded text)
+        answer = row.get("graded", row["completion"])
+        assert row["parts"]["judge_parsed"] == float(not answer[:1].isdigit())
+        if row["parts"]["judge_parsed"]:
+            assert row["parts"]["judge"] == float(answer[:1] < "P")
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["step"], row["problem"]), []).append(row["parts"])
+    mixed = [g for g in groups.values() if 0 < sum(p["judge_parsed"] for p in g) < len(g)]
+    for g in mixed:  # an unreadable verdict gets the mean of its group's readable ones
+        parsed = [p["judge"] for p in g if p["judge_parsed"]]
+        assert all(p["judge"] == pytest.approx(sum(parsed) / len(parsed)) for p in g if not p["judge_parsed"])
+    assert mixed

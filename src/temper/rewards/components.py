@@ -64,7 +64,13 @@ COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
 }
 
 
-def combine(x: RewardInput, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
-    """(total, {component: unweighted value}) for the components named in `weights`."""
-    parts = {name: COMPONENTS[name](x) for name in weights}
-    return sum(weights[name] * value for name, value in parts.items()), parts
+def combine(
+    x: RewardInput, weights: dict[str, float], given: dict[str, float] | None = None
+) -> tuple[float, dict[str, float]]:
+    """(total, {component: unweighted value}) for the components named in `weights`. `given` holds
+    the values of components computed for a whole batch beforehand (a judge, `temper.rewards.judge`),
+    used as they are; its other keys (e.g. judge_parsed) are kept in the parts, unweighted."""
+    given = given or {}
+    parts = {name: given[name] if name in given else COMPONENTS[name](x) for name in weights}
+    parts |= {k: v for k, v in given.items() if k not in parts}
+    return sum(weights[name] * parts[name] for name in weights), parts

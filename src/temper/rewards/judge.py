@@ -414,3 +414,27 @@ def agreement(values: Sequence[float | None], correct: Sequence[bool]) -> dict[s
         "judge_pass_rate": p_j,
         "verifier_correct_rate": p_v,
     }
+
+
+GroupScorer = Callable[[list[Any], list[list[Any]]], list[list[dict[str, float]]]]
+"""A batch reward component: (the step's problems, each one's episodes) -> per group, per episode,
+{component: value} (`temper.train.rollouts.grade_episodes`'s `given`)."""
+
+
+def judge_scorer(judge: Judge) -> GroupScorer:
+    """The `judge` reward component: every episode of the step judged in one call (the problem's
+    prompt, the episode's last assistant message), parsed, and made into parts by `judge_parts`."""
+
+    def score(problems: list[Any], episodes: list[list[Any]]) -> list[list[dict[str, float]]]:
+        prompts = [p.prompt for p, group in zip(problems, episodes, strict=True) for _ in group]
+        responses = [_last_answer(t) for group in episodes for t in group]
+        values = iter(v.value for v in judge.grade(prompts, responses))
+        return [judge_parts([next(values) for _ in group], judge.spec.fallback) for group in episodes]
+
+    return score
+
+
+def _last_answer(trajectory: Any) -> str:
+    """What the policy answered last (the text a single-turn task grades)."""
+    last = trajectory.messages[-1] if trajectory.messages else {}
+    return last.get("content") or "" if last.get("role") == "assistant" else ""

@@ -18,12 +18,14 @@ from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
+from temper.rewards.judge import JUDGE, judge_scorer, spec_errors
 from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.rollout.sampler import sampler_stop_ids
 from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, raise_located, rl_rules
 from temper.stages.context import StageContext
+from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, train_rl
@@ -64,12 +66,33 @@ class RLStage(Strict):
         errors += [
             (("train", "rewards", name), _unknown_component(name))
             for name in self.train.rewards
-            if name not in COMPONENTS
+            if name not in COMPONENTS and name != JUDGE
         ]
+        errors += judge_errors(self.train.judge, self.train.rewards)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         raise_located(errors)
         return self
+
+
+def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A `judge` reward needs a `train.judge` block, and a judge block a `judge` weight."""
+    if spec is None:
+        if JUDGE in rewards:
+            return [
+                (
+                    ("train", "rewards", JUDGE),
+                    "the judge component needs a judge: add train.judge, e.g. {model: policy} "
+                    "or {url: http://host:8000/v1, model: NAME, api_key_env: VAR}",
+                )
+            ]
+        return []
+    out = [(("train", "judge", *loc), msg) for loc, msg in spec_errors(spec)]
+    if JUDGE not in rewards:
+        out.append(
+            (("train", "judge"), "is set but `rewards` does not weigh it: add `judge: <weight>` to rewards")
+        )
+    return out
 
 
 def _unknown_component(name: str) -> str:
@@ -84,7 +107,7 @@ def _unknown_component(name: str) -> str:
             "reward component; path rewards go in `train.path` (rules, milestones), where they are "
             "normalized within the group apart from the outcome"
         )
-    return f"unknown reward component {name!r}; valid: {', '.join(COMPONENTS)}"
+    return f"unknown reward component {name!r}; valid: {', '.join([*COMPONENTS, JUDGE])}"
 
 
 def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -179,7 +202,7 @@ def format_gate(
 
 
 def reachability_probe(
-    sampler: Sampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int
+    sampler: Sampler, tokenizer, tasks: list[Task], config: RLConfig, groups: int, scorers=()
 ) -> dict[str, Any]:
     """Sample `groups` groups from the starting policy, as RL will, and report the share whose
     rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
@@ -192,7 +215,7 @@ def reachability_probe(
             "seed": config.seed + 7919,
         }
     )
-    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0)
+    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0, scorers=scorers)
     rollouts = [r for g in sampled for r in g.rollouts]
     stats = breakdown([g.cause for g in sampled]) | {
         "groups": len(sampled),
@@ -257,6 +280,9 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
     else:
         sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
+    scorers = (
+        [judge_scorer(load_judge(config.judge, ctx, sampler, tokenizer, config.seed))] if config.judge else []
+    )
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
@@ -266,7 +292,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         )
     if stage.probe_groups:
         summary["probe"] = distributed.on_main(
-            reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups
+            reachability_probe, sampler, tokenizer, list(tasks.values()), config, stage.probe_groups, scorers
         )
     if distributed.is_main():
         atomic_write_json(out / "probe.json", summary)
@@ -292,6 +318,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler=sampler,
         reference=reference,
         evaluate=evaluate,
+        scorers=scorers,
     )
     model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     summary |= {

@@ -35,6 +35,7 @@ from temper.jsonl import iter_jsonl
 from temper.precision import resolve_precision
 from temper.rewards import monitors
 from temper.rewards.diagnostics import breakdown
+from temper.rewards.judge import GroupScorer
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
@@ -96,6 +97,7 @@ def sample_share(
     rank: int = 0,
     world: int = 1,
     graded: list[Group] | None = None,
+    scorers: list[GroupScorer] = (),
 ) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
     cause of every first-round group, sampling rounds, the error of each group left out because
@@ -135,7 +137,8 @@ def sample_share(
             temperature=config.temperature,
             top_p=config.top_p,
         )
-        for (_, problem), trajectories in zip(drawn, episodes, strict=True):
+        given = given_parts(scorers, [p for _, p in drawn], episodes)
+        for (_, problem), trajectories, parts in zip(drawn, episodes, given, strict=True):
             group = grade_episodes(
                 problem,
                 trajectories,
@@ -143,6 +146,7 @@ def sample_share(
                 config.max_new_tokens,
                 config.overlong_buffer,
                 config.path,
+                parts,
             )
             if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
                 # an environment that failed or hung is not the policy's doing: a reward of 0 would
@@ -159,6 +163,17 @@ def sample_share(
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
     return kept[:want], causes, rounds, failed
+
+
+def given_parts(
+    scorers: list[GroupScorer], problems: list[Problem], episodes: list[list[Any]]
+) -> list[list[dict[str, float]] | None]:
+    """Per group, per episode, the values of the batch reward components (None: there are none)."""
+    given: list[list[dict[str, float]] | None] = [None] * len(problems)
+    for scorer in scorers:
+        for g, parts in enumerate(scorer(problems, episodes)):
+            given[g] = [a | b for a, b in zip(given[g] or [{}] * len(parts), parts, strict=True)]
+    return given
 
 
 def grow_curricula(curricula: dict[str, Any], graded: list[Group], step: int) -> dict[str, float]:
@@ -204,9 +219,10 @@ def collect_groups(
     tasks: list[Task],
     config: RLConfig,
     step: int,
+    scorers: list[GroupScorer] = (),
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
-    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step)
+    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, scorers=scorers)
     return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(failed)
 
 
@@ -222,9 +238,11 @@ def train_rl(
     evaluate: Callable[[int], dict[str, float]] | None = None,
     callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
     accelerator: Accelerator | None = None,
+    scorers: list[GroupScorer] = (),
 ) -> RLResult:
     """Train `model` in place. `reference` is the frozen model for the KL term (required when
-    kl_coef > 0). Resumes from the newest checkpoint under `out_dir/checkpoints`.
+    kl_coef > 0). `scorers`: batch reward components (a judge, `temper.rewards.judge.judge_scorer`)
+    that score each step's episodes together before grading. Resumes from the newest checkpoint under `out_dir/checkpoints`.
 
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
     step's groups (`sample_share`); `prepare` sums the batch-wide advantage statistics (GAE
@@ -298,7 +316,7 @@ def train_rl(
             model.eval()
             graded: list[Group] | None = [] if curricula else None
             local, causes, rounds, failed = sample_share(
-                sampler, tokenizer, tasks, config, step, rank, world, graded
+                sampler, tokenizer, tasks, config, step, rank, world, graded, scorers
             )
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
@@ -435,6 +453,8 @@ def rollout_metrics(
         "time/sample": seconds,
     }
     row |= {f"reward/{name}": sum(r.parts[name] for r in rollouts) / n for name in config.rewards}
+    if "judge_parsed" in rollouts[0].parts:  # verdicts the judge wrote that could not be read
+        row["judge/unparseable"] = sum(r.parts["judge_parsed"] == 0 for r in rollouts)
     functions: dict[str, list[float]] = {}  # a data task's reward functions, each on its own (as TRL
     for r in rollouts:  # logs rewards/<name>/mean), over the samples each one graded (None: not applicable)
         for name, value in (r.score.details.get("rewards") or {}).items():

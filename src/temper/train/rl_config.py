@@ -9,6 +9,7 @@ from pydantic import Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
+from temper.rewards.judge import JudgeSpec
 from temper.rewards.monitors import MonitorConfig
 from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
@@ -78,7 +79,10 @@ class RLConfig:
     """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
-    """Reward components and their weights (outcome, format, overlong)."""
+    """Reward components and their weights (outcome, format, overlong, process, judge)."""
+    judge: JudgeSpec | None = None
+    """The generative judge of the `judge` reward component (`temper.rewards.judge`): {model:
+    policy | stage | folder} or {url, model, api_key_env}, with rubric, scale, fallback."""
     path: PathSpec | None = None
     """Verified path rewards (RLVP, `temper.rewards.path`): {beta, rules: [{violation, penalty,
     compliance, reward}], milestones: {signal: weight}}; Phi is z-scored within each group apart

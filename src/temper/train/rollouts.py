@@ -99,6 +99,7 @@ def grade_episodes(
     max_new_tokens: int,
     overlong_buffer: int,
     path: PathSpec | None = None,
+    given: list[dict[str, float]] | None = None,
 ) -> Group:
     """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
     cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
@@ -110,14 +111,17 @@ def grade_episodes(
     are visible apart. The path term is part of the episode's final reward, as the outcome is: the
     turn-level estimators credit it at the last turn (`to_batch` keeps it out of the per-turn
     process rewards). The zero-variance cause is of the final rewards: an all-wrong group whose
-    path scores differ has a signal (`Group.outcome_all_fail` still counts it)."""
+    path scores differ has a signal (`Group.outcome_all_fail` still counts it).
+
+    `given`: per episode, the values of batch reward components scored for the whole step
+    beforehand (a judge's, `temper.rewards.judge.judge_scorer`), used by `combine` as they are."""
     rollouts = []
-    for t in trajectories:
+    for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
         x = RewardInput(
             score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
         )
-        total, parts = combine(x, weights)
+        total, parts = combine(x, weights, given[i] if given else None)
         steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
         rollouts.append(
             Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
