@@ -7,6 +7,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -47,6 +48,10 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
+    from temper.preflight import produced_files  # (preflight imports the recipe's whole checking side)
+
+    if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
+        parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
