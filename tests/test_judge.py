@@ -382,3 +382,31 @@ def test_judge_reward_trains_the_policy_and_counts_unparseable(tokenizer, tmp_pa
         parsed = [p["judge"] for p in g if p["judge_parsed"]]
         assert all(p["judge"] == pytest.approx(sum(parsed) / len(parsed)) for p in g if not p["judge_parsed"])
     assert mixed
+
+
+def test_choice_judge_is_the_pass_fail_likelihood(tokenizer, nano):
+    """Batched, right-padded, over chats of different lengths: each value equals sigmoid(l_PASS -
+    l_FAIL) from an unpadded forward of that chat alone; never unparseable."""
+    import torch
+
+    from temper.data.chat import prompt_ids
+    from temper.rewards.judge import ChoiceJudge
+
+    nano.eval()
+    choose = ChoiceJudge(nano, tokenizer, batch_size=3)
+    chats = [[{"role": "user", "content": "x" * k}] for k in (1, 9, 30)]
+    values = choose(chats)
+
+    def logprob(ids, word):
+        w = tokenizer.encode(word, add_special_tokens=False)
+        with torch.no_grad():
+            logp = torch.log_softmax(nano(input_ids=torch.tensor([ids + w])).logits[0].float(), -1)
+        return sum(logp[len(ids) + k - 1, t].item() for k, t in enumerate(w))
+
+    for chat, value in zip(chats, values, strict=True):
+        ids = prompt_ids(tokenizer, chat) + tokenizer.encode("Verdict: ", add_special_tokens=False)
+        expected = 1 / (1 + torch.exp(torch.tensor(logprob(ids, "FAIL") - logprob(ids, "PASS"))).item())
+        assert value == pytest.approx(expected, abs=1e-5)
+    judge = Judge(lambda chats: ["unreadable"] * len(chats), JudgeSpec(verdict="choice"), choose)
+    assert all(v.value is not None for v in judge.grade(["q"] * 3, ["a", "b", "c"]))
+    assert spec_errors(JudgeSpec(url="http://h/v1", verdict="choice"))[0][0] == ("verdict",)

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -70,6 +70,11 @@ class JudgeSpec:
     """Seconds before the first retry, doubled after each."""
     concurrency: int = 8
     """Endpoint requests in flight at once."""
+    verdict: Literal["text", "choice"] = "text"
+    """text: the judge writes a verdict, `parse_verdict` reads it. choice (a local judge only): the
+    verdict is P(PASS) / (P(PASS) + P(FAIL)) of the two continuations after the chat and "Verdict: ",
+    teacher-forced, so every verdict is a number: for a small model that never learned to write a
+    verdict (the likelihood-weighted scoring of G-Eval, Liu et al. 2023, with two choices)."""
 
 
 JudgeSpec.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
@@ -89,6 +94,8 @@ def spec_errors(spec: JudgeSpec) -> list[tuple[Loc, str]]:
         )
     if spec.api_key_env and not spec.url:
         out.append((("api_key_env",), "applies to an endpoint judge only: give `url` too"))
+    if spec.url and spec.verdict == "choice":
+        out.append((("verdict",), "choice needs the judge's token probabilities: a local judge (no url)"))
     if spec.url and not spec.url.startswith(("http://", "https://")):
         out.append((("url",), f"must start with http:// or https://, got {spec.url!r}"))
     for name in ("max_new_tokens", "timeout", "concurrency"):
@@ -236,6 +243,42 @@ class LocalJudge:
         return [g[0].text for g in groups]
 
 
+class ChoiceJudge:
+    """Verdicts as the likelihood of "PASS" against "FAIL" after the judge's chat and a verdict
+    prefix: value = exp(l_pass) / (exp(l_pass) + exp(l_fail)), l_w the summed logprob of w's tokens
+    (teacher-forced, no sampling, batched in right-padded chunks)."""
+
+    def __init__(self, model: Any, tokenizer: Any, prefix: str = "Verdict: ", choices: tuple[str, str] = ("PASS", "FAIL"), batch_size: int = 32):  # fmt: skip
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.prefix = tokenizer.encode(prefix, add_special_tokens=False)
+        self.choices = [tokenizer.encode(c, add_special_tokens=False) for c in choices]
+
+    def __call__(self, chats: list[list[dict[str, str]]]) -> list[float]:
+        import torch
+
+        from temper.data.chat import prompt_ids
+
+        seqs = [(prompt_ids(self.tokenizer, c) + self.prefix, w) for c in chats for w in self.choices]
+        scores: list[float] = []
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            for start in range(0, len(seqs), self.batch_size):
+                chunk = seqs[start : start + self.batch_size]
+                width = max(len(p) + len(w) for p, w in chunk)
+                ids = torch.zeros((len(chunk), width), dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for i, (p, w) in enumerate(chunk):
+                    ids[i, : len(p) + len(w)] = torch.tensor(p + w)
+                    mask[i, : len(p) + len(w)] = 1
+                logp = torch.log_softmax(self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float(), -1)  # fmt: skip
+                for i, (p, w) in enumerate(chunk):  # token w[k] is predicted at position len(p) + k - 1
+                    at = torch.arange(len(p) - 1, len(p) + len(w) - 1, device=device)
+                    scores.append(logp[i, at, torch.tensor(w, device=device)].sum().item())
+        return [
+            torch.sigmoid(torch.tensor(a - b)).item() for a, b in zip(scores[0::2], scores[1::2], strict=True)
+        ]
+
+
 class JudgeUnreachable(RuntimeError):
     """The endpoint did not answer after every retry (the message names it and the last error)."""
 
@@ -335,13 +378,15 @@ class Judge:
 
     complete: Complete
     spec: JudgeSpec = field(default_factory=JudgeSpec)
+    choose: Callable[[list[list[dict[str, str]]]], list[float]] | None = None
+    """With `verdict: choice`: chats -> P(PASS) (`ChoiceJudge`), used instead of a written verdict."""
 
     def grade(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Verdict]:
         """One verdict per (prompt, response), the judge called once for all of them."""
-        texts = self.complete(
-            [judge_messages(self.spec.rubric, p, r) for p, r in zip(prompts, responses, strict=True)]
-        )
-        return [Verdict(t, parse_verdict(t, self.spec.scale)) for t in texts]
+        chats = [judge_messages(self.spec.rubric, p, r) for p, r in zip(prompts, responses, strict=True)]
+        if self.choose is not None:
+            return [Verdict(f"P(PASS) = {v:.3f}", v) for v in self.choose(chats)]
+        return [Verdict(t, parse_verdict(t, self.spec.scale)) for t in self.complete(chats)]
 
 
 def endpoint_judge(spec: JudgeSpec, environ: dict[str, str] | None = None) -> Judge:

@@ -28,7 +28,7 @@ from rich.console import Console
 
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
-from temper.rewards.judge import JudgeSpec, agreement, judge_messages, parse_verdict, spec_errors
+from temper.rewards.judge import JudgeSpec, agreement, spec_errors
 from temper.rollout import HFSampler
 from temper.stages.base import StageKind, Strict, raise_located
 from temper.stages.judging import load_judge
@@ -135,10 +135,8 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
             )
         ]
         # the judge grades originals and revisions against its rubric; the verifier grades both
-        judged = judge.complete(
-            [judge_messages(stage.judge.rubric, p.prompt, a) for p, a in zip(problems * 2, answers + revisions, strict=True)]
-        )  # fmt: skip
-        values = [parse_verdict(t, stage.judge.scale) for t in judged]
+        judged = judge.grade([p.prompt for p in problems * 2], answers + revisions)
+        values = [v.value for v in judged]
         scores = grade_batch(task, problems * 2, answers + revisions)
         n = len(problems)
         verdicts += values
@@ -158,6 +156,7 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
                         "critique": critiques[i],
                         "revision": revision,
                         "verdicts": [values[i], values[n + i]],
+                        "judge_said": [judged[i].text, judged[n + i].text],
                         "correct": [scores[i].correct, scores[n + i].correct],
                         "kept": why == "kept",
                     }

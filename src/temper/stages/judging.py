@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.models import load_model
-from temper.rewards.judge import Judge, JudgeSpec, LocalJudge, endpoint_judge
+from temper.rewards.judge import ChoiceJudge, Judge, JudgeSpec, LocalJudge, endpoint_judge
 from temper.rollout import HFSampler
 from temper.stages.base import StageError
 from temper.stages.context import StageContext
@@ -20,7 +20,12 @@ def load_judge(spec: JudgeSpec, ctx: StageContext, sampler: Any, tokenizer: Any,
     if spec.url:
         return endpoint_judge(spec)
     if spec.model == "policy":
-        return Judge(LocalJudge(sampler, tokenizer, spec.max_new_tokens, spec.temperature, seed), spec)
+        if spec.verdict == "choice" and getattr(sampler, "model", None) is None:
+            raise StageError("judge.verdict: choice reads the policy's token probabilities: use sampler: hf")
+        choose = ChoiceJudge(sampler.model, tokenizer) if spec.verdict == "choice" else None
+        return Judge(
+            LocalJudge(sampler, tokenizer, spec.max_new_tokens, spec.temperature, seed), spec, choose
+        )
     source = ctx.models.get(spec.model) or ctx.resolve(spec.model)
     if not (isinstance(source, str) or source.exists()):
         known = ", ".join(["policy", *ctx.models]) or "policy"
@@ -32,4 +37,4 @@ def load_judge(spec: JudgeSpec, ctx: StageContext, sampler: Any, tokenizer: Any,
     backend = LocalJudge(
         HFSampler(model, judge_tokenizer), judge_tokenizer, spec.max_new_tokens, spec.temperature, seed
     )
-    return Judge(backend, spec)
+    return Judge(backend, spec, ChoiceJudge(model, judge_tokenizer) if spec.verdict == "choice" else None)
