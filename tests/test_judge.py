@@ -410,3 +410,34 @@ def test_choice_judge_is_the_pass_fail_likelihood(tokenizer, nano):
     judge = Judge(lambda chats: ["unreadable"] * len(chats), JudgeSpec(verdict="choice"), choose)
     assert all(v.value is not None for v in judge.grade(["q"] * 3, ["a", "b", "c"]))
     assert spec_errors(JudgeSpec(url="http://h/v1", verdict="choice"))[0][0] == ("verdict",)
+
+
+@pytest.mark.parametrize("verdict", ["choice", "text"])
+def test_rl_stage_with_the_policy_as_judge(tmp_path, capsys, verdict):
+    """The rl stage builds the judge from its block (the policy judging itself), uses it in the
+    reachability probe and every step, and logs reward/judge and judge/unparseable."""
+    from temper.cli import main
+
+    recipe = tmp_path / "j.yaml"
+    recipe.write_text(
+        RECIPE.replace(
+            "      steps: 2\n",
+            "      steps: 2\n      prompts_per_step: 2\n      group_size: 2\n      max_new_tokens: 4\n",
+        )
+        .replace(
+            "{model: policy, fallback: 0.5}", f"{{model: policy, verdict: {verdict}, max_new_tokens: 4}}"
+        )
+        .replace(
+            "    tasks: [arithmetic]\n    train:", "    tasks: [arithmetic]\n    probe_groups: 2\n    train:"
+        )
+    )
+    assert main(["run", str(recipe), "--output-dir", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "02-rl" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if "reward/judge" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert 0.0 <= r["reward/judge"] <= 1.0 and 0 <= r["judge/unparseable"] <= 4
+        if verdict == "choice":
+            assert r["judge/unparseable"] == 0
