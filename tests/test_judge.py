@@ -441,3 +441,13 @@ def test_rl_stage_with_the_policy_as_judge(tmp_path, capsys, verdict):
         assert 0.0 <= r["reward/judge"] <= 1.0 and 0 <= r["judge/unparseable"] <= 4
         if verdict == "choice":
             assert r["judge/unparseable"] == 0
+
+
+def test_train_rl_refuses_a_judge_weight_without_a_scorer(tokenizer, tmp_path):
+    from temper.models import build_preset
+    from temper.train.rl import RLConfig, train_rl
+    from test_rl import FirstByteTask
+
+    config = RLConfig(steps=1, prompts_per_step=2, group_size=2, progress=False, rewards={"judge": 1.0})
+    with pytest.raises(ValueError, match="no judge scorer"):
+        train_rl(build_preset("nano", tokenizer, seed=1), tokenizer, [FirstByteTask()], config, tmp_path)

@@ -266,6 +266,10 @@ def train_rl(
     # the RLVP principles, checked here too for runs that bypass the recipe (the CLI, the API)
     if bad := path_errors(config.path, config.rewards) + signal_errors(config.path, config.rewards, tasks):
         raise ValueError("; ".join(f"train.{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
+    if "judge" in config.rewards and not scorers:
+        raise ValueError(
+            "rewards weigh `judge` but no judge scorer was given (scorers=[judge_scorer(judge)])"
+        )
     kinds = declared_signals(tasks)[0]
     sampler = sampler or HFSampler(
         model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
