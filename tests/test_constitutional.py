@@ -106,6 +106,9 @@ def test_constitutional_stage_writes_sft_rows_pairs_and_agreement(tmp_path, crit
     # and fails every original: it agrees with the verifier exactly on the wrong originals
     wrong_originals = round(6 * (1 - summary["tasks"]["arithmetic"]["original_accuracy"])) - empty
     assert a["agreement"] == pytest.approx(wrong_originals / a["parsed"])
+    o = summary["agreement_originals"]  # on the originals alone the fake agrees on the wrong ones
+    assert (o["n"], o["unparseable"]) == (6, empty)
+    assert o["agreement"] == pytest.approx(wrong_originals / o["parsed"])
     assert summary["tasks"]["arithmetic"]["revision_accuracy"] == 0.0
     assert summary["pair_quality"]["chosen_correct_rejected_wrong"] == 0.0
     dpo = json.loads((run / "03-dpo" / "dpo.json").read_text())

@@ -103,6 +103,7 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
     counts: Counter[str] = Counter()
     verdicts: list[float | None] = []
     correct: list[bool] = []
+    originals_at: list[int] = []  # where the originals are among the judged responses
     per_task: dict[str, dict[str, Any]] = {}
     for name in stage.tasks:
         task = ctx.tasks[name]
@@ -139,6 +140,7 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
         values = [v.value for v in judged]
         scores = grade_batch(task, problems * 2, answers + revisions)
         n = len(problems)
+        originals_at += range(len(verdicts), len(verdicts) + n)
         verdicts += values
         correct += [s.correct for s in scores]
         kept = 0
@@ -179,6 +181,7 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
             "original_accuracy": sum(s.correct for s in scores[:n]) / n,
             "revision_accuracy": sum(s.correct for s in scores[n:]) / n,
             "agreement": agreement(values, [s.correct for s in scores]),
+            "agreement_originals": agreement(values[:n], [s.correct for s in scores[:n]]),
         }
     gold = [p.pop("_verifier") for p in pairs]
     atomic_write_text(out / "sft.jsonl", "".join(json.dumps(r) + "\n" for r in sft))
@@ -187,7 +190,10 @@ def run(stage: ConstitutionalStage, job: Any) -> Path:
         "prompts": sum(t["prompts"] for t in per_task.values()),
         "pairs": len(pairs),
         "dropped": {k: v for k, v in counts.items() if k != "kept"},
-        "agreement": agreement(verdicts, correct),
+        "agreement": agreement(verdicts, correct),  # originals and revisions
+        "agreement_originals": agreement(
+            [verdicts[i] for i in originals_at], [correct[i] for i in originals_at]
+        ),
         "pair_quality": {  # the verifier's view of the AI-labelled pairs
             "chosen_correct_rejected_wrong": sum(c and not r for c, r in gold) / max(len(gold), 1),
             "chosen_wrong_rejected_correct": sum(r and not c for c, r in gold) / max(len(gold), 1),
@@ -251,14 +257,12 @@ def section(stage: Any, plots: Path) -> str:
     rows += [[f"dropped: {k}", v] for k, v in s["dropped"].items()]
     a = s["agreement"]
     rows += [["verdicts parsed", f"{a['parsed']} of {a['n']}"]]
-    if a["agreement"] is not None:
-        rows += [
-            [
-                "judge agrees with verifier",
-                f"{_number(a['agreement'])} [{_number(a['lo'])}, {_number(a['hi'])}]",
-            ],
-            ["Cohen's kappa", _number(a["kappa"]) if a["kappa"] is not None else "undefined"],
-        ]
+    for what, b in (("originals and revisions", a), ("originals", s.get("agreement_originals"))):
+        if b and b["agreement"] is not None:
+            rows += [
+                [f"judge agrees with verifier ({what})", f"{_number(b['agreement'])} [{_number(b['lo'])}, {_number(b['hi'])}]"],
+                [f"Cohen's kappa ({what})", _number(b["kappa"]) if b["kappa"] is not None else "undefined"],
+            ]  # fmt: skip
     rows += [[f"pairs {k.replace('_', ' ')}", _number(v)] for k, v in s["pair_quality"].items()]
     for name, t in s["tasks"].items():
         rows += [[f"{name}: verifier accuracy original -> revision", f"{_number(t['original_accuracy'])} -> {_number(t['revision_accuracy'])}"]]  # fmt: skip
