@@ -267,7 +267,7 @@ def section(stage: Any, plots: Path) -> str:
     for name, t in s["tasks"].items():
         rows += [[f"{name}: verifier accuracy original -> revision", f"{_number(t['original_accuracy'])} -> {_number(t['revision_accuracy'])}"]]  # fmt: skip
     ex = [
-        [e["principle"][:40], e["original"][:60], e["critique"][:60], e["revision"][:60], e["verdicts"], e["correct"], e["kept"]]
+        [e["principle"][:40], e["original"][:60], e["critique"][:60], e["revision"][:60], [None if v is None else round(v, 2) for v in e["verdicts"]], e["correct"], e["kept"]]
         for e in s["examples"]
     ]  # fmt: skip
     return (
