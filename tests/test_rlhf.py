@@ -20,7 +20,7 @@ from temper.rewards.reward_model import RewardModel
 from temper.tasks.base import Problem, Score
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_update import policy_with_value, prepare
-from temper.train.rollouts import batch_scores, grade_episodes
+from temper.train.rollouts import batch_scores, grade_episodes, model_scorer
 from test_bad_recipes import BASE, _dry_run  # noqa: E402  (tests/ is on sys.path)
 from test_rl_update import _off_policy, _rollouts  # noqa: E402
 
@@ -176,7 +176,12 @@ def test_a_reward_model_component_enters_the_reward_with_its_weight_and_the_gold
     right, wrong = Score(1.0, True, True, {}), Score(0.0, False, True, {})
     episodes = [_trajectory([1], [2], right), _trajectory([1], [3], wrong)]
     group = grade_episodes(
-        problem, episodes, {"reward_model": 0.5, "outcome": 0.0}, 8, 0, scored={"reward_model": [-2.0, 4.0]}
+        problem,
+        episodes,
+        {"reward_model": 0.5, "outcome": 0.0},
+        8,
+        0,
+        given=[{"reward_model": -2.0}, {"reward_model": 4.0}],
     )
     assert group.rewards == [-1.0, 2.0]
     assert [r.parts for r in group.rollouts] == [
@@ -220,7 +225,7 @@ def _rlhf_run(tokenizer, tmp_path, task, outcome_weight):
     )  # fmt: skip
     result = train_rl(
         model, tokenizer, [task], config, tmp_path, reference=reference,
-        scorers={"reward_model": _reward_model(tokenizer)},
+        scorers={"reward_model": model_scorer("reward_model", _reward_model(tokenizer))},
     )  # fmt: skip
     return model, result
 

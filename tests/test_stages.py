@@ -142,6 +142,7 @@ def test_every_kind_keeps_the_contract():
         "pretrain",
         "sft",
         "process_reward_model",
+        "constitutional",
         "reward_model",
         "dpo",
         "kto",

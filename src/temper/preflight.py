@@ -54,6 +54,8 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         errors += [(("model", "chat_template"), problem)] if problem else []
     for i, stage in enumerate(recipe.stages):
         for loc, spec in _files(stage):
+            if earlier_output(spec, recipe, i, base_dir):
+                continue  # an earlier stage of this recipe writes it (a constitutional stage's pairs.jsonl)
             problem = check_source(spec, base_dir)
             errors += [(("stages", i, *loc), problem)] if problem else []
         errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
@@ -165,6 +167,23 @@ def hub_reachable(timeout: float = 2.0) -> bool:
         thread.join(timeout)
         _reachable = bool(result and result[0])
     return _reachable
+
+
+def earlier_output(spec: str, recipe: Recipe, index: int, base_dir: Path) -> Path | None:
+    """The file `spec` names when it is an output of a stage before `index` in its run folder
+    (`.../NN-<stage name>/<one of its kind's outputs>`), not yet written at plan time; else None."""
+    path = _resolve(base_dir, spec)
+    for j, stage in enumerate(recipe.stages[:index]):
+        if path.parent.name == f"{j + 1:02d}-{stage.name}" and path.name in registry.get(stage.kind).outputs:
+            return path
+    return None
+
+
+def produced_files(recipe: Recipe, index: int, base_dir: Path) -> list[Path]:
+    """The data files of stage `index` that earlier stages of the recipe wrote: their contents go
+    into its settings hash, so it reruns when they change (a data file is otherwise read, not hashed)."""
+    found = (earlier_output(spec, recipe, index, base_dir) for _, spec in _files(recipe.stages[index]))
+    return [p for p in found if p is not None]
 
 
 def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:

@@ -7,6 +7,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -57,6 +58,10 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
         parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in uses})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
+    from temper.preflight import produced_files  # (preflight imports the recipe's whole checking side)
+
+    if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
+        parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
     own = registry.get(stage.kind).fingerprint
     if own is not None and (mine := own(stage, ctx)) is not None:  # e.g. the reward model it reads
         parts.append(mine)  # (appended only when there is one: stage folders of earlier runs stay valid)

@@ -66,19 +66,23 @@ COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
 
 BATCH_COMPONENTS: dict[str, str] = {
     "reward_model": "a learned reward model's score of (prompt, completion), `train.reward_model`",
+    "judge": "a generative judge's verdict, `train.judge`",
 }
-"""Components scored by a model over a batch of completions, not by a pure function of one graded
-completion: the RL loop scores each sampling round at once (`temper.train.rollouts.batch_scores`)
-and hands the values to `grade_episodes`. Name -> what it is (for error messages)."""
+"""Components scored over a batch of completions, not by a pure function of one graded completion:
+the RL loop scores each sampling round at once (`temper.train.rollouts.given_parts`) and hands the
+values to `grade_episodes`. Name -> what it is (for error messages)."""
 
 
 def combine(
-    x: RewardInput, weights: dict[str, float], scored: dict[str, float] | None = None
+    x: RewardInput, weights: dict[str, float], given: dict[str, float] | None = None
 ) -> tuple[float, dict[str, float]]:
-    """(total, {component: unweighted value}) for the components named in `weights`; the values of
-    batch components (`BATCH_COMPONENTS`) come from `scored`, computed beforehand."""
-    scored = scored or {}
-    if missing := [n for n in weights if n in BATCH_COMPONENTS and n not in scored]:
+    """(total, {component: unweighted value}) for the components named in `weights`. `given` holds
+    the values of the batch components (`BATCH_COMPONENTS`: a reward model's score, a judge's
+    verdict), computed for the whole round beforehand and used as they are; its other keys (e.g.
+    judge_parsed) are kept in the parts, unweighted."""
+    given = given or {}
+    if missing := [n for n in weights if n in BATCH_COMPONENTS and n not in given]:
         raise ValueError(f"reward component {missing[0]!r} needs its scorer ({BATCH_COMPONENTS[missing[0]]})")
-    parts = {name: scored[name] if name in BATCH_COMPONENTS else COMPONENTS[name](x) for name in weights}
-    return sum(weights[name] * value for name, value in parts.items()), parts
+    parts = {name: given[name] if name in given else COMPONENTS[name](x) for name in weights}
+    parts |= {k: v for k, v in given.items() if k not in parts}
+    return sum(weights[name] * parts[name] for name in weights), parts

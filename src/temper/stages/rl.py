@@ -19,6 +19,7 @@ from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
+from temper.rewards.judge import JUDGE, judge_scorer, spec_errors
 from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
@@ -34,9 +35,11 @@ from temper.stages.base import (
     rl_rules,
 )
 from temper.stages.context import StageContext
+from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
 from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
+from temper.train.rollouts import model_scorer
 
 console = Console(stderr=True)
 
@@ -83,6 +86,7 @@ class RLStage(Strict):
             if name not in COMPONENTS and name not in BATCH_COMPONENTS
         ]
         errors += reward_model_rules(self.train)
+        errors += judge_errors(self.train.judge, self.train.rewards)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         if self.train.advantage == "on_policy_distill" and not self.teacher:
@@ -109,6 +113,26 @@ class RLStage(Strict):
             )
         raise_located(errors)
         return self
+
+
+def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A `judge` reward needs a `train.judge` block, and a judge block a `judge` weight."""
+    if spec is None:
+        if JUDGE in rewards:
+            return [
+                (
+                    ("train", "rewards", JUDGE),
+                    "the judge component needs a judge: add train.judge, e.g. {model: policy} "
+                    "or {url: http://host:8000/v1, model: NAME, api_key_env: VAR}",
+                )
+            ]
+        return []
+    out = [(("train", "judge", *loc), msg) for loc, msg in spec_errors(spec)]
+    if JUDGE not in rewards:
+        out.append(
+            (("train", "judge"), "is set but `rewards` does not weigh it: add `judge: <weight>` to rewards")
+        )
+    return out
 
 
 def _unknown_component(name: str) -> str:
@@ -374,9 +398,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     if config.reward_model is not None:
         from temper.rewards.reward_model import RewardModel  # only runs with a learned reward
 
-        scorers["reward_model"] = RewardModel.load(
+        learned = RewardModel.load(
             reward_model_dir(config.reward_model, ctx), device=next(model.parameters()).device
         )
+        scorers["reward_model"] = model_scorer("reward_model", learned)
+    if config.judge:
+        scorers[JUDGE] = judge_scorer(load_judge(config.judge, ctx, sampler, tokenizer, config.seed))
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}

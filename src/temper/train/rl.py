@@ -35,6 +35,7 @@ from temper.jsonl import iter_jsonl
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS, monitors
 from temper.rewards.diagnostics import breakdown
+from temper.rewards.judge import GroupScorer
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
@@ -44,7 +45,7 @@ from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
 from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
-from temper.train.rollouts import BatchScorer, Group, batch_scores, grade_episodes, rollout_record, to_batch
+from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
 from temper.train.schedule import lr_at
 
 __all__ = [
@@ -97,7 +98,7 @@ def sample_share(
     rank: int = 0,
     world: int = 1,
     graded: list[Group] | None = None,
-    scorers: dict[str, BatchScorer] | None = None,
+    scorers: dict[str, GroupScorer] | None = None,
 ) -> tuple[list[Group], list[str | None], int, list[str]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
     cause of every first-round group, sampling rounds, the error of each group left out because
@@ -139,8 +140,8 @@ def sample_share(
             temperature=config.temperature,
             top_p=config.top_p,
         )
-        scored = batch_scores(scorers or {}, episodes)
-        for (_, problem), trajectories, values in zip(drawn, episodes, scored, strict=True):
+        given = given_parts(scorers or {}, [p for _, p in drawn], episodes)
+        for (_, problem), trajectories, parts in zip(drawn, episodes, given, strict=True):
             group = grade_episodes(
                 problem,
                 trajectories,
@@ -148,7 +149,7 @@ def sample_share(
                 config.max_new_tokens,
                 config.overlong_buffer,
                 config.path,
-                values,
+                parts,
             )
             if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
                 # an environment that failed or hung is not the policy's doing: a reward of 0 would
@@ -165,6 +166,18 @@ def sample_share(
         keep_rate = (len(kept) - before) / max(len(drawn), 1)
         rounds += 1
     return kept[:want], causes, rounds, failed
+
+
+def given_parts(
+    scorers: dict[str, GroupScorer], problems: list[Problem], episodes: list[list[Any]]
+) -> list[list[dict[str, float]] | None]:
+    """Per group, per episode, the values of the batch reward components (None: there are none),
+    each scorer called once over the whole sampling round."""
+    given: list[list[dict[str, float]] | None] = [None] * len(problems)
+    for scorer in scorers.values():
+        for g, parts in enumerate(scorer(problems, episodes)):
+            given[g] = [a | b for a, b in zip(given[g] or [{}] * len(parts), parts, strict=True)]
+    return given
 
 
 def grow_curricula(curricula: dict[str, Any], graded: list[Group], step: int) -> dict[str, float]:
@@ -210,7 +223,7 @@ def collect_groups(
     tasks: list[Task],
     config: RLConfig,
     step: int,
-    scorers: dict[str, BatchScorer] | None = None,
+    scorers: dict[str, GroupScorer] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
     kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, scorers=scorers)
@@ -229,11 +242,12 @@ def train_rl(
     evaluate: Callable[[int], dict[str, float]] | None = None,
     callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
     accelerator: Accelerator | None = None,
-    scorers: dict[str, BatchScorer] | None = None,
+    scorers: dict[str, GroupScorer] | None = None,
 ) -> RLResult:
     """Train `model` in place. `reference` is the frozen model for the KL term (required when
-    kl_coef > 0). `scorers` give the batch reward components `config.rewards` names (a learned
-    reward model as "reward_model"; required for each of them). Resumes from the newest checkpoint
+    kl_coef > 0). `scorers` give the batch reward components `config.rewards` names, by name (a
+    learned reward model as "reward_model", a judge as "judge"; required for each of them): each
+    scores a sampling round's episodes together before grading. Resumes from the newest checkpoint
     under `out_dir/checkpoints`.
 
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
@@ -474,6 +488,8 @@ def rollout_metrics(
         # a learned (proxy) reward: the verifier's reward of every sample, whatever its weight (0:
         # never trained on), is the gold the proxy is judged by (Gao et al. 2023)
         row["reward/gold"] = sum(r.score.reward for r in rollouts) / n
+    if "judge_parsed" in rollouts[0].parts:  # verdicts the judge wrote that could not be read
+        row["judge/unparseable"] = sum(r.parts["judge_parsed"] == 0 for r in rollouts)
     functions: dict[str, list[float]] = {}  # a data task's reward functions, each on its own (as TRL
     for r in rollouts:  # logs rewards/<name>/mean), over the samples each one graded (None: not applicable)
         for name, value in (r.score.details.get("rewards") or {}).items():

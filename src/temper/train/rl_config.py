@@ -9,6 +9,7 @@ from pydantic import Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
+from temper.rewards.judge import JudgeSpec
 from temper.rewards.monitors import MonitorConfig
 from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
@@ -86,12 +87,15 @@ class RLConfig:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
     """Reward components and their weights (outcome, format, overlong, process; reward_model: the
-    score of `reward_model`). A component of weight 0 is computed and logged, never trained on."""
+    score of `reward_model`; judge: the verdict of `judge`). A component of weight 0 is computed and logged, never trained on."""
     reward_model: str | None = None
     """The learned reward model the `reward_model` component scores with: the name of an earlier
     `reward_model` stage (its `<out>/reward_model` folder) or a folder saved by one (relative to the
     recipe), an `AutoModelForSequenceClassification` with one label. The run then also logs
     `reward/gold`, the verifier's reward of every sample, as the gold the proxy is judged by."""
+    judge: JudgeSpec | None = None
+    """The generative judge of the `judge` reward component (`temper.rewards.judge`): {model:
+    policy | stage | folder} or {url, model, api_key_env}, with rubric, scale, fallback."""
     path: PathSpec | None = None
     """Verified path rewards (RLVP, `temper.rewards.path`): {beta, rules: [{violation, penalty,
     compliance, reward}], milestones: {signal: weight}}; Phi is z-scored within each group apart

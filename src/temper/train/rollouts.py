@@ -123,6 +123,17 @@ def batch_scores(
     return out
 
 
+def model_scorer(name: str, scorer: BatchScorer):
+    """A model that scores (prompt, completion) ids (a reward model) as the batch component `name`:
+    (the round's problems, each one's episodes) -> per group, per episode, {name: score}, the form
+    `grade_episodes` takes (`temper.rewards.judge.GroupScorer`)."""
+
+    def score(problems: list[Problem], episodes: list[list[Trajectory]]) -> list[list[dict[str, float]]]:
+        return [[{name: v} for v in group[name]] for group in batch_scores({name: scorer}, episodes)]
+
+    return score
+
+
 def grade_episodes(
     problem: Problem,
     trajectories: list[Trajectory],
@@ -130,7 +141,7 @@ def grade_episodes(
     max_new_tokens: int,
     overlong_buffer: int,
     path: PathSpec | None = None,
-    scored: dict[str, list[float]] | None = None,
+    given: list[dict[str, float]] | None = None,
 ) -> Group:
     """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
     cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
@@ -144,16 +155,15 @@ def grade_episodes(
     process rewards). The zero-variance cause is of the final rewards: an all-wrong group whose
     path scores differ has a signal (`Group.outcome_all_fail` still counts it).
 
-    `scored` holds the batch components' values (`batch_scores`: a reward model's score), one per
-    episode; they enter the reward with their weight like any component, and the verifier's grade
-    stays in `score` whatever its weight (the gold that RLHF runs log beside the proxy)."""
+    `given`: per episode, the values of batch reward components scored for the whole step
+    beforehand (a judge's, `temper.rewards.judge.judge_scorer`), used by `combine` as they are."""
     rollouts = []
     for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
         x = RewardInput(
             score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
         )
-        total, parts = combine(x, weights, {k: v[i] for k, v in (scored or {}).items()})
+        total, parts = combine(x, weights, given[i] if given else None)
         steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
         rollouts.append(
             Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
