@@ -32,6 +32,7 @@ from temper.stages.base import (
 )
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
+from temper.stages.preference import GenerateSpec, generated_rows
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -51,6 +52,10 @@ class SFTData(Strict):
     eval_problems: int = Field(64, ge=0)
     """Test-split demonstrations per task for the eval loss."""
     seed: int = 1
+    pairs: GenerateSpec | None = None
+    """SFT on the chosen answers of preference pairs generated from tasks by the starting model,
+    the block of a dpo stage's `data.generate` (the same block and source give the same pairs:
+    the SFT-on-chosen baseline of DPO); held-out: the chosen answers of its eval_prompts' pairs."""
 
 
 class SFTStage(Strict):
@@ -80,6 +85,8 @@ class SFTStage(Strict):
         errors += [
             (("data", "problems_per_task", *k), f"must be at least 0, got {n}") for k, n in per_task if n < 0
         ]
+        if self.data.pairs and self.data.pairs.unpaired:
+            errors.append((("data", "pairs", "unpaired"), "SFT trains on the chosen answers of pairs"))
         raise_located(errors)
         return self
 
@@ -140,13 +147,25 @@ def sft_examples(stage: SFTStage, ctx: StageContext) -> tuple[list[Example], lis
     return train, held_out, skipped
 
 
+def chosen_examples(pairs: list) -> list[Example]:
+    """Each preference pair's prompt and chosen answer as an SFT example."""
+    return [Example(p.source, p.line, prompt=p.prompt, completion=p.chosen, tools=p.tools) for p in pairs]
+
+
 def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
     tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx)
+    generated = {}
+    if stage.data.pairs:  # the starting model answers first, then trains on its chosen answers
+        pairs, held_out, counts = generated_rows(stage.data.pairs, ctx, model, tokenizer, out)
+        train_rows += chosen_examples(pairs)
+        random.Random(stage.data.seed).shuffle(train_rows)
+        eval_rows += chosen_examples(held_out)
+        generated = {"generated": counts}
     if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
         require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
-    sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
+    sources = [f"task:{t}" for t in tasks_of(stage)] + stage.data.files
     require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
     if distributed.is_main():  # the first example of each source with its loss mask, for the report
@@ -172,15 +191,23 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "seconds": result.seconds,
                 "tokens": result.tokens,
                 "precision": result.precision,
-            },
+            }
+            | generated,
         )
     return model_dir
+
+
+def tasks_of(stage: SFTStage) -> list[str]:
+    """The tasks the stage reads: its demonstrations' and its generated pairs'."""
+    pairs = stage.data.pairs.tasks if stage.data.pairs else []
+    return stage.data.tasks + [t for t in pairs if t not in stage.data.tasks]
 
 
 def describe(stage: SFTStage, recipe: Any) -> str:
     lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
     held_out = f", eval loss on {stage.data.eval_files}" if stage.data.eval_files else ""
-    return f"sft on {stage.data.tasks + stage.data.files}, {length(stage.train)}{lora}{held_out}"
+    chosen = [f"chosen answers of pairs from {stage.data.pairs.tasks}"] if stage.data.pairs else []
+    return f"sft on {stage.data.tasks + chosen + stage.data.files}, {length(stage.train)}{lora}{held_out}"
 
 
 KIND = StageKind(
@@ -193,6 +220,6 @@ KIND = StageKind(
     help="supervised fine-tuning on task demonstrations and/or data sets (JSONL, parquet, datasets)",
     section=lazy("temper.report.training", "training_section"),
     outputs=("sft.json",),
-    tasks=lambda stage: stage.data.tasks,
+    tasks=lambda stage: tasks_of(stage),
     order=20,
 )
