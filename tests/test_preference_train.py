@@ -400,3 +400,17 @@ def test_sft_on_chosen_trains_on_the_pairs_a_dpo_stage_generates(tmp_path, token
     (shown,) = json.loads((tmp_path / "sft" / "examples.json").read_text())["examples"]
     text = tokenizer.decode(shown["ids"])
     assert "-1" not in text and any(task.demonstration(p) in text for p in problems)
+
+
+def test_the_new_fields_leave_older_stage_hashes_alone():
+    """`sft.data.pairs` and `generate.unpaired` unset: the settings (the stage hash) are those of a
+    stage written before the fields existed, so its finished folder is still reused."""
+    from temper.stages.dpo import DPOStage
+    from temper.stages.markers import stage_settings
+    from temper.stages.sft import SFTStage
+
+    assert "pairs" not in stage_settings(SFTStage(kind="sft"))["data"]
+    generate = stage_settings(DPOStage(kind="dpo", data={"generate": {"tasks": ["arithmetic"]}}))["data"][
+        "generate"
+    ]
+    assert "unpaired" not in generate and "seed" in generate

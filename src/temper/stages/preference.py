@@ -63,7 +63,8 @@ class GenerateSpec(Strict):
     temperature: float = Field(1.0, gt=0)
     max_new_tokens: int = Field(64, gt=0)
     seed: int = 0
-    unpaired: bool = False
+    # out of the settings when false: stages written before the field keep their hash
+    unpaired: bool = Field(False, exclude_if=lambda v: not v)
     """kto only: every distinct non-empty answer of every prompt as an unpaired row, desirable when
     the verifier says correct, instead of pairs from the prompts whose answers disagree (KTO needs
     no pair, so the prompts whose k answers all agree still teach it)."""

@@ -52,7 +52,9 @@ class SFTData(Strict):
     eval_problems: int = Field(64, ge=0)
     """Test-split demonstrations per task for the eval loss."""
     seed: int = 1
-    pairs: GenerateSpec | None = None
+    # left out of the settings (and so of the stage hash) when unset, so SFT stages written before
+    # this field existed keep their hash and their finished folders
+    pairs: GenerateSpec | None = Field(None, exclude_if=lambda v: v is None)
     """SFT on the chosen answers of preference pairs generated from tasks by the starting model,
     the block of a dpo stage's `data.generate` (the same block and source give the same pairs:
     the SFT-on-chosen baseline of DPO); held-out: the chosen answers of its eval_prompts' pairs."""
