@@ -414,3 +414,11 @@ def test_the_new_fields_leave_older_stage_hashes_alone():
         "generate"
     ]
     assert "unpaired" not in generate and "seed" in generate
+
+
+def test_the_plan_does_not_count_steps_of_pairs_not_yet_generated(tmp_path):
+    from temper.preflight import _epoch_notes
+    from temper.stages.sft import SFTStage
+
+    stage = SFTStage(kind="sft", data={"pairs": {"tasks": ["arithmetic"]}}, train={"epochs": 2})
+    assert _epoch_notes(stage, tmp_path) == ["sft: 2 epochs; steps counted once the pairs are generated"]
