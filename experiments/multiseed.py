@@ -16,6 +16,7 @@ its mean and 95% t-interval.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 from pathlib import Path
@@ -29,6 +30,9 @@ from temper.runner import run_recipe, stage_dir
 
 def seeded_recipe(text: str, seed: int, vary: list[str]):
     data = yaml.safe_load(text)
+    # a YAML alias (`generate: *pairs`) loads as one dict shared by the stages that name it: copy
+    # each stage, so a seed given to a varied stage never reaches the others
+    data["stages"] = [copy.deepcopy(stage) for stage in data["stages"]]
     names = [s.get("name", s["kind"]) for s in data["stages"]]
     for name in vary:
         if name not in names:

@@ -38,6 +38,10 @@ def test_a_seed_reaches_the_varied_stages_and_their_generated_pairs_only():
     assert stages["dpo"]["train"]["seed"] == 3 and stages["dpo"]["data"]["generate"]["seed"] == 3
     assert stages["chosen"]["data"]["pairs"]["seed"] == 3 and stages["chosen"]["data"]["seed"] == 1003
     assert "train" not in stages["sft"] and "seed" not in stages["sft"]["data"]
+    # the alias the stages share: varying one stage leaves the other's pairs seed as written
+    _, text = multiseed.seeded_recipe(RECIPE, 3, ["dpo"])
+    stages = {s.get("name", s["kind"]): s for s in yaml.safe_load(text)["stages"]}
+    assert stages["dpo"]["data"]["generate"]["seed"] == 3 and stages["chosen"]["data"]["pairs"]["seed"] == 7
 
 
 def test_paired_difference_is_the_mean_with_a_t_interval():
