@@ -1,10 +1,13 @@
 """Run a recipe over several seeds and report means with spread.
 
-The stages named in --vary get the seed in their `train.seed` (and `data.seed` for SFT), every
+The stages named in --vary get the seed in their `train.seed` (and `data.seed` for SFT, and the
+`seed` of the pairs they generate: `data.generate` of dpo/kto, `data.pairs` of SFT), every
 other stage stays as written (so a shared start, e.g. the shipped base and a format SFT, is the
 same for all seeds). Each seed runs into `<run_dir>/seed-<s>/` with the usual stage skipping, so
 an interrupted experiment resumes. The table (mean ± sample std, [min, max] over seeds, and the
-compute each model stage used) goes to stdout and to --out.
+compute each model stage used) goes to stdout and to --out. With --baseline MODEL, a second table
+gives each other model's per-seed difference from MODEL (same seed, same task and split) with
+its mean and 95% t-interval.
 
     python experiments/multiseed.py recipes/sft_vs_rl_general_points.yaml --seeds 0 1 2 \
         --vary sft_branch,rl_branch --out results/sft_vs_rl_general_points.md
@@ -13,6 +16,7 @@ compute each model stage used) goes to stdout and to --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 from pathlib import Path
@@ -26,6 +30,9 @@ from temper.runner import run_recipe, stage_dir
 
 def seeded_recipe(text: str, seed: int, vary: list[str]):
     data = yaml.safe_load(text)
+    # a YAML alias (`generate: *pairs`) loads as one dict shared by the stages that name it: copy
+    # each stage, so a seed given to a varied stage never reaches the others
+    data["stages"] = [copy.deepcopy(stage) for stage in data["stages"]]
     names = [s.get("name", s["kind"]) for s in data["stages"]]
     for name in vary:
         if name not in names:
@@ -37,6 +44,9 @@ def seeded_recipe(text: str, seed: int, vary: list[str]):
                 stage.setdefault("data", {})["seed"] = 1000 + seed
             if stage["kind"] == "rft":  # its sampling seed too: other problems, other samples
                 stage["seed"] = seed
+            for block in ("generate", "pairs"):  # generated preference pairs: the samples vary too
+                if isinstance(stage.get("data", {}).get(block), dict):
+                    stage["data"][block]["seed"] = seed
     return parse_recipe(yaml.safe_dump(data, sort_keys=False)), yaml.safe_dump(data, sort_keys=False)
 
 
@@ -46,7 +56,25 @@ def _spread(values: list[float]) -> str:
     return f"{100 * mean:.1f} ± {100 * std:.1f} [{100 * min(values):.1f}, {100 * max(values):.1f}]"
 
 
-def summarize(recipe, runs: dict[int, Path]) -> str:
+# two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table); beyond 10
+# the normal 1.96 understates the interval by < 14%, said where it is used
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired(diffs: list[float]) -> str:
+    """Mean difference and its 95% t-interval over seeds, in points: m ± t s / sqrt(n)."""
+    n, m = len(diffs), statistics.mean(diffs)
+    if n < 2:
+        return f"{100 * m:+.1f}"
+    half = T975.get(n - 1, 1.96) * statistics.stdev(diffs) / n**0.5
+    return f"{100 * m:+.1f} [{100 * (m - half):+.1f}, {100 * (m + half):+.1f}]"
+
+
+def _metrics(result: dict, key: str) -> float:
+    return result["metrics"][key if key == "greedy_accuracy" else f"mean@{result['k']}"]["value"]
+
+
+def summarize(recipe, runs: dict[int, Path], baseline: str | None = None) -> str:
     evals = [(i, s) for i, s in enumerate(recipe.stages) if s.kind == "eval"]
     lines = [f"# {recipe.name}: {len(runs)} seeds ({', '.join(map(str, runs))})", ""]
     for index, stage in evals:
@@ -69,6 +97,30 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
                     ]
                     lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
         lines.append("")
+        if baseline and any(baseline in by_model for by_model in first.values()):
+            lines += [
+                f"Difference from {baseline}, same seed (points; mean and 95% t-interval over seeds):",
+                "",
+                "| task | model | split | greedy accuracy | mean@k |",
+                "|---|---|---|---|---|",
+            ]
+            for task, by_model in first.items():
+                for model, by_split in by_model.items():
+                    if model == baseline or baseline not in by_model:
+                        continue
+                    for split in by_split:
+                        cells = [
+                            paired(
+                                [
+                                    _metrics(r[task][model][split], key)
+                                    - _metrics(r[task][baseline][split], key)
+                                    for r in results.values()
+                                ]
+                            )
+                            for key in ("greedy_accuracy", "mean@k")
+                        ]
+                        lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
+            lines.append("")
     lines += rft_rounds(recipe, runs)
     lines += [
         "Compute per model stage (mean over seeds):",
@@ -77,7 +129,7 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
         "|---|---|---|---|",
     ]
     for index, stage in enumerate(recipe.stages):
-        if stage.kind not in ("sft", "rl"):
+        if stage.kind not in ("sft", "rl", "dpo", "kto"):
             continue
         seconds, tokens = [], []
         for run in runs.values():
@@ -87,7 +139,7 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
             tokens.append(
                 summary.get("tokens") or summary.get("sampled_tokens", 0) + summary.get("trained_tokens", 0)
             )
-        what = "trained" if stage.kind == "sft" else "sampled + trained"
+        what = "sampled + trained" if stage.kind == "rl" else "trained"
         lines.append(
             f"| {stage.name} | {stage.kind} | {statistics.mean(seconds):.0f} | {statistics.mean(tokens):,.0f} ({what}) |"
         )
@@ -130,6 +182,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--vary", required=True, help="comma-separated stage names that take the seed")
     parser.add_argument("--out", help="markdown file for the table")
+    parser.add_argument("--baseline", help="an eval's model name: per-seed differences from it")
     args = parser.parse_args()
     text = Path(args.recipe).read_text()
     base = Path(args.recipe).resolve().parent
@@ -139,7 +192,7 @@ def main() -> None:
         run_dir = recipe.run_dir(Path.cwd()) / f"seed-{seed}"
         run_recipe(recipe, base, run_dir, seeded_text)
         runs[seed] = run_dir
-    table = summarize(recipe, runs)
+    table = summarize(recipe, runs, args.baseline)
     print(table)
     if args.out:
         atomic_write_text(args.out, table)

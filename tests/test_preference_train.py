@@ -319,3 +319,106 @@ def test_generator_pairs_correct_over_incorrect_and_counts_the_rest(tokenizer):
         "fewer_than_2_correct": 1,
     }
     assert (rows[0]["chosen"][0]["content"], rows[0]["rejected"][0]["content"]) == (right[0], right[0] + " ")
+
+
+def test_unpaired_generation_labels_every_distinct_answer(tokenizer):
+    """KTO's rows: every distinct non-empty answer of every prompt, desirable iff correct, the
+    all-correct and all-wrong prompts included."""
+    from temper.stages.preference import generate_pairs
+
+    task = Arithmetic(ArithmeticConfig(max_digits=2))
+    problems = task.sample("train", 3, 5)
+    right = [task.demonstration(p) for p in problems]
+    answers = [
+        [right[0], "<answer>-1</answer>", right[0], ""],  # mixed; a duplicate and an empty answer
+        [right[1]] * 4,  # all correct: no pair, but a desirable row
+        ["<answer>-1</answer>", "no", "no", "x"],  # all wrong: three undesirable rows
+    ]
+    kw = dict(k=4, temperature=1.0, max_new_tokens=8, seed=5, prefer="correct")
+    rows, counts = generate_pairs(_Scripted(answers), tokenizer, task, "train", 3, unpaired=True, **kw)
+    assert counts == {
+        "prompts": 3,
+        "rows": 6,
+        "desirable": 2,
+        "undesirable": 4,
+        "no_pair": {"all_correct": 1, "all_wrong": 1},
+        "no_pair_share": 2 / 3,
+        "sample_accuracy": 6 / 12,
+    }
+    got = [(r["prompt"], r["completion"][0]["content"], r["label"]) for r in rows]
+    assert got == [
+        (problems[0].messages(), right[0], True),
+        (problems[0].messages(), "<answer>-1</answer>", False),
+        (problems[1].messages(), right[1], True),
+        (problems[2].messages(), "<answer>-1</answer>", False),
+        (problems[2].messages(), "no", False),
+        (problems[2].messages(), "x", False),
+    ]
+
+
+def test_dpo_and_sft_refuse_unpaired_generation():
+    from pydantic import ValidationError
+
+    from temper.stages.dpo import DPOStage
+    from temper.stages.kto import KTOStage
+    from temper.stages.sft import SFTStage
+
+    gen = {"tasks": ["arithmetic"], "unpaired": True}
+    with pytest.raises(ValidationError, match="unpaired.*kind: kto"):
+        DPOStage(kind="dpo", data={"generate": gen})
+    with pytest.raises(ValidationError, match="chosen answers of pairs"):
+        SFTStage(kind="sft", data={"pairs": gen})
+    KTOStage(kind="kto", data={"generate": gen})
+
+
+def test_sft_on_chosen_trains_on_the_pairs_a_dpo_stage_generates(tmp_path, tokenizer, monkeypatch):
+    """`sft.data.pairs` and `dpo.data.generate` with one block and one source give the same pairs
+    (pairs.jsonl of each), and SFT's examples are the chosen answers, never the rejected."""
+    import temper.stages.preference as preference
+    from temper.stages.context import StageContext
+    from temper.stages.dpo import DPOStage
+    from temper.stages.sft import SFTStage, run_sft
+
+    task = Arithmetic(ArithmeticConfig(max_digits=2))
+    problems = task.sample("train", 6, 0)
+    answers = [[task.demonstration(p), "<answer>-1</answer>"] for p in problems]
+    monkeypatch.setattr(preference, "HFSampler", lambda model, tokenizer: _Scripted(answers))
+    model_dir = tmp_path / "model"
+    build_preset("nano", tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={"arithmetic": task}, task_options={})
+    gen = {"tasks": ["arithmetic"], "prompts_per_task": 6, "k": 2, "seed": 0}
+    train = {"max_steps": 2, "batch_size": 2, "warmup_steps": 0, "progress": False}
+    sft = SFTStage(kind="sft", data={"pairs": gen, "eval_problems": 0}, train=train, max_len=64)
+    run_sft(sft, ctx, model_dir, tmp_path / "sft")
+    dpo = DPOStage(kind="dpo", data={"generate": gen}, train=train)
+    preference.preference_rows(dpo, ctx, build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "dpo")
+    pairs = (tmp_path / "sft" / "pairs.jsonl").read_text()
+    assert pairs == (tmp_path / "dpo" / "pairs.jsonl").read_text() and len(pairs.splitlines()) == 6
+    summary = json.loads((tmp_path / "sft" / "sft.json").read_text())
+    assert summary["data"]["examples"] == 6 and summary["generated"]["train"]["arithmetic"]["pairs"] == 6
+    (shown,) = json.loads((tmp_path / "sft" / "examples.json").read_text())["examples"]
+    text = tokenizer.decode(shown["ids"])
+    assert "-1" not in text and any(task.demonstration(p) in text for p in problems)
+
+
+def test_the_new_fields_leave_older_stage_hashes_alone():
+    """`sft.data.pairs` and `generate.unpaired` unset: the settings (the stage hash) are those of a
+    stage written before the fields existed, so its finished folder is still reused."""
+    from temper.stages.dpo import DPOStage
+    from temper.stages.markers import stage_settings
+    from temper.stages.sft import SFTStage
+
+    assert "pairs" not in stage_settings(SFTStage(kind="sft"))["data"]
+    generate = stage_settings(DPOStage(kind="dpo", data={"generate": {"tasks": ["arithmetic"]}}))["data"][
+        "generate"
+    ]
+    assert "unpaired" not in generate and "seed" in generate
+
+
+def test_the_plan_does_not_count_steps_of_pairs_not_yet_generated(tmp_path):
+    from temper.preflight import _epoch_notes
+    from temper.stages.sft import SFTStage
+
+    stage = SFTStage(kind="sft", data={"pairs": {"tasks": ["arithmetic"]}}, train={"epochs": 2})
+    assert _epoch_notes(stage, tmp_path) == ["sft: 2 epochs; steps counted once the pairs are generated"]

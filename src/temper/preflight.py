@@ -208,6 +208,8 @@ def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
     if getattr(train, "epochs", None) is None:
         return []
     rows = 0
+    if stage.kind == "sft" and stage.data.pairs:  # how many prompts give a pair is known only then
+        return [f"{stage.name}: {train.epochs:g} epochs; steps counted once the pairs are generated"]
     if stage.kind == "sft":
         counts, tasks = stage.data.problems_per_task, stage.data.tasks
         rows += sum(counts.get(t, 0) for t in tasks) if isinstance(counts, dict) else counts * len(tasks)

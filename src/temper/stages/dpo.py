@@ -32,6 +32,13 @@ class DPOStage(PreferenceStage):
             errors.append(
                 (("label_smoothing",), "applies to loss: sigmoid (cDPO) only; IPO has no label smoothing")
             )
+        if self.data.generate and self.data.generate.unpaired:
+            errors.append(
+                (
+                    ("data", "generate", "unpaired"),
+                    "DPO trains on pairs; unpaired (labelled) answers are for kind: kto",
+                )
+            )
         raise_located(errors)
         return self
 

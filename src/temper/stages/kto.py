@@ -49,7 +49,8 @@ def run(stage: KTOStage, job) -> Any:
 
 
 def describe(stage: KTOStage, recipe: Any) -> str:
-    data = [f"pairs from {stage.data.generate.tasks}"] if stage.data.generate else []
+    gen = stage.data.generate
+    data = [f"{'labelled answers' if gen.unpaired else 'pairs'} from {gen.tasks}"] if gen else []
     lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
     weights = f"w_D {stage.desirable_weight}, w_U {stage.undesirable_weight}"
     return f"kto (beta {stage.beta}, {weights}) on {data + stage.data.files}, {length(stage.train)}{lora}"

@@ -34,6 +34,7 @@ from temper.stages.base import (
 )
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
+from temper.stages.preference import GenerateSpec, generated_rows
 from temper.stages.ranking import (
     Ranked,
     check_same_tokenizer,
@@ -79,6 +80,12 @@ class SFTData(Strict):
     eval_problems: int = Field(64, ge=0)
     """Test-split demonstrations per task for the eval loss."""
     seed: int = 1
+    # left out of the settings (and so of the stage hash) when unset, so SFT stages written before
+    # this field existed keep their hash and their finished folders
+    pairs: GenerateSpec | None = Field(None, exclude_if=lambda v: v is None)
+    """SFT on the chosen answers of preference pairs generated from tasks by the starting model,
+    the block of a dpo stage's `data.generate` (the same block and source give the same pairs:
+    the SFT-on-chosen baseline of DPO); held-out: the chosen answers of its eval_prompts' pairs."""
 
 
 class SFTStage(Strict):
@@ -108,6 +115,8 @@ class SFTStage(Strict):
         errors += [
             (("data", "problems_per_task", *k), f"must be at least 0, got {n}") for k, n in per_task if n < 0
         ]
+        if self.data.pairs and self.data.pairs.unpaired:
+            errors.append((("data", "pairs", "unpaired"), "SFT trains on the chosen answers of pairs"))
         raise_located(errors)
         return self
 
@@ -215,6 +224,11 @@ def sft_examples(
     return train, held_out, skipped
 
 
+def chosen_examples(pairs: list) -> list[Example]:
+    """Each preference pair's prompt and chosen answer as an SFT example."""
+    return [Example(p.source, p.line, prompt=p.prompt, completion=p.chosen, tools=p.tools) for p in pairs]
+
+
 def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path:
     tokenizer, model = load_chat_model(source, ctx, need_template=False)
     generated, bon_counts = [], None
@@ -222,11 +236,18 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
         require_chat_template(tokenizer, source)  # the prompts are chats
         generated, bon_counts = best_of_n_examples(stage.data.best_of_n, ctx, model, tokenizer, source, out)
     train_rows, eval_rows, skipped = sft_examples(stage, ctx, generated)
+    pair_counts = {}
+    if stage.data.pairs:  # the starting model answers first, then trains on its chosen answers
+        pairs, held_out, counts = generated_rows(stage.data.pairs, ctx, model, tokenizer, out)
+        train_rows += chosen_examples(pairs)
+        random.Random(stage.data.seed).shuffle(train_rows)
+        eval_rows += chosen_examples(held_out)
+        pair_counts = {"generated": counts}
     train_rows, contaminated = contamination.screen(train_rows, ctx, "sft")
     if any(e.messages is not None or isinstance(e.prompt, list) for e in train_rows + eval_rows):
         require_chat_template(tokenizer, source)  # plain prompt/completion and text rows need none
     train, stats = build_sequences(tokenizer, train_rows, stage.max_len, pack=stage.pack)
-    sources = [f"task:{t}" for t in stage.data.tasks] + stage.data.files
+    sources = [f"task:{t}" for t in tasks_of(stage)] + stage.data.files
     sources += [f"best_of_n:{t}" for t in stage.data.best_of_n.tasks] if stage.data.best_of_n else []
     require_sequences(train, stats, sources, sum(skipped.values()), stage.max_len)
     eval_set, _ = build_sequences(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
@@ -255,9 +276,16 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
                 "precision": result.precision,
                 "contamination": contaminated,
             }
-            | ({"best_of_n": bon_counts} if bon_counts is not None else {}),
+            | ({"best_of_n": bon_counts} if bon_counts is not None else {})
+            | pair_counts,
         )
     return model_dir
+
+
+def tasks_of(stage: SFTStage) -> list[str]:
+    """The tasks the stage reads: its demonstrations' and its generated pairs'."""
+    pairs = stage.data.pairs.tasks if stage.data.pairs else []
+    return stage.data.tasks + [t for t in pairs if t not in stage.data.tasks]
 
 
 def describe(stage: SFTStage, recipe: Any) -> str:
@@ -266,12 +294,15 @@ def describe(stage: SFTStage, recipe: Any) -> str:
     bon = stage.data.best_of_n
     ranked = f"the reward model {bon.reward_model!r}" if bon and bon.reward_model else "the verifier"
     best = f", best-of-{bon.n} answers to {bon.tasks} ranked by {ranked}" if bon else ""
-    return f"sft on {stage.data.tasks + stage.data.files}{best}, {length(stage.train)}{lora}{held_out}"
+    chosen = [f"chosen answers of pairs from {stage.data.pairs.tasks}"] if stage.data.pairs else []
+    return (
+        f"sft on {stage.data.tasks + chosen + stage.data.files}{best}, {length(stage.train)}{lora}{held_out}"
+    )
 
 
 def _tasks(stage: SFTStage) -> list[str]:
     bon = stage.data.best_of_n
-    return list(dict.fromkeys(stage.data.tasks + (bon.tasks if bon else [])))
+    return list(dict.fromkeys(tasks_of(stage) + (bon.tasks if bon else [])))
 
 
 def stage_rules(stage: SFTStage, earlier: list[Any], base_dir: Path | None) -> list[tuple[Any, str]]:

@@ -1,0 +1,240 @@
+"""DPO step: temper's preference trainer vs TRL's DPOTrainer on the same model, pairs and batch.
+
+Both train the same freshly initialized preset with sigmoid DPO (beta 0.1) on the same string
+pairs (prompt / chosen / rejected, EOS appended to each completion as TRL does; the token ids are
+checked equal on both sides), fp32 on CPU, AdamW, one optimizer step per batch of `--batch`
+pairs. Tokens/s counts the real (unpadded) tokens of the 2 x batch sequences each step scores, as
+the median over the steps after a warm-up, and the best of `--repeats` alternating runs.
+
+TRL runs twice: with its defaults (a frozen copy of the model scores the reference logprobs at
+every step) and with `precompute_ref_log_probs=True` (one pass before training, as temper always
+does); the ratio is taken against the faster of the two. Two pair shapes: `fixed` (every prompt
+and completion the same length, so padding plays no part) and `variable` (lengths drawn at
+random, as real pairs are; padding to the longest row of the batch is part of the cost).
+
+    python benchmarks/dpo_step.py [--preset tiny] [--steps 30] [--batch 16] [--shapes fixed,variable]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import machine_line, matmul_params, matmul_peak_gflops, median
+from temper.data.preferences import Pair, tokenize_pairs
+from temper.models import build_preset, build_tokenizer
+from temper.train import TrainConfig
+from temper.train.preference import DPO, train_preference
+
+SHAPES = {
+    # (prompt chars, completion chars incl. EOS): (lo, hi) drawn uniformly per row
+    "fixed": ((64, 64), (64, 64)),
+    "variable": ((16, 96), (4, 64)),
+}
+
+
+def pairs(n: int, shape: str, seed: int = 0) -> list[dict[str, str]]:
+    """`n` string pairs of arithmetic-looking text whose lengths follow `shape` (the byte-level
+    tokenizer gives one token per character; the completion's last token is the EOS TRL adds)."""
+    rng = random.Random(seed)
+    (p_lo, p_hi), (c_lo, c_hi) = SHAPES[shape]
+
+    def text(length: int) -> str:
+        out = ""
+        while len(out) < length:
+            a, b = rng.randint(0, 999), rng.randint(0, 999)
+            out += f"{a}+{b}={a + b} "
+        return out[:length]
+
+    return [
+        {
+            "prompt": text(rng.randint(p_lo, p_hi)),
+            "chosen": text(rng.randint(c_lo, c_hi) - 1),
+            "rejected": text(rng.randint(c_lo, c_hi) - 1),
+        }
+        for _ in range(n)
+    ]
+
+
+def temper_run(preset: str, rows: list[dict[str, str]], steps: int, batch: int, warmup: int) -> dict:
+    tokenizer = build_tokenizer()
+    model = build_preset(preset, tokenizer, seed=0)
+    items, stats = tokenize_pairs(
+        tokenizer,
+        [Pair("bench", i, r["prompt"], r["chosen"], r["rejected"]) for i, r in enumerate(rows)],
+        10**6,
+    )
+    assert len(items) == len(rows) and not stats.truncated
+    config = TrainConfig(
+        max_steps=steps,
+        batch_size=batch,
+        lr=1e-5,
+        warmup_steps=1,
+        log_every=1,  # one metrics row per step: its tokens_per_s is that step's alone
+        grad_clip=1.0,
+        progress=False,
+        precision="fp32",
+    )
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        train_preference(model, items, DPO(beta=0.1), config, out, pad_id=tokenizer.pad_token_id)
+        total = time.perf_counter() - start
+        per_step = [
+            json.loads(line)["tokens_per_s"] for line in Path(out, "metrics.jsonl").read_text().splitlines()
+        ]
+    return {
+        "tok_s": median(per_step[warmup:]),
+        "seconds": total,
+        "ids": [(p.chosen.input_ids, p.rejected.input_ids) for p in items],
+    }
+
+
+def trl_run(
+    preset: str, rows: list[dict[str, str]], steps: int, batch: int, warmup: int, precompute: bool
+) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = build_tokenizer()
+    model = build_preset(preset, tokenizer, seed=0)
+    stamps: list[float] = []
+    tokens: list[int] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=batch,
+            max_steps=steps,
+            learning_rate=1e-5,
+            max_grad_norm=1.0,
+            warmup_steps=1,
+            logging_steps=10**9,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            max_length=None,
+            bf16=False,
+            disable_tqdm=True,
+            seed=0,
+            beta=0.1,
+            loss_type=["sigmoid"],
+            precompute_ref_log_probs=precompute,
+        )
+        start = time.perf_counter()
+        trainer = DPOTrainer(
+            model=model,
+            # without precompute TRL scores the reference with a frozen copy at every step (it would
+            # load one from the model's hub name; a preset has none, so it is given)
+            ref_model=None if precompute else copy.deepcopy(model),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[Stamp()],
+        )
+        collate = trainer.data_collator
+
+        def counting(examples):  # the real tokens of each batch, in the order the steps take them
+            out_ = collate(examples)
+            tokens.append(int(out_["attention_mask"].sum()))
+            return out_
+
+        trainer.data_collator = counting
+        ds = trainer.train_dataset
+        ids = [
+            (p + c, p + r)
+            for p, c, r in zip(ds["prompt_ids"], ds["chosen_ids"], ds["rejected_ids"], strict=True)
+        ]
+        trainer.train()
+        total = time.perf_counter() - start
+    # stamps[i] ends step i; batch i's tokens are tokens[i] (a prefetching loader collates ahead,
+    # in order)
+    per_step = [tokens[i] / (stamps[i] - stamps[i - 1]) for i in range(max(warmup, 1), len(stamps))]
+    return {"tok_s": median(per_step), "seconds": total, "ids": ids}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--shapes", default="fixed,variable")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating temper/TRL runs per shape")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    peak = matmul_peak_gflops()
+    print(f"{machine_line()}\nmatmul peak (2048^2): fp32 {peak:.1f} GFLOP/s\n")
+    n = matmul_params(build_preset(args.preset, build_tokenizer()))
+    results = []
+    for shape in args.shapes.split(","):
+        rows = pairs(args.steps * args.batch, shape)
+        ours, trl_default, trl_pre = [], [], []
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits all three
+            ours.append(temper_run(args.preset, rows, args.steps, args.batch, args.warmup))
+            trl_pre.append(trl_run(args.preset, rows, args.steps, args.batch, args.warmup, True))
+            trl_default.append(trl_run(args.preset, rows, args.steps, args.batch, args.warmup, False))
+            print(
+                f"{shape}: temper {ours[-1]['tok_s']:,.0f}, TRL precomputed {trl_pre[-1]['tok_s']:,.0f}, "
+                f"TRL default {trl_default[-1]['tok_s']:,.0f} tok/s",
+                flush=True,
+            )
+        ids_temper = ours[0]["ids"]
+        for run in trl_pre[:1] + trl_default[:1]:
+            if run["ids"] != [tuple(x) for x in ids_temper]:
+                raise SystemExit(f"{shape}: temper and TRL tokenized the pairs differently")
+        best = {
+            name: max(r["tok_s"] for r in runs)
+            for name, runs in (("temper", ours), ("trl_precompute", trl_pre), ("trl_default", trl_default))
+        }
+        peer = max(best["trl_precompute"], best["trl_default"])
+        lengths = [len(c) + len(r) for c, r in ids_temper]
+        results.append(
+            {
+                "shape": shape,
+                "preset": args.preset,
+                "params": n,
+                "batch": args.batch,
+                "mean_tokens_per_pair": sum(lengths) / len(lengths),
+                **{f"{k}_tok_s": v for k, v in best.items()},
+                "ratio": best["temper"] / peer,
+                "temper_mfu": 6 * n * best["temper"] / (peak * 1e9),
+                "runs": {
+                    "temper": [r["tok_s"] for r in ours],
+                    "trl_precompute": [r["tok_s"] for r in trl_pre],
+                    "trl_default": [r["tok_s"] for r in trl_default],
+                },
+            }
+        )
+    print(
+        "| shape | preset | batch (pairs) | tokens / pair | temper tok/s | TRL tok/s (precomputed ref) "
+        "| TRL tok/s (default: ref model per step) | temper / best TRL | temper MFU |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['shape']} | {r['preset']} | {r['batch']} | {r['mean_tokens_per_pair']:.0f} | {r['temper_tok_s']:,.0f} "
+            f"| {r['trl_precompute_tok_s']:,.0f} | {r['trl_default_tok_s']:,.0f} | {r['ratio']:.2f}x "
+            f"| {100 * r['temper_mfu']:.0f}% |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_line(), "peak_gflops": peak, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
