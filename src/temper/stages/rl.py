@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -25,7 +27,7 @@ from temper.rollout.sampler import sampler_stop_ids
 from temper.stages.base import LoraSpec, StageError, StageKind, Strict, lazy, raise_located, rl_rules
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model, whole_model
-from temper.tasks.base import Task
+from temper.tasks.base import Task, TaskOptionError
 from temper.train.rl import RLConfig, collect_groups, train_rl
 
 console = Console(stderr=True)
@@ -56,6 +58,13 @@ class RLStage(Strict):
     every update)."""
     probe_groups: int = Field(8, ge=0)
     """Groups sampled from the starting policy for the reachability probe (0: skip)."""
+    task_options: dict[str, dict[str, Any]] = {}
+    """Options of this stage's tasks on top of the recipe's, for this stage only: e.g.
+    `{code_repair: {curriculum: {every: 1}}}` grows one arm's train pool while the other arms and
+    the eval use the recipe's task. Left out of the stage's hash while empty (`HASHED_WHEN_SET`),
+    so the runs recorded before it existed stay complete."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("task_options",)
 
     @model_validator(mode="after")
     def _check(self) -> RLStage:
@@ -68,6 +77,14 @@ class RLStage(Strict):
         ]
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
+        errors += [
+            (
+                ("task_options", name),
+                f"task_options names {name!r}, which is not one of this stage's tasks {self.tasks}",
+            )
+            for name in self.task_options
+            if name not in self.tasks
+        ]
         raise_located(errors)
         return self
 
@@ -91,8 +108,44 @@ def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str |
     """Rules that need the stage's tasks (the recipe builds them before checking): the path
     signals a `train.path` names are declared by the tasks with the right kind (RLVP principles
     1, 3 and 4, `temper.rewards.path.signal_errors`)."""
-    mine = {name: tasks[name] for name in stage.tasks if name in tasks}
-    return [(("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)]
+    errors: list[tuple[tuple[str | int, ...], str]] = []
+    try:
+        mine = stage_tasks(stage, {name: tasks[name] for name in stage.tasks if name in tasks})
+    except TaskOptionError as err:
+        return [(("task_options", *err.option), str(err))]
+    return errors + [
+        (("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)
+    ]
+
+
+def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
+    """The stage's tasks: the recipe's, each rebuilt with its `task_options` on top of its config
+    (the same class; a TaskOptionError located at the option when one is unknown or refused)."""
+    out = {}
+    for name, task in tasks.items():
+        options = stage.task_options.get(name)
+        if not options:
+            out[name] = task
+            continue
+        config = getattr(task, "config", None)
+        if not dataclasses.is_dataclass(config) or hasattr(type(task), "build"):
+            raise TaskOptionError(
+                (name,), f"task {name!r} takes no stage task_options (only built-in configured tasks do)"
+            )
+        fields = [f.name for f in dataclasses.fields(config)]
+        for option in options:
+            if option not in fields:
+                close = difflib.get_close_matches(option, fields, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TaskOptionError(
+                    (name, option),
+                    f"unknown option {option!r} for task {name!r}{hint}; valid options: {', '.join(fields)}",
+                )
+        try:
+            out[name] = type(task)(dataclasses.replace(config, **options))
+        except (ValueError, TypeError) as err:
+            raise TaskOptionError((name, *getattr(err, "option", ())), str(err)) from err
+    return out
 
 
 class GateError(StageError):
@@ -250,7 +303,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     torch.manual_seed(config.seed)
     tokenizer, model = load_chat_model(source, ctx)
     model.eval()
-    tasks = {name: ctx.tasks[name] for name in stage.tasks}
+    tasks = stage_tasks(stage, {name: ctx.tasks[name] for name in stage.tasks})
     if stage.sampler == "vllm":
         from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
