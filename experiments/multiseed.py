@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 import yaml
+from tables import spread
 
 from temper.atomic import atomic_write_text
 from temper.recipe import parse_recipe
@@ -38,12 +39,6 @@ def seeded_recipe(text: str, seed: int, vary: list[str]):
     return parse_recipe(yaml.safe_dump(data, sort_keys=False)), yaml.safe_dump(data, sort_keys=False)
 
 
-def _spread(values: list[float]) -> str:
-    mean = statistics.mean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * mean:.1f} ± {100 * std:.1f} [{100 * min(values):.1f}, {100 * max(values):.1f}]"
-
-
 def summarize(recipe, runs: dict[int, Path]) -> str:
     evals = [(i, s) for i, s in enumerate(recipe.stages) if s.kind == "eval"]
     lines = [f"# {recipe.name}: {len(runs)} seeds ({', '.join(map(str, runs))})", ""]
@@ -62,7 +57,7 @@ def summarize(recipe, runs: dict[int, Path]) -> str:
                 for split, res in by_split.items():
                     per_seed = [r[task][model][split]["metrics"] for r in results.values()]
                     cells = [
-                        _spread([m[key]["value"] for m in per_seed])
+                        spread([m[key]["value"] for m in per_seed], 100, 1)
                         for key in ("greedy_accuracy", f"mean@{res['k']}", "parse_rate")
                     ]
                     lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
