@@ -229,6 +229,12 @@ def test_a_stage_turns_the_curriculum_on_for_its_arm_only_with_the_same_pools():
     )
     for split in ("train", "test", "ood"):  # the curriculum changes the draws, not the splits
         assert grown.problems(split) == plain.problems(split)
+    from temper.stages.rl import describe
+
+    assert "task options" not in describe(recipe.stages[1], recipe)  # the plan line says which arm has it
+    assert describe(recipe.stages[2], recipe).endswith(
+        ", this stage's task options {'code_repair': {'curriculum': {'every': 2, 'variants_per_failure': 1, 'max_share': 0.25}}}"
+    )
 
 
 @pytest.mark.parametrize(

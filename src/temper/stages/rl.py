@@ -370,7 +370,8 @@ def describe(stage: RLStage, recipe: Any) -> str:
         if t.path
         else ""
     )
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}"
+    own = f", this stage's task options {stage.task_options}" if stage.task_options else ""
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}{own}"
 
 
 KIND = StageKind(
