@@ -151,7 +151,7 @@ def _two_processes(work):
     return results
 
 
-@pytest.mark.parametrize("name", ["gae", "reinforce_pp", "grpo"])
+@pytest.mark.parametrize("name", ["gae", "reinforce_pp", "grpo", "on_policy_distill"])
 def test_batch_statistics_are_global_when_groups_are_split_across_processes(name):
     x = _inputs(kl_coef=0.3)
     single, _ = ESTIMATORS[name](x)

@@ -138,7 +138,7 @@ def test_every_kind_keeps_the_contract():
     """The built-in kinds in pipeline order, each spec tagged by its name and carrying the field its
     `reads` promises (the runner and the recipe check read `source` / `models`)."""
     kinds = registry.kinds()
-    assert list(kinds) == ["pretrain", "sft", "dpo", "kto", "rl", "eval"]
+    assert list(kinds) == ["pretrain", "sft", "reward_model", "dpo", "kto", "rl", "eval"]
     for name, kind in kinds.items():
         fields = kind.spec.model_fields
         assert fields["kind"].annotation == Literal[name] and "name" in fields

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from temper.atomic import atomic_write_json
+from temper.rewards.best_of_n import Ranker, bon_kl, expected_best_of_n
 from temper.stats import mean_ci, pass_at_k, wilson_interval
 from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade_batch
 
@@ -101,6 +102,8 @@ def evaluate(
     temperature: float = 1.0,
     max_new_tokens: int = 64,
     n_examples: int = 5,
+    best_of_n: Sequence[int] = (),
+    ranker: Ranker | None = None,
 ) -> dict[str, Any]:
     """One greedy and k sampled completions per problem of `task.sample(split, n_problems, seed)`,
     drawn from `sampler` (k = 0: greedy only, for the RL stage's gate and periodic evals).
@@ -123,6 +126,12 @@ def evaluate(
     (`temper.models.chat.stop_warning`: a template's end of turn that is not a stop id), so 100%
     truncation is not read as "SFT is not done" or "raise max_new_tokens". Shown completions keep
     their special tokens, marked (`_example`); grading sees the cleaned text.
+
+    `best_of_n` (sizes N, e.g. [1, 2, 4, 8, 16]) adds `result["best_of_n"]`, accuracy vs N
+    (`best_of_n_metrics`) from ONE draw of n = max(k, max N) samples per problem at `temperature`,
+    ranked by `ranker` (prompt ids, completion ids -> scores; a reward model) or, when None, by
+    the verifier. The pass@k metrics use the first k of those n samples, which are the k samples
+    a draw of k alone gives (sample j of a prompt depends only on its seed and j).
     """
     from temper.agent.loop import EpisodeLimits, run_episodes
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
@@ -131,6 +140,11 @@ def evaluate(
 
     if k < 0 or n_problems < 1:
         raise ValueError("evaluate needs k >= 0 and n_problems >= 1")
+    if ranker is not None and getattr(task, "make_env", None) is not None:
+        # a reward model scores (prompt, completion) ids; an episode is more than its last piece
+        raise ValueError(
+            f"best-of-N ranked by a reward model needs a single-turn task; {task.name!r} is an environment"
+        )
     problems = task.sample(split, n_problems, seed)
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
@@ -173,26 +187,25 @@ def evaluate(
             )
         ),
     }
+    n_drawn = max(k, max(best_of_n, default=0))
+    drawn: list[list[Sample]] = draw(n_drawn, temperature) if n_drawn else []
+    drawn_episodes = episodes.get("all", [])[len(problems) :]
+    scores_P = []  # the n_drawn Scores of each problem
+    for i, (p, cs) in enumerate(zip(problems, drawn, strict=bool(drawn))):  # none drawn when k = 0
+        if drawn_episodes:
+            scores_P.append([graded_episode(t) for t in drawn_episodes[i * n_drawn : (i + 1) * n_drawn]])
+        else:
+            scores_P.append(grade_batch(task, [p] * len(cs), [c.text for c in cs], [c.token_ids for c in cs]))
+        graded += scores_P[-1]
     if k:
-        sampled = draw(k, temperature)
-        sampled_episodes = episodes.get("all", [])[len(problems) :]
-        correct_P = []
-        for i, (p, cs) in enumerate(zip(problems, sampled, strict=True)):
-            if sampled_episodes:
-                sampled_scores = [graded_episode(t) for t in sampled_episodes[i * k : (i + 1) * k]]
-            else:
-                sampled_scores = grade_batch(
-                    task, [p] * len(cs), [c.text for c in cs], [c.token_ids for c in cs]
-                )
-            graded += sampled_scores
-            correct_P.append(sum(s.correct for s in sampled_scores))
+        correct_P = [sum(s.correct for s in ss[:k]) for ss in scores_P]
         metrics |= {
             f"mean@{k}": _unit_mean([c / k for c in correct_P]),
             "pass@1": _unit_mean([pass_at_k(k, c, 1) for c in correct_P]),
             f"pass@{k}": _unit_mean([pass_at_k(k, c, k) for c in correct_P]),
         }
     reasons = Counter(str(s.details.get("reason", "unknown")) for s in scores)
-    completions = greedy + [c for cs in sampled for c in cs] if k else greedy
+    completions = greedy + [c for cs in drawn for c in cs]
     specials = unstopped_specials(tokenizer, [(c.token_ids, c.stop_reason) for c in completions])
     return {
         "task": task.name,
@@ -217,7 +230,53 @@ def evaluate(
         "stop_warning": stop_warning(
             tokenizer, specials, len(completions), sampler_stop_ids(sampler, tokenizer)
         ),
+        **({"best_of_n": best_of_n_metrics(drawn, scores_P, best_of_n, ranker)} if best_of_n else {}),
     }
+
+
+def best_of_n_metrics(
+    samples_P: Sequence[Sequence[Sample]],
+    scores_P: Sequence[Sequence[Score]],
+    sizes: Sequence[int],
+    ranker: Ranker | None = None,
+) -> dict[str, Any]:
+    """Accuracy of best-of-N for each N in `sizes`, from the n graded samples of each problem.
+
+    Per problem, the exact mean over every N-subset of its n samples of the correctness of the
+    subset's top-ranked sample (`temper.rewards.best_of_n.expected_best_of_n`; ties go to the
+    earlier sample), then {"value", "lo", "hi"} over problems as pass@k. Ranked by the verifier
+    (ranker None: score 1 if correct else 0) this is the unbiased pass@N. Ranked by a reward
+    model, `verifier_ranked` adds that pass@N (the ceiling any ranker can reach) and `score` the
+    ranker's expected score of the pick (the proxy reward, next to its gold: accuracy).
+    `kl` is the analytic KL of best-of-N from the sampling policy, log N - (N - 1)/N, in nats."""
+    n = len(samples_P[0]) if samples_P else 0
+    if not sizes or max(sizes) > n or min(sizes) < 1:
+        raise ValueError(f"best-of-N sizes {list(sizes)} need 1 <= N <= {n} samples per problem")
+    correct_P = [[float(s.correct) for s in ss] for ss in scores_P]
+    if ranker is None:
+        rank_P = correct_P
+    else:
+        flat = [c for cs in samples_P for c in cs]
+        flat_scores = [float(x) for x in ranker([c.prompt_ids for c in flat], [c.token_ids for c in flat])]
+        if len(flat_scores) != len(flat):
+            raise ValueError(f"the ranker gave {len(flat_scores)} scores for {len(flat)} completions")
+        rank_P = [flat_scores[i * n : (i + 1) * n] for i in range(len(samples_P))]
+    out: dict[str, Any] = {
+        "rank": "verifier" if ranker is None else "reward_model",
+        "samples": n,
+        "n": list(sizes),
+        "kl": [bon_kl(size) for size in sizes],
+        "accuracy": [
+            _unit_mean([expected_best_of_n(r, c, size) for r, c in zip(rank_P, correct_P, strict=True)])
+            for size in sizes
+        ],
+    }
+    if ranker is not None:
+        out["verifier_ranked"] = [
+            _unit_mean([pass_at_k(n, int(sum(c)), size) for c in correct_P]) for size in sizes
+        ]
+        out["score"] = [_mean([expected_best_of_n(r, r, size) for r in rank_P]) for size in sizes]
+    return out
 
 
 def as_sample(t: Trajectory) -> Sample:
@@ -379,9 +438,39 @@ def table_rows(
     return header, rows
 
 
-def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
-    """`table_rows` as plain text, columns aligned."""
-    header, rows = table_rows(results)
+def best_of_n_rows(
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> tuple[list[str], list[list[str]]]:
+    """The best-of-N table as (header, rows of cells): one row per (label, split, N) of the results
+    that have `best_of_n`; ([], []) when none has. Columns: how the pick was ranked, N, the
+    analytic KL of best-of-N (nats), the accuracy with its 95% interval, and for a reward-model
+    ranking the verifier-ranked pass@N beside it and the reward model's mean score of the pick."""
+    bons = [
+        (label, split, r["best_of_n"])
+        for label, by in results.items()
+        for split, r in by.items()
+        if "best_of_n" in r
+    ]
+    if not bons:
+        return [], []
+    learned = any("score" in b for _, _, b in bons)
+    header = ["model", "split", "rank", "N", "KL (nats)", "accuracy"]
+    header += ["verifier-ranked (pass@N)", "RM score of pick"] if learned else []
+    rows = []
+    for label, split, b in bons:
+        for j, size in enumerate(b["n"]):
+            row = [label, split, b["rank"], str(size), f"{b['kl'][j]:.3f}", _cell(b["accuracy"][j], True)]
+            if learned:
+                row += (
+                    [_cell(b["verifier_ranked"][j], True), _cell(b["score"][j], False)]
+                    if "score" in b
+                    else ["–", "–"]
+                )
+            rows.append(row)
+    return header, rows
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -389,6 +478,13 @@ def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """`table_rows` as plain text, columns aligned; then the best-of-N table when there is one."""
+    text = _aligned(*table_rows(results))
+    bon_header, bon_rows = best_of_n_rows(results)
+    return text + (f"\n\nbest-of-N\n{_aligned(bon_header, bon_rows)}" if bon_rows else "")
 
 
 def write_eval(path: str | Path, results: Mapping[str, Any]) -> None:

@@ -137,6 +137,16 @@ class Recipe(Strict):
                             f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}",
                         )
                     )
+            if kind.stage_rules is not None:  # e.g. rl's reward model: an earlier reward_model stage
+                errors += [
+                    (("stages", i, *loc), msg)
+                    for loc, msg in kind.stage_rules(stage, self.stages[:i], base_dir)
+                ]
+            errors += [
+                (("stages", i, *loc), msg)
+                for loc, ref in kind.uses(stage)
+                if (msg := _use_error(stage.name, ref, names[:-1], [s.name for s in self.stages], base_dir))
+            ]
             if kind.produces_model:
                 seen.append(stage.name)
         if self.model.preset and self.stages and registry.get(self.stages[0].kind).reads != "base":
@@ -163,6 +173,22 @@ def model_refs(stage: Any) -> list[str]:
     if reads == "model":
         return [stage.source] if stage.source else []
     return list(stage.models) if reads == "models" else []
+
+
+def _use_error(name: str, ref: str, earlier: list[str], stages: list[str], base_dir: Path | None) -> str:
+    """Why a stage's reference to another stage's output (`StageKind.uses`) cannot be read, or ''.
+    A name with no slash must be an earlier stage or a folder next to the recipe; anything else is
+    taken as a path or hub id, which loading checks."""
+    if ref in earlier:
+        return ""
+    if ref in stages:
+        return f"stage {name!r} reads {ref!r}, a later stage: stages run in order, so it must come first"
+    if "/" not in ref and not ((base_dir or Path.cwd()) / ref).exists():
+        return (
+            f"stage {name!r} reads {ref!r}, which is neither an earlier stage {earlier} nor a folder next "
+            "to the recipe (write ./name for a folder, owner/name for a hub model)"
+        )
+    return ""
 
 
 def _ref_locs(stage: Any) -> list[tuple[Loc, str]]:

@@ -45,8 +45,13 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     stage = recipe.stages[index]
     parts = [stage.kind, stage_settings(stage), _inputs(recipe, index, ctx)[1], ctx.task_options]
+    if uses := registry.get(stage.kind).uses(stage):  # a path or hub id is covered as written
+        parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in uses})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
+    own = registry.get(stage.kind).fingerprint
+    if own is not None and (mine := own(stage, ctx)) is not None:  # e.g. the reward model it reads
+        parts.append(mine)  # (appended only when there is one: stage folders of earlier runs stay valid)
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 
@@ -115,6 +120,7 @@ def run_recipe(recipe: Recipe, base_dir: Path, run_dir: Path, recipe_text: str =
                     marker, {"hash": digest, "kind": stage.kind, "seconds": time.perf_counter() - start}
                 )
             state.wait_for_everyone()
+        ctx.stage_dirs[stage.name], ctx.output_hashes[stage.name] = out, digest
         if kind.produces_model:
             ctx.models[stage.name] = out / "model"
             ctx.model_hashes[stage.name] = digest

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from temper.algorithms.advantages import dr_grpo, grpo, reinforce_pp, rloo
+from temper.algorithms.distill import reverse_kl_advantages
 from temper.algorithms.policy import kl_penalized_rewards
 from temper.algorithms.turns import (
     broadcast_turns,
@@ -196,6 +197,15 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages_R_T, returns_R_T
 
 
+def on_policy_distill_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """On-policy distillation (see `distill.reverse_kl_advantages`): the reference is the teacher,
+    `ref_kl_R_T` its k1 per sampled token and `kl_coef` the scale; the rewards are not used (they are
+    still logged, so the verifier shows whether distillation reaches the teacher's accuracy)."""
+    if x.ref_kl_R_T is None:
+        raise ValueError("on_policy_distill needs the teacher's logprobs (a teacher and kl_coef > 0)")
+    return reverse_kl_advantages(x.ref_kl_R_T, x.mask_R_T, x.kl_coef, x.total), None
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo_estimator,
     "dr_grpo": outcome_estimator(dr_grpo),
@@ -204,6 +214,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "gae": gae_estimator,
     "turn_grpo": turn_grpo_estimator,
     "turn_reinforce": turn_reinforce_estimator,
+    "on_policy_distill": on_policy_distill_estimator,
 }
 """Name -> estimator; the names are `rl_config.Advantage`."""
 

@@ -1,4 +1,5 @@
-"""Preference losses (DPO, cDPO, IPO, KTO): pure functions over summed sequence logprobs.
+"""Preference losses (DPO, cDPO, IPO, KTO; the reward model's Bradley-Terry): pure functions over
+summed sequence logprobs (the reward model's: over its scalar rewards).
 
 Inputs are per-sequence log-probabilities of the completion (the sum over its tokens) under the
 policy and under the frozen reference, shape (B,). Each loss returns the per-example loss (B,),
@@ -98,3 +99,27 @@ def kto_loss(
     good = desirable_weight * (1 - torch.sigmoid(beta * (r - kl)))
     bad = undesirable_weight * (1 - torch.sigmoid(beta * (kl - r)))
     return torch.where(desirable_B, good, bad)
+
+
+def bradley_terry_loss(
+    chosen_rewards_B: torch.Tensor,
+    rejected_rewards_B: torch.Tensor,
+    margin_B: torch.Tensor | float = 0.0,
+    center_coef: float = 0.0,
+) -> torch.Tensor:
+    """The reward model's pairwise loss: the negative log-likelihood of the preference under the
+    Bradley-Terry model P(y_c > y_r | x) = sigma(r(x, y_c) - r(x, y_r)) (Bradley & Terry 1952;
+    Ouyang et al. 2022 eq. 1), with Llama 2's optional margin m (Touvron et al. 2023 eq. 2: a pair
+    rated far apart must be separated by at least m) and the reward-centering term of Eisenstein
+    et al. 2023 (keeps rewards near 0; the loss alone is shift-invariant):
+
+        l = -log sigma(r_c - r_r - m) + c (r_c + r_r)^2
+
+    as TRL's RewardTrainer computes it per pair (`margin` column, `center_rewards_coefficient`).
+    The gradient raises r_c and lowers r_r, by sigma(-(r_c - r_r - m)) each. -> (B,)
+    """
+    diff_B = chosen_rewards_B - rejected_rewards_B - margin_B
+    loss_B = -F.logsigmoid(diff_B)
+    if center_coef:
+        loss_B = loss_B + center_coef * (chosen_rewards_B + rejected_rewards_B) ** 2
+    return loss_B

@@ -17,6 +17,7 @@ file mixing paired and unpaired rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ class Pair:
     chosen: Text
     rejected: Text
     tools: list[dict[str, Any]] | None = None
+    margin: float | None = None
+    """TRL's optional `margin` column: how far apart the reward model must score the two (its
+    Bradley-Terry loss; the DPO and KTO stages ignore it)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,14 @@ def parse_preference(row: Any, source: str, line: int) -> Pair | Labelled:
         _side(prompt, rejected, "rejected", row, source, line)
         if chosen == rejected:
             raise DataError(source, line, "rejected", "is identical to chosen: the pair teaches nothing")
-        return Pair(source, line, prompt, chosen, rejected, good.tools)
+        margin = row.get("margin")
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin)
+        ):
+            raise DataError(source, line, "margin", f"must be a finite number, got {margin!r}")
+        return Pair(
+            source, line, prompt, chosen, rejected, good.tools, None if margin is None else float(margin)
+        )
     if "label" in row:
         for key in ("prompt", "completion"):
             if key not in row:
@@ -193,6 +204,7 @@ def unpair(items: list[Pair | Labelled]) -> list[Labelled]:
 class TokenizedPair:
     chosen: Sequence
     rejected: Sequence
+    margin: float = 0.0  # the row's `margin` (0 without one)
 
 
 @dataclass
@@ -244,7 +256,7 @@ def tokenize_pairs(
         if chosen is None or rejected is None:
             stats.dropped += 1
             continue
-        out.append(TokenizedPair(chosen, rejected))
+        out.append(TokenizedPair(chosen, rejected, p.margin or 0.0))
     return out, stats
 
 

@@ -19,13 +19,16 @@ def apply_lora(
     alpha: int = 32,
     dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
+    task_type: str = "CAUSAL_LM",
 ) -> PeftModel:
+    """`model` under a new adapter. `task_type="SEQ_CLS"` for a sequence classifier (a reward
+    model): PEFT then trains its head (`score` / `classifier`) in full (`modules_to_save`)."""
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=target_modules,
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
     return get_peft_model(model, config)
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from temper.evaluate import table_rows
+from temper.evaluate import best_of_n_rows, table_rows
 from temper.report.agent import LEGEND, episode_html, eval_episode_table
 from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
+from temper.rewards.best_of_n import bon_kl
 
 
 def eval_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
@@ -69,6 +70,73 @@ def accuracy_figure(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> Fig
     return fig
 
 
+def best_of_n_figure(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> Figure | None:
+    """Best-of-N accuracy (with its 95% band) against N on a log axis, a line per model x split;
+    a reward-model ranking adds the verifier-ranked pass@N dashed (the ceiling of any ranker). The
+    top axis reads the same points as the analytic KL of best-of-N. None without best-of-N results."""
+    lines = [
+        (f"{m} {split}", r["best_of_n"])
+        for m, by in by_model.items()
+        for split, r in by.items()
+        if "best_of_n" in r
+    ]
+    if not lines:
+        return None
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
+    sizes: set[int] = set()
+    for label, b in lines:
+        sizes.update(b["n"])
+        acc = b["accuracy"]
+        (line,) = ax.plot(b["n"], [100 * m["value"] for m in acc], marker="o", label=f"{label} ({b['rank']})")
+        ax.fill_between(
+            b["n"],
+            [100 * m["lo"] for m in acc],
+            [100 * m["hi"] for m in acc],
+            alpha=0.15,
+            color=line.get_color(),
+        )
+        if "verifier_ranked" in b:
+            ax.plot(
+                b["n"],
+                [100 * m["value"] for m in b["verifier_ranked"]],
+                ls="--",
+                marker=".",
+                color=line.get_color(),
+                label=f"{label} (verifier-ranked: pass@N)",
+            )
+    ticks = sorted(sizes)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set(title=f"{task}: best-of-N", xlabel="N (samples ranked)", ylabel="accuracy %", ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    top = ax.twiny()  # the same N positions, labelled with their KL
+    top.set_xscale("log", base=2)
+    top.set_xlim(ax.get_xlim())
+    top.set_xticks(ticks, [f"{bon_kl(t):.2f}" for t in ticks])
+    top.minorticks_off()
+    top.set_xlabel("KL(best-of-N || policy), nats: log N - (N-1)/N")
+    return fig
+
+
+def best_of_n_block(task: str, by_model: Mapping[str, Mapping[str, Any]], png: Path) -> str:
+    """The best-of-N table and chart of a task's eval results ("" when it has none)."""
+    head, rows = best_of_n_rows(by_model)
+    fig = best_of_n_figure(task, by_model)
+    if fig is None:
+        return ""
+    samples = sorted(
+        {r["best_of_n"]["samples"] for by in by_model.values() for r in by.values() if "best_of_n" in r}
+    )
+    note = (
+        f"<p>Best-of-N: accuracy of the top-ranked of N samples, averaged exactly over every N-subset of "
+        f"{'/'.join(map(str, samples))} samples per problem; KL is the analytic KL of best-of-N from the "
+        "sampling policy.</p>"
+    )
+    return note + _table(rows, head) + _embed(fig, png, f"{task} best-of-N accuracy vs N")
+
+
 def _example(e: Mapping[str, Any]) -> str:
     s = e.get("score", {})
     mark = _mark(s.get("correct"))
@@ -119,6 +187,7 @@ def eval_section(stage: Stage, plots: Path) -> str:
         parts.append(eval_episode_table(by_model))
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
         parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
+        parts.append(best_of_n_block(task, by_model, png.with_name(f"{png.stem}-best_of_n.png")))
         shown = samples(task, by_model)
         parts.append((LEGEND if "class='episode'" in shown else "") + shown)
     return "".join(parts)

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _box, _embed, _esc, _number, _read_json, _table, read_metrics
+from temper.report.common import Stage, _box, _embed, _esc, _number, _pct, _read_json, _table, read_metrics
 
 # whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
 _VISIBLE = {" ": "·", "\t": "→", "\n": "↵", "\r": "␍"}
@@ -79,7 +79,28 @@ def training_section(stage: Stage, plots: Path) -> str:
     loud = ("data: truncated", "data: dropped", "skipped")
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
     parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    parts.append(best_of_n_table(summary.get("best_of_n") or {}))
     return "".join(parts) + mask_section(stage.folder / "examples.json")
+
+
+def best_of_n_table(by_task: dict[str, Any]) -> str:
+    """The sft stage's best-of-N rows per task (`data.best_of_n`): the yield, why prompts gave no
+    row, and how often the verifier accepts all samples and the kept ones; "" without any."""
+    head = ["task", "prompts", "samples each", "rows", "yield", "no row", "sample accuracy", "kept correct"]
+    rows = [
+        [
+            task,
+            c["prompts"],
+            c["samples_per_prompt"],
+            c["rows"],
+            _pct(c["yield"]),
+            ", ".join(f"{k}: {v}" for k, v in c["no_row"].items()) or "–",
+            _pct(c["sample_accuracy"]),
+            _pct(c["kept_correct"]),
+        ]
+        for task, c in by_task.items()
+    ]
+    return _table(rows, head, caption="best-of-N rows (sampled from the starting model, top-ranked kept)")
 
 
 def _token(piece: str, token_id: int, special: bool, supervised: bool) -> str:

@@ -176,6 +176,23 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
                 f"{config.advantage!r} it would have no effect",
             )
         )
+    if config.advantage == "on_policy_distill":
+        if config.kl_coef <= 0:
+            out.append(
+                (
+                    ("kl_coef",),
+                    "must be > 0 with advantage 'on_policy_distill': it scales the teacher's per-token "
+                    "advantage (1.0 is the plain reverse KL)",
+                )
+            )
+        if config.kl_mode != "reward":
+            out.append(
+                (
+                    ("kl_mode",),
+                    "must be 'reward' with advantage 'on_policy_distill': the teacher's KL is the advantage; "
+                    "as a loss term it would be counted twice",
+                )
+            )
     m = config.monitors
     if m.enabled and m.min_steps > m.window:
         out.append(
@@ -203,6 +220,10 @@ class StageRun:
 
 def _no_tasks(spec: Any) -> list[str]:
     return list(getattr(spec, "tasks", []))
+
+
+def _no_uses(spec: Any) -> list[tuple[Loc, str]]:
+    return []
 
 
 @dataclass(frozen=True)
@@ -238,12 +259,22 @@ class StageKind:
     task_rules: Callable[[Any, dict[str, Any]], list[tuple[Loc, str]]] | None = None
     """Rules of the spec that need the recipe's built tasks (name -> Task), errors located below
     the stage (the recipe checks them with the task options; e.g. rl's declared path signals)."""
+    uses: Callable[[Any], list[tuple[Loc, str]]] = _no_uses
+    """What the stage reads besides the model it starts from: (key path in the spec, an earlier
+    stage's name or a path / hub id), e.g. rl's `teacher`. The recipe checks that a name is an
+    earlier stage's, and the stage hash covers that stage's hash, so retraining it reruns this one."""
     main_only: bool = False
     """Run on the main process only (under a multi-process launch the others wait)."""
     summary: Callable[[Path], str] | None = None
     """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
     order: int = 100
     """Position in listings (CLI help): pipeline order."""
+    stage_rules: Callable[[Any, list[Any], Path | None], list[tuple[Loc, str]]] | None = None
+    """Rules of the spec against the stages before it, (spec, earlier specs, the recipe's folder or
+    None) -> errors located below the stage (e.g. rl's `train.reward_model` naming a reward_model stage)."""
+    fingerprint: Callable[[Any, StageContext], Any] | None = None
+    """What the stage's hash covers beyond its settings and model (JSON-serializable), computed when
+    the stage is reached (earlier stages have run): e.g. the files of a reward model it reads."""
 
 
 def lazy(module: str, name: str) -> Callable[..., Any]:
@@ -254,3 +285,20 @@ def lazy(module: str, name: str) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = name
     return call
+
+
+def folder_digest(path: Path) -> str:
+    """A digest of a folder's files (relative names and bytes), or "missing": the stage hash of a
+    stage that reads a folder no model stage records (a reward model) covers what is in it."""
+    import hashlib
+
+    if not path.is_dir():
+        return "missing"
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()[:16]

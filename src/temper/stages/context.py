@@ -21,6 +21,8 @@ class StageContext:
     models: dict[str, Path] = field(default_factory=dict)  # stage name -> saved model dir
     model_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash
     chat: ChatOptions = field(default_factory=ChatOptions)  # model.chat_template / eos_token
+    stage_dirs: dict[str, Path] = field(default_factory=dict)  # stage name -> its folder, every kind
+    output_hashes: dict[str, str] = field(default_factory=dict)  # stage name -> settings hash, every kind
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()
@@ -31,6 +33,11 @@ class StageContext:
         a hub id as written."""
         local = local_model(name, self.base_dir)
         return name if local is None else local
+
+    def model_of(self, ref: str) -> Path | str:
+        """The model a stage's reference (`StageKind.uses`) names: an earlier model stage's saved
+        model, else a local folder relative to the recipe or a hub id."""
+        return self.models[ref] if ref in self.models else self.model_source(ref)
 
 
 def local_model(name: str, base_dir: Path) -> Path | None:

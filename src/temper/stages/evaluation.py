@@ -6,18 +6,47 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 
 from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
 from temper.models import load_model
 from temper.models.chat import eos_ids
 from temper.rollout import HFSampler
-from temper.stages.base import StageKind, StageRun, Strict, lazy
+from temper.stages.base import Loc, StageKind, StageRun, Strict, lazy, raise_located
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_tokenizer, whole_model
+from temper.stages.ranking import (
+    Ranked,
+    check_same_tokenizer,
+    load_ranker,
+    ranker_fingerprint,
+    reward_model_errors,
+)
 
 console = Console(stderr=True)
+
+
+class BestOfNEval(Ranked):
+    """Accuracy of best-of-N for each N, from one draw of max(N) samples per problem (at the
+    stage's temperature), ranked by the verifier or a reward model; with the analytic KL of each N."""
+
+    n: list[int] = [1, 2, 4, 8, 16]
+    """The sizes N, increasing; max(N) samples per problem are drawn once and serve every N."""
+
+    @model_validator(mode="after")
+    def _sizes(self) -> BestOfNEval:
+        errors: list[tuple[Loc, str]] = [
+            (("n", j), f"must be at least 1, got {v}") for j, v in enumerate(self.n) if v < 1
+        ]
+        if not self.n:
+            errors.append((("n",), "give at least one N, e.g. [1, 2, 4, 8, 16]"))
+        elif any(b <= a for a, b in zip(self.n, self.n[1:])):
+            errors.append(
+                (("n",), f"list each N once, in increasing order (e.g. [1, 2, 4, 8, 16]), got {self.n}")
+            )
+        raise_located(errors)
+        return self
 
 
 class EvalStage(Strict):
@@ -37,6 +66,22 @@ class EvalStage(Strict):
     seed: int = 1234
     sampler: Literal["hf", "vllm"] = "hf"
     """Generation backend: hf (in-process transformers) or vllm (GPU)."""
+    best_of_n: BestOfNEval | None = None
+    """Accuracy vs N of best-of-N (n, rank: verifier | reward_model, reward_model: stage or folder)."""
+
+    @model_validator(mode="after")
+    def _sampled(self) -> EvalStage:
+        if self.best_of_n is not None and self.temperature == 0:
+            raise_located(
+                [
+                    (
+                        ("temperature",),
+                        "best_of_n needs sampling: at temperature 0 the N samples are N copies of the "
+                        "greedy answer (best-of-N draws at the stage's temperature)",
+                    )
+                ]
+            )
+        return self
 
 
 def starting_model(job: StageRun) -> tuple[str, Path | str] | None:
@@ -62,10 +107,14 @@ def run_eval(
     models = list(paths)
     tasks = stage.tasks or list(ctx.tasks)
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
+    bon = stage.best_of_n
+    ranker, rm_dir = load_ranker(bon, ctx) if bon else (None, None)
     for model_name in models:
         path = paths[model_name]
         model = None if stage.sampler == "vllm" else load_model(path)
         tokenizer = load_chat_tokenizer(path, ctx, model)  # the recipe's chat options, as training saw them
+        if rm_dir is not None:
+            check_same_tokenizer(rm_dir, tokenizer, model_name)
         if stage.sampler == "vllm":
             from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
@@ -84,7 +133,12 @@ def run_eval(
                 k=stage.k,
                 temperature=stage.temperature,
                 max_new_tokens=stage.max_new_tokens,
+                best_of_n=bon.n if bon else (),
+                ranker=ranker,
             )
+            if rm_dir is not None:
+                for r in results[task][model_name].values():
+                    r["best_of_n"]["reward_model"] = str(rm_dir)
         del sampler, model  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
@@ -101,7 +155,33 @@ def eval_table(results: dict[str, dict[str, Any]]) -> str:
 
 def describe(stage: EvalStage, recipe: Any) -> str:
     start = recipe.model.path or "the pretrained base"
-    return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}"
+    bon = stage.best_of_n
+    ranked = f"the reward model {bon.reward_model!r}" if bon and bon.reward_model else "the verifier"
+    best = f", best-of-N for N in {bon.n} ranked by {ranked}" if bon else ""
+    return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}{best}"
+
+
+def stage_rules(stage: EvalStage, earlier: list[Any], base_dir: Path | None) -> list[tuple[Loc, str]]:
+    """`best_of_n.reward_model` names an earlier reward_model stage or a folder."""
+    if stage.best_of_n is None:
+        return []
+    return reward_model_errors(stage.best_of_n.reward_model, ("best_of_n", "reward_model"), earlier, base_dir)
+
+
+def task_rules(stage: EvalStage, tasks: dict[str, Any]) -> list[tuple[Loc, str]]:
+    """A reward model ranks (prompt, completion) ids: not the episodes of an environment task."""
+    if stage.best_of_n is None or stage.best_of_n.rank != "reward_model":
+        return []
+    envs = [t for t in stage.tasks or list(tasks) if getattr(tasks.get(t), "make_env", None) is not None]
+    if envs:
+        return [
+            (
+                ("best_of_n", "rank"),
+                f"a reward model ranks single-turn completions; {envs} are environment tasks (rank: verifier "
+                "works for them, or list only single-turn tasks in `tasks`)",
+            )
+        ]
+    return []
 
 
 KIND = StageKind(
@@ -117,4 +197,7 @@ KIND = StageKind(
     main_only=True,
     summary=lambda out: eval_table(json.loads((out / "eval.json").read_text())),
     order=90,
+    stage_rules=stage_rules,
+    task_rules=task_rules,
+    fingerprint=lambda stage, ctx: ranker_fingerprint(stage.best_of_n, ctx),
 )

@@ -76,12 +76,10 @@ class PreferenceData(Strict):
     seed: int = 1
 
 
-class PreferenceStage(Strict):
-    """The fields every preference stage has (each kind adds its loss's options)."""
+class PreferenceDataStage(Strict):
+    """The fields every stage trained on preference data has (dpo, kto, reward_model)."""
 
     data: PreferenceData = PreferenceData()
-    beta: float = Field(0.1, gt=0)
-    """Strength of the pull toward the reference (the implicit reward's scale)."""
     max_len: int = Field(256, gt=1)
     """Prompt + completion tokens; longer ones are cut on the right (counted in the summary)."""
     train: TrainConfig = TrainConfig(max_steps=100, batch_size=8, lr=5e-6, warmup_steps=10)
@@ -96,7 +94,7 @@ class PreferenceStage(Strict):
         return epochs_rule(data)
 
     @model_validator(mode="after")
-    def _check_data(self) -> PreferenceStage:
+    def _check_data(self) -> PreferenceDataStage:
         errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
         if not self.data.files and self.data.generate is None:
             errors.append(
@@ -106,7 +104,14 @@ class PreferenceStage(Strict):
         return self
 
 
-def tasks_of(stage: PreferenceStage) -> list[str]:
+class PreferenceStage(PreferenceDataStage):
+    """The fields every policy-training preference stage has (each kind adds its loss's options)."""
+
+    beta: float = Field(0.1, gt=0)
+    """Strength of the pull toward the reference (the implicit reward's scale)."""
+
+
+def tasks_of(stage: PreferenceDataStage) -> list[str]:
     return stage.data.generate.tasks if stage.data.generate else []
 
 
@@ -211,7 +216,7 @@ def _generated(
 
 
 def preference_rows(
-    stage: PreferenceStage, ctx: StageContext, model, tokenizer, out: Path
+    stage: PreferenceDataStage, ctx: StageContext, model, tokenizer, out: Path
 ) -> tuple[list[Pair | Labelled], list[Pair | Labelled], dict[str, Any]]:
     """(train rows, held-out rows, summary of where they came from)."""
     data, summary = stage.data, {"skipped_rows": {}}

@@ -15,7 +15,7 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.evaluate import evaluate
-from temper.models import load_model, save_trained, with_lora
+from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
 from temper.precision import resolve_precision
 from temper.rewards import COMPONENTS
@@ -58,6 +58,12 @@ class RLStage(Strict):
     every update)."""
     probe_groups: int = Field(8, ge=0)
     """Groups sampled from the starting policy for the reachability probe (0: skip)."""
+    teacher: str | None = None
+    """A model (an earlier stage's name, a folder or a hub id) that replaces the starting model as
+    the KL reference: with `advantage: on_policy_distill` the student learns from the teacher's
+    logprob of every token it samples. It must share the student's tokenizer. `self`: the policy
+    itself, reading each prompt with privileged context (`train.teacher_context: solution`), i.e.
+    on-policy self-distillation."""
     task_options: dict[str, dict[str, Any]] = {}
     """Options of this stage's tasks on top of the recipe's, for this stage only: e.g.
     `{code_repair: {curriculum: {every: 1}}}` grows one arm's train pool while the other arms and
@@ -77,6 +83,28 @@ class RLStage(Strict):
         ]
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
+        if self.train.advantage == "on_policy_distill" and not self.teacher:
+            errors.append((("teacher",), "advantage 'on_policy_distill' needs a teacher model to learn from"))
+        if self.teacher == SELF and self.train.teacher_context == "none":
+            errors.append(
+                (
+                    ("teacher",),
+                    "teacher 'self' is the policy itself, so without privileged context "
+                    "(train.teacher_context: solution) it would teach nothing",
+                )
+            )
+        if self.train.teacher_context != "none" and not self.teacher:
+            errors.append(
+                (("train", "teacher_context"), "privileged context is for a teacher: set teacher (e.g. self)")
+            )
+        if self.teacher and self.train.kl_coef <= 0:
+            errors.append(
+                (
+                    ("teacher",),
+                    "a teacher is the KL reference, so it needs train.kl_coef > 0 (with advantage "
+                    "'on_policy_distill': the scale of its per-token advantage)",
+                )
+            )
         errors += [
             (
                 ("task_options", name),
@@ -146,6 +174,9 @@ def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
         except (ValueError, TypeError) as err:
             raise TaskOptionError((name, *getattr(err, "option", ())), str(err)) from err
     return out
+
+
+SELF = "self"  # `teacher: self`: on-policy self-distillation
 
 
 class GateError(StageError):
@@ -325,13 +356,19 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         atomic_write_json(out / "probe.json", summary)
 
     reference = None
+    if stage.teacher and stage.teacher != SELF:
+        reference = load_teacher(ctx, stage.teacher, tokenizer, source)
     if stage.lora:
         model = with_lora(model, stage.lora.adapter_args())
         if isinstance(sampler, HFSampler):
             sampler.sync(model)  # sample from the adapter model; vLLM receives weights after each update
-        reference = _AdapterDisabled(model) if config.kl_coef > 0 else None
-    elif config.kl_coef > 0:
+        if reference is None and config.kl_coef > 0:
+            reference = _AdapterDisabled(model)
+    elif reference is None and config.kl_coef > 0:
         reference = load_model(source).eval().requires_grad_(False)  # the eos options change no logit
+
+    if stage.teacher == SELF:  # OPSD: the live policy, reading the privileged prompt (no gradient)
+        reference = model
 
     def evaluate(step: int) -> dict[str, float]:
         return greedy_eval(sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens)
@@ -362,6 +399,36 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     return model_dir
 
 
+def load_teacher(ctx: StageContext, ref: str, tokenizer, student: Path | str) -> torch.nn.Module:
+    """The frozen teacher `ref` names, after checking that it reads the student's tokens the same way:
+    token-level distillation compares the two models' logprobs of the same token ids."""
+    if ref in ctx.stage_dirs and ref not in ctx.models:
+        raise StageError(f"teacher {ref!r} is a stage that saves no model")
+    source = ctx.model_of(ref)
+    if problem := tokenizer_mismatch(tokenizer, load_tokenizer(source)):  # a missing model: a clear error
+        raise StageError(
+            f"teacher {ref!r} ({source}) and the student ({student}) do not share a tokenizer: {problem}. "
+            "On-policy distillation scores the student's token ids with the teacher, so both must map "
+            "text to the same ids; pick a teacher of the same family, or distill from its samples with sft"
+        )
+    return load_model(source).eval().requires_grad_(False)
+
+
+def tokenizer_mismatch(student, teacher) -> str:
+    """'' when the two tokenizers give every token the same id (same vocabulary, same special
+    tokens), else the first difference found, in words."""
+    a, b = student.get_vocab(), teacher.get_vocab()
+    if len(a) != len(b):
+        return f"vocabularies of {len(a)} and {len(b)} tokens"
+    if a != b:
+        token = next(t for t in sorted(a) if a[t] != b.get(t))
+        return f"token {token!r} is id {a[token]} for the student and {b.get(token)} for the teacher"
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(student, name) != getattr(teacher, name):
+            return f"{name} {getattr(student, name)} vs {getattr(teacher, name)}"
+    return ""
+
+
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
@@ -370,8 +437,9 @@ def describe(stage: RLStage, recipe: Any) -> str:
         if t.path
         else ""
     )
+    teacher = f", teacher {stage.teacher}" if stage.teacher else ""
     own = f", this stage's task options {stage.task_options}" if stage.task_options else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}{own}"
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{path}{teacher}{own}"
 
 
 KIND = StageKind(
@@ -384,6 +452,7 @@ KIND = StageKind(
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
     section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
+    uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher not in (None, SELF) else [],
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )

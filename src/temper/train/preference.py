@@ -22,11 +22,19 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 from temper import distributed
-from temper.algorithms.preference import dpo_loss, implicit_rewards, ipo_loss, kto_kl, kto_loss
+from temper.algorithms.preference import (
+    bradley_terry_loss,
+    dpo_loss,
+    implicit_rewards,
+    ipo_loss,
+    kto_kl,
+    kto_loss,
+)
 from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence, collate
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
 from temper.precision import resolve_precision
+from temper.rewards.reward_model import right_pad, sequence_rewards
 from temper.train.checkpoint import save_checkpoint
 from temper.train.metrics import progress_bar
 from temper.train.supervised import (
@@ -66,10 +74,19 @@ def _add(stats: Stats, name: str, values: torch.Tensor, where: torch.Tensor | No
 
 
 class Objective(Protocol):
-    """What a preference stage optimizes: the sequences of an item, its loss, its metrics."""
+    """What a preference stage optimizes: the sequences of an item, how the model scores them,
+    the loss, its metrics."""
+
+    def forward(
+        self, model: torch.nn.Module, seqs: list[Sequence], pad_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(one value per sequence, its tokens), both (N,): the summed completion logprobs
+        (`sequence_logps`) for DPO and KTO, the scalar reward for a reward model."""
+        ...
 
     def reference_sequences(self, items: list[Any]) -> list[list[Sequence]]:
-        """Columns of sequences whose reference logprobs each item needs ((N, columns) once computed)."""
+        """Columns of sequences whose reference logprobs each item needs ((N, columns) once
+        computed; no columns: no reference model)."""
         ...
 
     def sequences(self, items: list[Any]) -> list[Sequence]:
@@ -100,6 +117,9 @@ class DPO:
     beta: float = 0.1
     loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
     label_smoothing: float = 0.0
+
+    def forward(self, model, seqs, pad_id):
+        return sequence_logps(model, seqs, pad_id)
 
     def reference_sequences(self, items: list[TokenizedPair]) -> list[list[Sequence]]:
         return [[p.chosen for p in items], [p.rejected for p in items]]
@@ -153,6 +173,9 @@ class KTO:
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
 
+    def forward(self, model, seqs, pad_id):
+        return sequence_logps(model, seqs, pad_id)
+
     def reference_sequences(self, items: list[KTOItem]) -> list[list[Sequence]]:
         return [[it.completion.sequence for it in items], [it.kl for it in items]]
 
@@ -181,11 +204,55 @@ class KTO:
         return losses
 
 
+def reward_forward(
+    model: torch.nn.Module, seqs: list[Sequence], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the reward model's scalar of each sequence, its tokens), both (N,): right-padded and read
+    at the last non-pad token, exactly as `temper.rewards.reward_model.RewardModel.score` reads it."""
+    device = next(model.parameters()).device
+    ids_N_T, mask_N_T = right_pad([s.input_ids for s in seqs], pad_id)
+    rewards_N = sequence_rewards(model, ids_N_T.to(device), mask_N_T.to(device))
+    return rewards_N, mask_N_T.sum(-1).to(device)
+
+
+@dataclass(frozen=True)
+class BradleyTerry:
+    """Pairs, for a reward model (a one-label sequence classifier): the Bradley-Terry loss on its
+    scalar rewards of chosen and rejected, each pair's `margin` subtracted. No reference model."""
+
+    center_coef: float = 0.0
+
+    def forward(self, model, seqs, pad_id):
+        return reward_forward(model, seqs, pad_id)
+
+    def reference_sequences(self, items: list[TokenizedPair]) -> list[list[Sequence]]:
+        return []
+
+    def sequences(self, items: list[TokenizedPair]) -> list[Sequence]:
+        return [p.chosen for p in items] + [p.rejected for p in items]
+
+    def prepare(self, model, items, refs, pad_id) -> None:
+        return None
+
+    def loss(self, items, rewards, tokens, refs, ctx, stats: Stats) -> torch.Tensor:
+        chosen, rejected = rewards.chunk(2)
+        margin = torch.tensor([p.margin for p in items], dtype=chosen.dtype, device=chosen.device)
+        losses = bradley_terry_loss(chosen, rejected, margin, self.center_coef)
+        # named as TRL's RewardTrainer logs them (accuracy, margin), and DPO's rewards/*
+        _add(stats, "accuracy", (chosen > rejected).float())
+        _add(stats, "margin", chosen - rejected)
+        _add(stats, "rewards/chosen", chosen)
+        _add(stats, "rewards/rejected", rejected)
+        return losses
+
+
 def reference_logps(
-    model: torch.nn.Module, columns: list[list[Sequence]], pad_id: int, batch_size: int
+    model: torch.nn.Module, columns: list[list[Sequence]], pad_id: int, batch_size: int, n: int = 0
 ) -> torch.Tensor:
     """(N, columns) summed logprobs under the reference: `model` as it is now, with its LoRA
-    adapter disabled if it has one (the base it was added to)."""
+    adapter disabled if it has one (the base it was added to). No columns: (N, 0), no forward."""
+    if not columns:
+        return torch.zeros(n, 0)
     was_training = model.training
     model.eval()
     disable = getattr(model, "disable_adapter", None)
@@ -232,7 +299,7 @@ def evaluate_objective(
         ctx = objective.prepare(model, items, refs, pad_id)
         for i in range(0, len(items), batch_size):
             chunk, r = items[i : i + batch_size], refs[i : i + batch_size]
-            logp, tokens = sequence_logps(model, objective.sequences(chunk), pad_id)
+            logp, tokens = objective.forward(model, objective.sequences(chunk), pad_id)
             _add(stats, "loss", objective.loss(chunk, logp, tokens, r.to(logp.device), ctx, stats))
     model.train(was_training)
     return {n: float(s / c) for n, (s, c) in stats.items() if c > 0}
@@ -264,7 +331,7 @@ def backward_batch(
         sync = accelerator.no_sync(model) if accelerator and not last else nullcontext()
         with sync:
             seqs = objective.sequences(chunk)
-            logp, n_tokens = sequence_logps(model, seqs, pad_id)
+            logp, n_tokens = objective.forward(model, seqs, pad_id)
             losses = objective.loss(chunk, logp, n_tokens, refs[chunk_idx].to(logp.device), ctx, stats)
             loss = losses.sum() / batch_size
             # DDP averages the gradients over processes; each holds sum_local / batch_size
@@ -304,9 +371,11 @@ def train_preference(
     unwrapped = accelerator.unwrap_model(model)
     precision = resolve_precision(config.precision, unwrapped)
     with precision.applied(unwrapped):  # the reference, from the starting weights (before any resume)
-        refs = reference_logps(unwrapped, objective.reference_sequences(items), pad_id, micro)
+        refs = reference_logps(unwrapped, objective.reference_sequences(items), pad_id, micro, len(items))
         eval_refs = (
-            reference_logps(unwrapped, objective.reference_sequences(eval_items), pad_id, micro)
+            reference_logps(
+                unwrapped, objective.reference_sequences(eval_items), pad_id, micro, len(eval_items)
+            )
             if eval_items
             else None
         )

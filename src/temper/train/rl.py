@@ -41,6 +41,7 @@ from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
+from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
 from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
@@ -243,6 +244,11 @@ def train_rl(
         out_dir.mkdir(parents=True, exist_ok=True)
     if config.kl_coef > 0 and reference is None:
         raise ValueError("kl_coef > 0 needs a reference model")
+    if config.teacher_context != "none":
+        if reference is None or config.kl_coef <= 0:
+            raise ValueError("teacher_context needs a teacher (the reference) and kl_coef > 0")
+        if envs := [t.name for t in tasks if getattr(t, "make_env", None) is not None]:
+            raise ValueError(f"teacher_context: single-turn tasks only; {envs} are environment tasks")
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
     # the RLVP principles, checked here too for runs that bypass the recipe (the CLI, the API)
@@ -325,8 +331,11 @@ def train_rl(
                     for rec in rollout_record(step + 1, g, tokenizer):
                         rollouts.log(rec)
                 # 2. tensors, reference logprobs and values (no grad), advantages
+                batch = to_batch(local)
+                if config.teacher_context == "solution":
+                    batch.teacher_prompts = _privileged_prompts(tokenizer, tasks, local, batch.prompts)
                 with precision.applied(model, reference):
-                    prepared = prepare(to_batch(local), trainable, reference, config, accelerator)
+                    prepared = prepare(batch, trainable, reference, config, accelerator)
                 t2 = time.perf_counter()
                 # 3. policy (and value) updates, gradients averaged over processes
                 lr = lr_at(
@@ -390,6 +399,15 @@ def train_rl(
     log.close()
     seconds = time.perf_counter() - t_start
     return RLResult(config.steps, history, seconds, sampled_tokens, trained_tokens, precision.as_dict())
+
+
+def _privileged_prompts(tokenizer, tasks: list[Task], groups: list[Group], student: list[list[int]]):
+    """OPSD: the teacher's prompt of every row (the solution added), after checking that no
+    student prompt of the batch holds its row's privileged text."""
+    by_name = {t.name: t for t in tasks}
+    problems = [r.problem for g in groups for r in g.rollouts]
+    check_no_leak(tokenizer, student, [privileged_text(by_name[p.task], p) for p in problems])
+    return teacher_prompts(tokenizer, by_name, problems)
 
 
 def _ref_kl_sums(prepared) -> dict[str, float]:

@@ -14,7 +14,9 @@ from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
 
-Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "turn_grpo", "turn_reinforce"]
+Advantage = Literal[
+    "grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "turn_grpo", "turn_reinforce", "on_policy_distill"
+]
 """The names of `temper.algorithms.estimators.ESTIMATORS`."""
 KLMode = Literal["loss", "reward"]
 
@@ -43,7 +45,9 @@ class RLConfig:
     advantage: Advantage = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative; with process rewards, on the
     episode's total return) | gae (PPO with a value head) | turn_grpo | turn_reinforce (per turn:
-    the return from each turn against the group's returns at the same turn index)."""
+    the return from each turn against the group's returns at the same turn index) |
+    on_policy_distill (per token, the teacher's logprob minus the student's: the rl stage's `teacher`
+    is the reference, `kl_coef` the scale, `kl_mode: reward`)."""
     grpo_eps: Annotated[float, Field(ge=0)] = 1e-6
     """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
     whiten_advantages: bool = True
@@ -70,6 +74,9 @@ class RLConfig:
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     """beta of the KL to the frozen reference; 0 = no reference model."""
+    teacher_context: Literal["none", "solution"] = "none"
+    """solution: the reference (the rl stage's teacher, `self` for on-policy self-distillation) reads
+    each prompt with the task's worked solution added (`train/privileged.py`); the student never does."""
     kl_mode: KLMode = "loss"
     """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.0

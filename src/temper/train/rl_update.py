@@ -222,7 +222,10 @@ def prepare(
     ref_parts, value_parts = [], []
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
-            ref_parts.append(forward_rows(ref_module, p.rows(rows))[0].logp)
+            ref_rows = p.rows(rows)
+            if batch.teacher_prompts is not None:  # OPSD: the same completions after the teacher's prompt
+                ref_rows.prompts = [batch.teacher_prompts[i] for i in rows.tolist()]
+            ref_parts.append(forward_rows(ref_module, ref_rows)[0].logp)
         if needs_values:
             value_parts.append(forward_rows(module, p.rows(rows))[0].values)
     if ref_parts:

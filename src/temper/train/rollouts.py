@@ -154,6 +154,8 @@ class RolloutBatch:
     # then the rest of each reward (outcome, format...), and the estimators add the two
     step_rewards_R_K: torch.Tensor | None = None
     turns_R: torch.Tensor | None = None  # (R,) actions per row
+    # the prompts the reference (teacher) reads instead of `prompts` (OPSD: with privileged context)
+    teacher_prompts: list[list[int]] | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -168,6 +170,7 @@ class RolloutBatch:
             move(self.turn_R_T),
             move(self.step_rewards_R_K),
             move(self.turns_R),
+            self.teacher_prompts,
         )
 
 
