@@ -274,6 +274,9 @@ def cheapest_reply(task):
 
 
 def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
+    # the server this task starts (building a task lists its tools), not one an earlier test's
+    # recipe check left running with the same arguments (closed at exit)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
     task = make_task("multi_tool", mcp_command="python", mcp_args=[*SERVER, "--seed", "0"])  # its own server
     try:
         p = task.sample("train", 1, 0)[0]
@@ -282,7 +285,11 @@ def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
             Script(tokenizer, cheapest_reply(task)), tokenizer, [[task.make_env(p)]], [0], limits
         )
         assert ok.stop_reason == "done" and ok.score.correct
-        server = [c for c in psutil.Process().children(recursive=True) if "--seed" in c.cmdline()]
+        server = [
+            c
+            for c in psutil.Process().children(recursive=True)
+            if "--seed" in c.cmdline() and c.pid not in before
+        ]
         assert len(server) == 1
         server[0].kill()
         server[0].wait(10)
