@@ -11,13 +11,9 @@ over seeds; the paired milestone - outcome difference per seed with a 95% t-inte
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
-from rlvp import _rows, _stage, paired, spread  # the sibling script (run as a script from any folder)
-
-from temper.atomic import atomic_write_text
+from tables import cli, greedy, metrics, paired, spread, table
 
 ARMS = {"outcome only": "rl_outcome", "outcome + milestones": "rl_milestone"}
 MILESTONES = ("failure_reproduced", "tests_after_edit", "fix_applied")
@@ -32,7 +28,7 @@ def slope(values: list[float]) -> float:
 
 def summarize(root: Path, seeds: list[int], block: int) -> str:
     runs = [root / f"seed-{s}" for s in seeds]
-    rows = {arm: [_rows(run, stage) for run in runs] for arm, stage in ARMS.items()}
+    rows = {arm: [metrics(run, name) for run in runs] for arm, name in ARMS.items()}
     steps = min(len(r) for per in rows.values() for r in per)
     blocks = [(i, min(i + block, steps)) for i in range(0, steps, block)]
     lines = [
@@ -41,14 +37,19 @@ def summarize(root: Path, seeds: list[int], block: int) -> str:
         "",
         "Training success (sampled episodes) by block of steps; mean ± std [min, max] over seeds.",
         "",
-        "| arm | " + " | ".join(f"steps {a + 1}-{b} %" for a, b in blocks) + " | slope (pp/step) |",
-        "|---|" + "---|" * (len(blocks) + 1),
     ]
     success = {arm: [[r["accuracy"] for r in run[:steps]] for run in per] for arm, per in rows.items()}
-    for arm, per in success.items():
-        cells = [spread([sum(s[a:b]) / (b - a) for s in per], 100, 1) for a, b in blocks]
-        cells.append(spread([slope(s) for s in per], 100, 2))
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += table(
+        ["arm", *(f"steps {a + 1}-{b} %" for a, b in blocks), "slope (pp/step)"],
+        [
+            [
+                arm,
+                *(spread([sum(s[a:b]) / (b - a) for s in per], 100, 1) for a, b in blocks),
+                spread([slope(s) for s in per], 100, 2),
+            ]
+            for arm, per in success.items()
+        ],
+    )
     a, b = success["outcome only"], success["outcome + milestones"]
     lines += [
         "",
@@ -58,46 +59,30 @@ def summarize(root: Path, seeds: list[int], block: int) -> str:
         "",
         "Milestones per episode over the last block (training episodes):",
         "",
-        "| arm | " + " | ".join(MILESTONES) + " |",
-        "|---|" + "---|" * len(MILESTONES),
     ]
-    for arm, per in rows.items():
-        last = [run[blocks[-1][0] : steps] for run in per]
-        cells = [
-            spread([sum(r.get(f"signal/{m}", 0.0) for r in run) / len(run) for run in last])
-            for m in MILESTONES
-        ]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    greedy = {
-        arm: [
-            json.loads((_stage(run, "eval") / "eval.json").read_text())["code_repair"][stage]["test"][
-                "metrics"
-            ]["greedy_accuracy"]["value"]
-            for run in runs
-        ]
-        for arm, stage in ARMS.items()
-    }
+    last = {arm: [run[blocks[-1][0] : steps] for run in per] for arm, per in rows.items()}
+    lines += table(
+        ["arm", *MILESTONES],
+        [
+            [
+                arm,
+                *(
+                    spread([sum(r.get(f"signal/{m}", 0.0) for r in run) / len(run) for run in runs_])
+                    for m in MILESTONES
+                ),
+            ]
+            for arm, runs_ in last.items()
+        ],
+    )
+    test = {arm: [greedy(run, "code_repair", name, "test") for run in runs] for arm, name in ARMS.items()}
     lines += [
         "",
         "Greedy test success (40 held-out tasks): "
-        + "; ".join(f"{arm} {spread(v, 100, 1)}" for arm, v in greedy.items())
-        + f"; paired {paired(greedy['outcome only'], greedy['outcome + milestones'], 100, 1)} pp.",
+        + "; ".join(f"{arm} {spread(v, 100, 1)}" for arm, v in test.items())
+        + f"; paired {paired(test['outcome only'], test['outcome + milestones'], 100, 1)} pp.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="the multiseed run folder (holding seed-<s>/)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--block", type=int, default=3, help="steps per block of the success table")
-    parser.add_argument("--out", help="markdown file for the tables")
-    args = parser.parse_args()
-    text = summarize(args.root, args.seeds, args.block)
-    print(text)
-    if args.out:
-        atomic_write_text(args.out, text)
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, summarize, {"block": (int, 3, "steps per block of the success table")})

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 import yaml
+from tables import spread
 
 from temper.atomic import atomic_write_text
 from temper.recipe import parse_recipe
@@ -48,12 +49,6 @@ def seeded_recipe(text: str, seed: int, vary: list[str]):
                 if isinstance(stage.get("data", {}).get(block), dict):
                     stage["data"][block]["seed"] = seed
     return parse_recipe(yaml.safe_dump(data, sort_keys=False)), yaml.safe_dump(data, sort_keys=False)
-
-
-def _spread(values: list[float]) -> str:
-    mean = statistics.mean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * mean:.1f} ± {100 * std:.1f} [{100 * min(values):.1f}, {100 * max(values):.1f}]"
 
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table); beyond 10
@@ -92,7 +87,7 @@ def summarize(recipe, runs: dict[int, Path], baseline: str | None = None) -> str
                 for split, res in by_split.items():
                     per_seed = [r[task][model][split]["metrics"] for r in results.values()]
                     cells = [
-                        _spread([m[key]["value"] for m in per_seed])
+                        spread([m[key]["value"] for m in per_seed], 100, 1)
                         for key in ("greedy_accuracy", f"mean@{res['k']}", "parse_rate")
                     ]
                     lines.append(f"| {task} | {model} | {split} | " + " | ".join(cells) + " |")
@@ -166,10 +161,10 @@ def rft_rounds(recipe, runs: dict[int, Path]) -> list[str]:
             rounds = [seed_rounds[r] for seed_rounds in per_seed]
             kept = [x["kept"] for x in rounds if "kept" in x]
             cells = [
-                _spread([x["yield"] for x in rounds]) if "yield" in rounds[0] else "–",
+                spread([x["yield"] for x in rounds], 100, 1) if "yield" in rounds[0] else "–",
                 f"{statistics.mean(kept):.0f} [{min(kept)}, {max(kept)}]" if kept else "–",
-                _spread([x["accuracy"] for x in rounds]),
-                _spread([x["parse_rate"] for x in rounds]),
+                spread([x["accuracy"] for x in rounds], 100, 1),
+                spread([x["parse_rate"] for x in rounds], 100, 1),
             ]
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -15,48 +15,31 @@ problems): success (greedy accuracy) and violations per episode. Table cells: me
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
-from temper.atomic import atomic_write_text
+from tables import cli, eval_result, mean, metrics, paired, spread, stage, table
+
 from temper.envs.code_repair.env import PATH_SIGNALS
 
 VIOLATIONS = sorted(s for s, kind in PATH_SIGNALS.items() if kind == "violation")
 ARMS = {"outcome only": "rl_outcome", "outcome + path (RLVP)": "rl_rlvp"}
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # two-sided 95% t quantiles by dof
-
-
-def _stage(run: Path, name: str) -> Path:
-    found = sorted(run.glob(f"[0-9][0-9]-{name}"))
-    if not found:
-        raise SystemExit(f"{run}: no stage folder named *-{name}")
-    return found[0]
-
-
-def _rows(run: Path, name: str) -> list[dict]:
-    path = _stage(run, name) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def train_figures(rows: list[dict], window: int) -> dict[str, float]:
     """Start and end means over `window` steps of success, violations per episode, all-fail share."""
     out = {}
     for when, part in (("start", rows[:window]), ("end", rows[-window:])):
-        out[f"success/{when}"] = _mean([r["accuracy"] for r in part])
-        out[f"violations/{when}"] = _mean([r.get("path/violations", 0.0) for r in part])
-        out[f"all_fail/{when}"] = _mean([r.get("path/all_fail_groups", 0.0) for r in part])
-        out[f"no_signal/{when}"] = _mean([r.get("zero_variance", 0.0) for r in part])
+        out[f"success/{when}"] = mean([r["accuracy"] for r in part])
+        out[f"violations/{when}"] = mean([r.get("path/violations", 0.0) for r in part])
+        out[f"all_fail/{when}"] = mean([r.get("path/all_fail_groups", 0.0) for r in part])
+        out[f"no_signal/{when}"] = mean([r.get("zero_variance", 0.0) for r in part])
     return out
 
 
 def eval_figures(run: Path, model: str, split: str) -> dict[str, float]:
-    result = json.loads((_stage(run, "eval") / "eval.json").read_text())["code_repair"][model][split]
+    result = eval_result(run, "code_repair", model, split)
     signals = result["episodes"]["signals"]
     return {
         "greedy": result["metrics"]["greedy_accuracy"]["value"],
@@ -65,30 +48,11 @@ def eval_figures(run: Path, model: str, split: str) -> dict[str, float]:
     }
 
 
-def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    mean = statistics.mean(values) * scale
-    std = (statistics.stdev(values) if len(values) > 1 else 0.0) * scale
-    f = f"{{:.{digits}f}}"
-    return f"{f.format(mean)} ± {f.format(std)} [{f.format(min(values) * scale)}, {f.format(max(values) * scale)}]"
-
-
-def paired(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    """mean of b - a per seed, the per-seed differences, and a 95% t-interval."""
-    d = [(y - x) * scale for x, y in zip(a, b, strict=True)]
-    mean = statistics.mean(d)
-    f = f"{{:+.{digits}f}}"
-    cells = ", ".join(f.format(x) for x in d)
-    if len(d) < 2:
-        return f"{f.format(mean)} ({cells})"
-    half = T95.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
-    return f"{f.format(mean)} ({cells}) [{f.format(mean - half)}, {f.format(mean + half)}]"
-
-
 def summarize(root: Path, seeds: list[int], window: int) -> str:
     runs = {s: root / f"seed-{s}" for s in seeds}
     train = {
-        arm: [train_figures(_rows(run, stage), window) for run in runs.values()]
-        for arm, stage in ARMS.items()
+        arm: [train_figures(metrics(run, name), window) for run in runs.values()]
+        for arm, name in ARMS.items()
     }
     lines = [
         f"# RLVP on code_repair: outcome-only vs outcome + path rewards, {len(seeds)} seeds "
@@ -97,22 +61,34 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         f"RL training episodes (sampled, temperature 1; start = mean of the first {window} steps, "
         f"end = the last {window}). Mean ± std [min, max] over seeds.",
         "",
-        "| arm | success start % | success end % | violations/episode start | violations/episode end "
-        "| all-fail groups start % | all-fail groups end % | no-signal groups start % | no-signal groups end % |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    header = [
+        "arm",
+        "success start %",
+        "success end %",
+        "violations/episode start",
+        "violations/episode end",
+        "all-fail groups start %",
+        "all-fail groups end %",
+        "no-signal groups start %",
+        "no-signal groups end %",
+    ]
+    rows = []
     for arm, figs in train.items():
-        cells = [
-            spread([f["success/start"] for f in figs], 100, 1),
-            spread([f["success/end"] for f in figs], 100, 1),
-            spread([f["violations/start"] for f in figs]),
-            spread([f["violations/end"] for f in figs]),
-            spread([f["all_fail/start"] for f in figs], 100, 1),
-            spread([f["all_fail/end"] for f in figs], 100, 1),
-            spread([f["no_signal/start"] for f in figs], 100, 1),
-            spread([f["no_signal/end"] for f in figs], 100, 1),
-        ]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        rows.append(
+            [
+                arm,
+                spread([f["success/start"] for f in figs], 100, 1),
+                spread([f["success/end"] for f in figs], 100, 1),
+                spread([f["violations/start"] for f in figs]),
+                spread([f["violations/end"] for f in figs]),
+                spread([f["all_fail/start"] for f in figs], 100, 1),
+                spread([f["all_fail/end"] for f in figs], 100, 1),
+                spread([f["no_signal/start"] for f in figs], 100, 1),
+                spread([f["no_signal/end"] for f in figs], 100, 1),
+            ]
+        )
+    lines += table(header, rows)
     a, b = train["outcome only"], train["outcome + path (RLVP)"]
     lines += [
         "",
@@ -123,26 +99,29 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         f"no-signal groups {paired([f['no_signal/end'] for f in a], [f['no_signal/end'] for f in b], 100, 1)} pp.",
         "",
     ]
-    splits = list(
-        json.loads((_stage(runs[seeds[0]], "eval") / "eval.json").read_text())["code_repair"]["sft"]
-    )
+    splits = list(json.loads((stage(runs[seeds[0]], "eval") / "eval.json").read_text())["code_repair"]["sft"])
     lines += [
         "Eval on held-out episodes (greedy success; violations per episode over the greedy and sampled "
         f"episodes; {', '.join(VIOLATIONS)} summed):",
         "",
-        "| model | split | greedy success % | violations/episode | " + " | ".join(VIOLATIONS) + " |",
-        "|---|---|---|---|" + "---|" * len(VIOLATIONS),
     ]
-    models = {"sft (shared start)": "sft"} | {arm: stage for arm, stage in ARMS.items()}
+    models = {"sft (shared start)": "sft"} | dict(ARMS)
     ev = {
         (label, split): [eval_figures(run, model, split) for run in runs.values()]
         for label, model in models.items()
         for split in splits
     }
+    rows = []
     for (label, split), figs in ev.items():
-        cells = [spread([f["greedy"] for f in figs], 100, 1), spread([f["violations"] for f in figs])]
+        cells = [
+            label,
+            split,
+            spread([f["greedy"] for f in figs], 100, 1),
+            spread([f["violations"] for f in figs]),
+        ]
         cells += [f"{statistics.mean([f[f'violations/{s}'] for f in figs]):.3f}" for s in VIOLATIONS]
-        lines.append(f"| {label} | {split} | " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines += table(["model", "split", "greedy success %", "violations/episode", *VIOLATIONS], rows)
     lines.append("")
     for split in splits:
         a, b = ev[("outcome only", split)], ev[("outcome + path (RLVP)", split)]
@@ -154,18 +133,5 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="the multiseed run folder (holding seed-<s>/)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--window", type=int, default=3, help="steps averaged at the start and the end")
-    parser.add_argument("--out", help="markdown file for the tables")
-    args = parser.parse_args()
-    text = summarize(args.root, args.seeds, args.window)
-    print(text)
-    if args.out:
-        atomic_write_text(args.out, text)
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, summarize, {"window": (int, 3, "steps averaged at the start and the end")})

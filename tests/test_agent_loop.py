@@ -442,3 +442,46 @@ def test_mean_signals_sums_each_episode_then_averages_and_skips_strings():
     )
     b = Trajectory([Segment([1], None, False)], signals=[{"tool_calls": 0, "errors": 0.5}])
     assert mean_signals([a, b]) == {"errors": 0.25, "ok": 0.5, "tool_calls": 1.0}
+
+
+class CutWalkEnv(WalkEnv):
+    """A WalkEnv with `cut`: records the reasons it was asked for and answers one signal."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.cuts: list[str] = []
+
+    def step(self, action):
+        result = super().step(action)
+        result.signals = {"walked": 1}
+        return result
+
+    def cut(self, reason):
+        self.cuts.append(reason)
+        return {"kept_rules": 1, "walked": 10}
+
+
+def test_an_episode_the_loop_ends_asks_the_env_for_its_end_signals_once(tokenizer):
+    script = Script(tokenizer, lambda text, j: "left")
+    envs = [CutWalkEnv(), CutWalkEnv(), CutWalkEnv()]
+    [[turns], [tokens], [done]] = run_episodes(
+        script, tokenizer, [[envs[0]], [envs[1]], [envs[2]]], [0, 1, 2], EpisodeLimits(max_turns=2)
+    )
+    assert turns.stop_reason == "max_turns" and envs[0].cuts == ["max_turns"]
+    # added to the last step's signals: the rewards stay one per step
+    assert turns.signals == [{"walked": 1}, {"walked": 11, "kept_rules": 1}] and len(turns.step_rewards) == 2
+    assert turns.score is None
+    long = Script(tokenizer, lambda text, j: "x" * 30)
+    env = CutWalkEnv()
+    [[cut]] = run_episodes(long, tokenizer, [[env]], [0], EpisodeLimits(max_new_tokens=8))
+    assert cut.stop_reason == "length" and env.cuts == ["length"]
+    env = CutWalkEnv()
+    [[budget]] = run_episodes(script, tokenizer, [[env]], [0], EpisodeLimits(max_tokens=12))
+    assert budget.stop_reason == "max_tokens" and env.cuts == ["max_tokens"]
+    # an env that ended its own episode, failed or hung is not asked
+    env, broken, slow = CutWalkEnv(), CutWalkEnv(fail=True), CutWalkEnv(sleep=1.0)
+    [[own], [bad], [hung]] = run_episodes(
+        script, tokenizer, [[env], [broken], [slow]], [0, 1, 2], EpisodeLimits(step_timeout=0.3)
+    )
+    assert (own.stop_reason, bad.stop_reason, hung.stop_reason) == ("done", "env_error", "timeout")
+    assert env.cuts == broken.cuts == slow.cuts == []

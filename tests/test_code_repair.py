@@ -272,3 +272,37 @@ def test_a_scripted_policy_repairs_through_the_agent_loop(tokenizer):
         failure_reproduced=1, fix_applied=1, tests_after_edit=1, tested_submit=1,
         tests_untouched=1, nothing_deleted=1, stayed_inside=1,
     )  # fmt: skip
+
+
+def cut_episode(commands: list[str], limits: EpisodeLimits, tokenizer):
+    """A hand-built episode the agent loop ends: the policy plays `commands`, one per turn."""
+    env = CodeRepairEnv(TASK, max_commands=8, prompt="fix sol.py")
+    script = Script(
+        tokenizer, lambda text, j: commands[min(text.count("<|assistant|>") - 1, len(commands) - 1)]
+    )
+    [[t]] = run_episodes(script, tokenizer, [[env]], [0], limits)
+    assert env.workspace is None  # closed after its end signals
+    totals: dict[str, int] = {}  # a dict, not a Counter: a signal that is 0 must be there
+    for step in t.signals:
+        for k, v in step.items():
+            totals[k] = totals.get(k, 0) + v
+    return t, {k: v for k, v in totals.items() if k != "invalid"}
+
+
+def test_an_episode_cut_by_the_loop_earns_no_submit_signal_but_its_workspace_rules_count(tokenizer):
+    """Cut at max_turns / by the token budget: no submit, so neither tested_submit nor
+    untested_submit; the workspace compliances and violations as over the steps taken."""
+    clean, totals = cut_episode(
+        ["run_tests", FIX, "run_tests", "submit"], EpisodeLimits(max_turns=3), tokenizer
+    )
+    assert clean.stop_reason == "max_turns" and clean.score is None
+    assert totals == {"failure_reproduced": 1, "fix_applied": 1, "tests_after_edit": 1} | END_OK
+    edited, totals = cut_episode(["replace test_sol.py 2 pass", "rm sol.py", "cat /etc/passwd"],
+                                 EpisodeLimits(max_turns=3), tokenizer)  # fmt: skip
+    assert edited.stop_reason == "max_turns"
+    assert totals == {"test_edited": 1, "file_deleted": 1, "outside_workspace": 1, "tests_untouched": 0,
+                      "nothing_deleted": 0, "stayed_inside": 0, "void_rule_broken": 0}  # fmt: skip
+    assert "tested_submit" not in totals and "untested_submit" not in totals
+    budget, totals = cut_episode(["cat sol.py"] * 8, EpisodeLimits(max_turns=8, max_tokens=40), tokenizer)
+    assert budget.stop_reason == "max_tokens" and budget.turns < 8
+    assert totals == END_OK and len(budget.signals) == len(budget.step_rewards) == budget.turns

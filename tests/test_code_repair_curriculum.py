@@ -192,3 +192,116 @@ def test_an_rl_run_logs_the_curriculum_and_a_resumed_run_draws_the_same(tokenize
         assert {k: v for k, v in x.items() if k.startswith("curriculum/")} == {
             k: v for k, v in y.items() if k.startswith("curriculum/")
         }
+
+
+STAGE_RECIPE = """\
+name: t
+model: {preset: nano}
+tasks:
+  code_repair: {train_tasks: 4, test_tasks: 4, ood_tasks: 2}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [code_repair], problems_per_task: 10}
+    train: {max_steps: 1, batch_size: 2, warmup_steps: 0}
+  - kind: rl
+    name: rl_plain
+    tasks: [code_repair]
+  - kind: rl
+    name: rl_grown
+    tasks: [code_repair]
+    task_options:
+      code_repair:
+        curriculum: {every: 2, variants_per_failure: 1, max_share: 0.25}
+"""
+
+
+def test_a_stage_turns_the_curriculum_on_for_its_arm_only_with_the_same_pools():
+    from temper.recipe import parse_recipe
+    from temper.stages.rl import stage_tasks
+    from temper.tasks import make_recipe_task
+
+    recipe = parse_recipe(STAGE_RECIPE)
+    base = {"code_repair": make_recipe_task("code_repair", recipe.tasks["code_repair"])}
+    plain, grown = (stage_tasks(s, base)["code_repair"] for s in recipe.stages[1:])
+    assert plain is base["code_repair"] and plain.failure_curriculum is None
+    assert grown.failure_curriculum.config == CurriculumConfig(
+        every=2, variants_per_failure=1, max_share=0.25
+    )
+    for split in ("train", "test", "ood"):  # the curriculum changes the draws, not the splits
+        assert grown.problems(split) == plain.problems(split)
+    from temper.stages.rl import describe
+
+    assert "task options" not in describe(recipe.stages[1], recipe)  # the plan line says which arm has it
+    assert describe(recipe.stages[2], recipe).endswith(
+        ", this stage's task options {'code_repair': {'curriculum': {'every': 2, 'variants_per_failure': 1, 'max_share': 0.25}}}"
+    )
+
+
+@pytest.mark.parametrize(
+    "options, where, says",
+    [
+        (
+            "{curiculum: {every: 1}}",
+            "stages[2].task_options.code_repair.curiculum",
+            "did you mean 'curriculum'?",
+        ),
+        (
+            "{curriculum: {every: 1, max_share: 2}}",
+            "stages[2].task_options.code_repair",
+            "max_share must be in (0, 1)",
+        ),
+        (
+            "{curriculum: {evry: 1}}",
+            "stages[2].task_options.code_repair",
+            "unknown curriculum options ['evry']",
+        ),
+    ],
+)
+def test_bad_stage_task_options_are_recipe_errors_at_their_key(options, where, says):
+    from temper.recipe import RecipeError, parse_recipe
+
+    text = STAGE_RECIPE.replace(
+        "curriculum: {every: 2, variants_per_failure: 1, max_share: 0.25}", options[1:-1]
+    )
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(text, "r.yaml")
+    assert f"{where}: " in str(err.value) and says in str(err.value), str(err.value)
+
+
+def test_stage_task_options_must_name_a_task_of_the_stage():
+    from temper.recipe import RecipeError, parse_recipe
+
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(
+            STAGE_RECIPE.replace(
+                "      code_repair:\n        curriculum", "      arithmetic:\n        curriculum"
+            ),
+            "r.yaml",
+        )
+    assert (
+        "r.yaml:16: stages[2].task_options.arithmetic: task_options names 'arithmetic', which is not one of this stage's tasks ['code_repair']"
+        in str(err.value)
+    )
+
+
+def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
+    """rl stages recorded before `task_options` existed (recipes/rlvp_code_repair.yaml's, which
+    recipes/curriculum_code_repair.yaml reuses) must keep their hash: the empty field is left out."""
+    from pathlib import Path
+
+    from temper.recipe import load_recipe, parse_recipe
+    from temper.stages.markers import stage_settings
+
+    plain, grown = parse_recipe(STAGE_RECIPE).stages[1:]
+    assert "task_options" not in stage_settings(plain) and stage_settings(plain) == {
+        k: v for k, v in plain.model_dump(exclude={"train": {"progress"}}).items() if k != "task_options"
+    }
+    assert stage_settings(grown)["task_options"] == {
+        "code_repair": {"curriculum": {"every": 2, "variants_per_failure": 1, "max_share": 0.25}}
+    }
+    root = Path(__file__).parents[1] / "recipes"
+    rlvp, cur = load_recipe(root / "rlvp_code_repair.yaml"), load_recipe(root / "curriculum_code_repair.yaml")
+    assert cur.tasks == rlvp.tasks and cur.model == rlvp.model
+    assert [stage_settings(s) for s in cur.stages[:3]] == [stage_settings(s) for s in rlvp.stages[:3]]
+    arm = stage_settings(cur.stages[3])
+    assert arm.pop("task_options") and arm | {"name": "rl_outcome"} == stage_settings(rlvp.stages[2])

@@ -274,6 +274,9 @@ def cheapest_reply(task):
 
 
 def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
+    # the server this task starts (building a task lists its tools), not one an earlier test's
+    # recipe check left running with the same arguments (closed at exit)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
     task = make_task("multi_tool", mcp_command="python", mcp_args=[*SERVER, "--seed", "0"])  # its own server
     try:
         p = task.sample("train", 1, 0)[0]
@@ -282,7 +285,11 @@ def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
             Script(tokenizer, cheapest_reply(task)), tokenizer, [[task.make_env(p)]], [0], limits
         )
         assert ok.stop_reason == "done" and ok.score.correct
-        server = [c for c in psutil.Process().children(recursive=True) if "--seed" in c.cmdline()]
+        server = [
+            c
+            for c in psutil.Process().children(recursive=True)
+            if "--seed" in c.cmdline() and c.pid not in before
+        ]
         assert len(server) == 1
         server[0].kill()
         server[0].wait(10)
@@ -312,3 +319,99 @@ def test_sft_trains_the_calls_and_answer_never_a_tool_result(tokenizer, show_too
     calls = "".join(call_text(n, a) + "<|end|>" for n, a in task.cheapest_chain(problem))
     assert trained == calls + f"Answer: {problem.data['answer']}<|end|>"
     assert ("price of an item" in tokenizer.decode(tok.input_ids)) == show_tools  # the schemas in the prompt
+
+
+# ---- MCP server, costs and dependencies from the recipe ----
+
+RECIPE = """\
+name: t
+model: {preset: nano}
+tasks:
+  multi_tool:
+    show_tools: false
+OPTIONS
+stages:
+  - kind: pretrain
+    corpus: {tasks: [multi_tool], problems_per_task: 10}
+    train: {max_steps: 1, batch_size: 2, warmup_steps: 0}
+"""
+
+
+def recipe_error(options: str) -> str:
+    from temper.recipe import RecipeError, parse_recipe
+
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(RECIPE.replace("OPTIONS", options), "r.yaml")
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "options, located",
+    [
+        ("    costs: {qoute: 0.5}", "r.yaml:6: tasks.multi_tool.costs.qoute: costs names 'qoute', which is no tool "
+         "of this task; the tools: price, rate, convert, quote"),
+        ("    costs: {quote: -1}", "r.yaml:6: tasks.multi_tool.costs.quote: the cost of 'quote' must be a number >= 0"),
+        ("    requires: {quote: [prise]}", "r.yaml:6: tasks.multi_tool.requires.quote: 'quote' requires 'prise', "
+         "which is no tool of this task; the tools: price, rate, convert, quote"),
+        ("    requires: {prise: []}", "r.yaml:6: tasks.multi_tool.requires.prise: requires names 'prise'"),
+        ("    requires: {price: [convert]}", "r.yaml:6: tasks.multi_tool.requires: tool dependencies form a cycle: "
+         "price -> convert -> price"),
+        ("    requires: {quote: price}", "r.yaml:6: tasks.multi_tool.requires.quote: requires.quote must be a list"),
+        ("    mcp: {comand: python}", "r.yaml:6: tasks.multi_tool.mcp.comand: unknown mcp key 'comand'; valid: command"),
+        ("    mcp: {command: python}\n    mcp_command: python", "tasks.multi_tool.mcp: give the server as `mcp` or"),
+        ("    mcp: {command: [python, -m, temper.no_such_server]}", "r.yaml:6: tasks.multi_tool.mcp: MCP server "),
+    ],
+)  # fmt: skip
+def test_bad_tool_options_are_recipe_errors_at_their_key(options, located):
+    assert located in recipe_error(options)
+
+
+def test_an_mcp_server_costs_and_dependencies_from_the_recipe_drive_an_episode():
+    """The recipe's server (the shipped shop, over stdio), its costs and a new dependency: an
+    episode's rewards and signals follow them, and a tool the server does not list is refused."""
+    from temper.recipe import parse_recipe
+    from temper.tasks import make_recipe_task
+
+    options = (
+        "    mcp: {command: [python, -m, temper.envs.mcp_servers.shop], args: [--seed, 0], timeout_s: 20}\n"
+        "    costs: {quote: 0.05, rate: 0.5}\n"
+        "    requires: {quote: [price], convert: [price]}"
+    )
+    recipe = parse_recipe(RECIPE.replace("OPTIONS", options), "r.yaml")  # lists the server's tools
+    try:
+        task = make_recipe_task("multi_tool", recipe.tasks["multi_tool"])
+        assert task.config.mcp.args == ("-m", "temper.envs.mcp_servers.shop", "--seed", "0")
+        served = [
+            c
+            for c in psutil.Process().children(recursive=True)
+            if "temper.envs.mcp_servers.shop" in c.cmdline()
+        ]
+        assert served, "the tools come from the server"
+        shop = world(0, 64)
+        p = next(
+            p
+            for p in task.sample("train", 50, 0)
+            if shop.items[p.data["item"]].currency != p.data["currency"]
+        )
+        item, cur = p.data["item"], p.data["currency"]
+        env = task.make_env(p)
+        env.reset()
+        r = env.step(call("quote", item=item, currency=cur))  # before price: the new dependency
+        assert r.reward == -0.05 and r.signals == signals(1, 1, 0.05, violation=1)
+        assert r.messages[0]["content"] == "Error: tool 'quote' needs the output of 'price': call it first"
+        r = env.step(call("price", item=item))
+        assert r.reward == -0.01 and r.signals == signals(1, 0, 0.01)
+        r = env.step(call("quote", item=item, currency=cur))
+        assert r.signals == signals(1, 0, 0.05, respected=1) and r.messages[0]["content"] == str(
+            p.data["answer"]
+        )
+        r = env.step(f"Answer: {p.data['answer']}")
+        assert r.done and r.score.correct and r.score.details["tool_cost"] == 0.11
+        # convert now needs only price; rate costs 0.5 (the recipe's), so quote is the cheapest chain
+        assert task.cheapest_chain(p) == [("quote", {"item": item, "currency": cur})]
+        ep = registry_of(task.config).episode()
+        ep.step(call("price", item=item))
+        _, sig = ep.step(call("convert", amount=1, rate_id="r0"))
+        assert sig["dependency_respected"] == 1 and sig["dependency_violation"] == 0
+    finally:
+        close_connections()

@@ -280,8 +280,20 @@ def _apply(
         _end(e, "max_tokens", "")
 
 
+CUT = ("max_tokens", "max_turns", "length", "not_prefix", "bad_tokens")
+"""Stop reasons for which the loop, not the env, ended a sound episode: the env's `cut` is asked
+for its end-of-episode signals (envs/base.py)."""
+
+
 def _end(e: _Episode, reason: StopReason, action: str) -> None:
     e.live = False
+    cut = getattr(e.env, "cut", None)
+    if cut is not None and reason in CUT:
+        last = e.trajectory.signals[-1] if e.trajectory.signals else {}
+        for k, v in cut(reason).items():  # added to the last step's (its rewards stay aligned)
+            last[k] = last[k] + v if isinstance(last.get(k), int | float) else v
+        if not e.trajectory.signals:
+            e.trajectory.signals.append(last)
     close = getattr(e.env, "close", None)
     if close is not None:  # the env's resources (a sandbox workspace), whatever ended the episode
         close()

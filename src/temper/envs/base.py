@@ -19,6 +19,13 @@ them with the recipe's weights (`process` and `outcome` reward components), and 
 An env is used for one episode: `reset` once, then `step` until `done`. It never raises on model
 output (a bad action is an observation or a penalty); an exception from `step` is an
 infrastructure error that ends the episode with stop reason "env_error", never a silent zero.
+
+Optional, `cut(reason) -> signals`: the agent loop ended the episode before the env did (its
+token budget, turn limit, an unfinished turn, a turn it could not render: stop reasons max_tokens,
+max_turns, length, not_prefix, bad_tokens; never after env_error or timeout, when the env's state
+is unknown or its step still running). The env returns the end-of-episode signals that are still
+verifiable (a workspace rule kept or broken over the episode), which the loop adds to the last
+step's signals; the score stays None (the episode was not finished). Called once, before `close`.
 """
 
 from __future__ import annotations

@@ -28,10 +28,22 @@ Splits (seeded by `world_seed`): train and test are a stable hash split of the (
 questions over the first `items` items; ood asks about `ood_items` further items never seen in
 training (their names must be copied into calls the policy never made).
 
-MCP: with `mcp_command` (and `mcp_args`) the same tools come from that server over stdio
-(`temper.agent.mcp`), e.g. `mcp_command: python, mcp_args: [-m, temper.envs.mcp_servers.shop]`;
-costs and dependencies still come from this config. The server is started once per process at
-the first env and closed at exit (or `close()`); its failure is an env_error, never a reward.
+MCP, costs and dependencies from the recipe: with `mcp` the tools come from that server over
+stdio (`temper.agent.mcp`); `costs` and `requires` set any listed tool's cost per call and the
+tools whose output it needs (MCP has no fields for either), e.g.
+
+    multi_tool:
+      mcp: {command: [python, -m, temper.envs.mcp_servers.shop], args: [--seed, 0], timeout_s: 30}
+      costs: {quote: 0.5}              # over price_cost, rate_cost, ...: any tool by its name
+      requires: {quote: [price]}       # replaces the default {convert: [price, rate]} per tool named
+
+(`mcp_command` and `mcp_args` are the older spelling of `mcp`.) The task lists its tools when it
+is built, so a recipe is checked against them before anything runs: a tool name in `costs` or
+`requires` that the tools do not have is an error at that key naming the tools there are, a cycle
+of dependencies is an error at `requires`, and a server that does not start is an error at
+`mcp`. The server is started once per process (at that check) and closed at exit (or `close()`);
+its failure during an episode is an env_error, never a reward. Demonstrations play the shop's
+chains (price, rate, convert, or quote): a `requires` the chain breaks makes them raise.
 `show_tools: false` leaves the tool schemas out of the prompt (the tiny default learns the
 protocol from the demonstrations; the schemas alone would be ~700 of its 512 positions).
 """
@@ -44,10 +56,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from temper.agent.registry import PATH_SIGNALS, CostRegistry
+from temper.agent.registry import PATH_SIGNALS, CostRegistry, ToolServerError
+from temper.agent.tools import Tool, ToolDefinitionError
 from temper.envs.base import StepResult
 from temper.envs.shop_tools import CURRENCIES, world
-from temper.tasks.base import Problem, Score, check_split, draw, split_of
+from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of
 
 _ANSWER = re.compile(r"Answer:\s*(-?\d+)\s*$")
 REQUIRES = {"convert": ("price", "rate")}
@@ -76,20 +89,122 @@ class MultiToolConfig:
     mcp_args: tuple[str, ...] = ()
     mcp_timeout_s: float = 30.0
     """The longest one MCP call may take (then the episode is an env_error)."""
+    mcp: Any = None
+    """The tools' MCP server (stdio): {command: [python, -m, module] (or a string), args: [...],
+    env: {NAME: value}, cwd: folder, timeout_s: 30}; "python" is this interpreter."""
+    costs: Any = None
+    """Cost per call by tool name, over the *_cost fields; any tool the task has (an MCP server's
+    own included)."""
+    requires: Any = None
+    """The tools whose output a tool needs, by tool name: replaces the default {convert: [price,
+    rate]} for each tool named (`[]`: none)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mcp_args", tuple(str(a) for a in self.mcp_args))
+        object.__setattr__(self, "mcp", _server_spec(self))
+        object.__setattr__(self, "costs", _cost_pairs(self.costs))
+        object.__setattr__(self, "requires", _require_pairs(self.requires))
         if self.items < 1 or self.ood_items < 1 or self.max_calls < 1 or not 0 < self.test_fraction < 1:
             raise ValueError("need items >= 1, ood_items >= 1, max_calls >= 1 and 0 < test_fraction < 1")
         if min(self.price_cost, self.rate_cost, self.convert_cost, self.quote_cost) < 0:
             raise ValueError("tool costs must be >= 0")
-        if self.mcp_args and not self.mcp_command:
-            raise ValueError("mcp_args without mcp_command")
 
     @property
-    def costs(self) -> dict[str, float]:
+    def tool_costs(self) -> dict[str, float]:
+        """Cost per call of every tool named: the shop's *_cost fields, then `costs`."""
         return {"price": self.price_cost, "rate": self.rate_cost, "convert": self.convert_cost,
-                "quote": self.quote_cost}  # fmt: skip
+                "quote": self.quote_cost} | dict(self.costs)  # fmt: skip
+
+    @property
+    def tool_requires(self) -> dict[str, tuple[str, ...]]:
+        return dict(REQUIRES) | dict(self.requires)
+
+
+@dataclass(frozen=True)
+class MCPServerSpec:
+    """An MCP server to start over stdio (`temper.agent.mcp.MCPConnection`'s arguments)."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    timeout_s: float = 30.0
+
+    def connect(self):
+        from temper.agent.mcp import MCPConnection
+
+        return MCPConnection(self.command, self.args, dict(self.env), self.cwd, timeout_s=self.timeout_s)
+
+
+_MCP_KEYS = ("command", "args", "env", "cwd", "timeout_s")
+
+
+def _server_spec(c: MultiToolConfig) -> MCPServerSpec | None:
+    """`mcp` (or the older `mcp_command`/`mcp_args`) as a spec; errors located at the key."""
+    if isinstance(c.mcp, MCPServerSpec):
+        return c.mcp
+    if c.mcp is None:
+        if c.mcp_args and not c.mcp_command:
+            raise TaskOptionError(("mcp_args",), "mcp_args without mcp_command")
+        return MCPServerSpec(c.mcp_command, c.mcp_args, (), None, c.mcp_timeout_s) if c.mcp_command else None
+    if c.mcp_command or c.mcp_args:
+        raise TaskOptionError(("mcp",), "give the server as `mcp` or as `mcp_command`/`mcp_args`, not both")
+    if not isinstance(c.mcp, dict):
+        raise TaskOptionError(("mcp",), f"mcp must be a mapping with keys {', '.join(_MCP_KEYS)}")
+    for key in c.mcp:
+        if key not in _MCP_KEYS:
+            raise TaskOptionError(("mcp", key), f"unknown mcp key {key!r}; valid: {', '.join(_MCP_KEYS)}")
+    command = c.mcp.get("command")
+    parts = [command] if isinstance(command, str) else command
+    if not isinstance(parts, list) or not parts or not all(isinstance(x, (str, int, float)) for x in parts):
+        raise TaskOptionError(
+            ("mcp", "command"), "mcp.command must be a program, or a list: the program and its arguments"
+        )
+    args = c.mcp.get("args", [])
+    if not isinstance(args, list):
+        raise TaskOptionError(("mcp", "args"), "mcp.args must be a list")
+    env = c.mcp.get("env", {})
+    if not isinstance(env, dict):
+        raise TaskOptionError(("mcp", "env"), "mcp.env must be a mapping of variable names to values")
+    timeout = c.mcp.get("timeout_s", c.mcp_timeout_s)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise TaskOptionError(("mcp", "timeout_s"), f"mcp.timeout_s must be a number > 0, got {timeout!r}")
+    cwd = c.mcp.get("cwd")
+    return MCPServerSpec(str(parts[0]), tuple(str(a) for a in [*parts[1:], *args]),
+                         tuple(sorted((str(k), str(v)) for k, v in env.items())),
+                         None if cwd is None else str(cwd), float(timeout))  # fmt: skip
+
+
+def _cost_pairs(costs: Any) -> tuple[tuple[str, float], ...]:
+    if isinstance(costs, tuple):
+        return costs
+    if not isinstance(costs, dict | None):
+        raise TaskOptionError(("costs",), "costs must be a mapping of tool names to costs per call")
+    out = []
+    for name, cost in (costs or {}).items():
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:  # NaN too
+            raise TaskOptionError(
+                ("costs", name), f"the cost of {name!r} must be a number >= 0, got {cost!r}"
+            )
+        out.append((str(name), float(cost)))
+    return tuple(out)
+
+
+def _require_pairs(requires: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if isinstance(requires, tuple):
+        return requires
+    if not isinstance(requires, dict | None):
+        raise TaskOptionError(
+            ("requires",), "requires must be a mapping of tool names to lists of tool names"
+        )
+    out = []
+    for name, needs in (requires or {}).items():
+        if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+            raise TaskOptionError(
+                ("requires", name), f"requires.{name} must be a list of tool names, got {needs!r}"
+            )
+        out.append((str(name), tuple(needs)))
+    return tuple(out)
 
 
 _registries: dict[MultiToolConfig, tuple[CostRegistry, Any]] = {}  # config -> (registry, MCP connection)
@@ -104,16 +219,57 @@ def registry_of(config: MultiToolConfig) -> CostRegistry:
         registry, connection = _registries.get(config, (None, None))
         if registry is not None and (connection is None or connection.alive):
             return registry
-        if not config.mcp_command:
-            tools = world(config.world_seed, config.items + config.ood_items).tools()
+        if config.mcp is None:
+            tools = [
+                Tool.from_function(f)
+                for f in world(config.world_seed, config.items + config.ood_items).tools()
+            ]
         else:
-            from temper.agent.mcp import MCPConnection
-
-            connection = MCPConnection(config.mcp_command, config.mcp_args, timeout_s=config.mcp_timeout_s)
+            connection = config.mcp.connect()
             tools = connection.tools()
-        registry = CostRegistry().add(tools, config.costs, REQUIRES)
+        try:
+            registry = CostRegistry().add(tools, *_declared(config, [t.name for t in tools]))
+        except BaseException:
+            if connection is not None:
+                connection.close()
+            raise
         _registries[config] = (registry, connection)
         return registry
+
+
+def _declared(
+    config: MultiToolConfig, names: list[str]
+) -> tuple[dict[str, float], dict[str, tuple[str, ...]]]:
+    """The costs and dependencies of the tools `names`: the shop's defaults for the shop's tools
+    that are there, and every tool the recipe's `costs` and `requires` name, which must be there
+    (a TaskOptionError at the key naming the tools, so a typo cannot make a tool free)."""
+    there = ", ".join(names) or "none"
+    for key, table in (("costs", config.costs), ("requires", config.requires)):
+        for name, value in table:
+            if name not in names:
+                raise TaskOptionError(
+                    (key, name), f"{key} names {name!r}, which is no tool of this task; the tools: {there}"
+                )
+            for needed in value if key == "requires" else ():
+                if needed not in names:
+                    raise TaskOptionError(
+                        (key, name),
+                        f"{name!r} requires {needed!r}, which is no tool of this task; the tools: {there}",
+                    )
+    costs = {k: v for k, v in config.tool_costs.items() if k in names}
+    requires = {k: v for k, v in config.tool_requires.items() if k in names and set(v) <= set(names)}
+    return costs, requires
+
+
+def check_tools(config: MultiToolConfig) -> None:
+    """List the config's tools (starting its MCP server) and check `costs` and `requires`
+    against them; every error a TaskOptionError at its key (a recipe error before anything runs)."""
+    try:
+        registry_of(config)
+    except ToolServerError as err:
+        raise TaskOptionError(("mcp",), str(err)) from err
+    except ToolDefinitionError as err:  # a cycle, or a shop default the listing breaks
+        raise TaskOptionError(("requires",), str(err)) from err
 
 
 def close_connections() -> None:
@@ -133,6 +289,9 @@ class MultiToolTask:
     name: ClassVar[str] = "multi_tool"
     config_type: ClassVar[type] = MultiToolConfig
     path_signals: ClassVar[dict[str, str]] = PATH_SIGNALS
+
+    def __post_init__(self) -> None:
+        check_tools(self.config)  # the recipe's costs and requires against the tools there are
 
     @property
     def max_turns(self) -> int:
@@ -181,7 +340,7 @@ class MultiToolTask:
     def cheapest_chain(self, problem: Problem) -> list[tuple[str, dict[str, Any]]]:
         """The calls of the cheapest correct chain, in order (one per turn)."""
         item, cur = problem.data["item"], problem.data["currency"]
-        it, costs = self.world.items[item], self.config.costs
+        it, costs = self.world.items[item], self.config.tool_costs
         if it.currency == cur:
             chain = [("price", {"item": item})]
         else:

@@ -17,8 +17,13 @@ STARTED, COMPLETE = "stage.started.json", "stage.json"
 
 def stage_settings(stage: Any) -> dict[str, Any]:
     """A stage spec's settings as its hash covers them: `train.progress` (how the bar is drawn)
-    changes no output, so it is left out."""
-    return stage.model_dump(exclude={"train": {"progress"}} if hasattr(stage, "train") else None)
+    changes no output, so it is left out; so are the fields a spec lists in `HASHED_WHEN_SET`
+    while they are empty (fields added after runs were recorded: those runs stay complete)."""
+    exclude: dict[str, Any] = {"train": {"progress"}} if hasattr(stage, "train") else {}
+    exclude |= {
+        name: True for name in getattr(type(stage), "HASHED_WHEN_SET", ()) if not getattr(stage, name)
+    }
+    return stage.model_dump(exclude=exclude or None)
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:

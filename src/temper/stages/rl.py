@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -37,7 +39,7 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
-from temper.tasks.base import Task
+from temper.tasks.base import Task, TaskOptionError
 from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
 from temper.train.rollouts import model_scorer
 
@@ -75,6 +77,13 @@ class RLStage(Strict):
     logprob of every token it samples. It must share the student's tokenizer. `self`: the policy
     itself, reading each prompt with privileged context (`train.teacher_context: solution`), i.e.
     on-policy self-distillation."""
+    task_options: dict[str, dict[str, Any]] = {}
+    """Options of this stage's tasks on top of the recipe's, for this stage only: e.g.
+    `{code_repair: {curriculum: {every: 1}}}` grows one arm's train pool while the other arms and
+    the eval use the recipe's task. Left out of the stage's hash while empty (`HASHED_WHEN_SET`),
+    so the runs recorded before it existed stay complete."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("task_options",)
 
     @model_validator(mode="after")
     def _check(self) -> RLStage:
@@ -111,6 +120,14 @@ class RLStage(Strict):
                     "'on_policy_distill': the scale of its per-token advantage)",
                 )
             )
+        errors += [
+            (
+                ("task_options", name),
+                f"task_options names {name!r}, which is not one of this stage's tasks {self.tasks}",
+            )
+            for name in self.task_options
+            if name not in self.tasks
+        ]
         raise_located(errors)
         return self
 
@@ -220,8 +237,44 @@ def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str |
     """Rules that need the stage's tasks (the recipe builds them before checking): the path
     signals a `train.path` names are declared by the tasks with the right kind (RLVP principles
     1, 3 and 4, `temper.rewards.path.signal_errors`)."""
-    mine = {name: tasks[name] for name in stage.tasks if name in tasks}
-    return [(("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)]
+    errors: list[tuple[tuple[str | int, ...], str]] = []
+    try:
+        mine = stage_tasks(stage, {name: tasks[name] for name in stage.tasks if name in tasks})
+    except TaskOptionError as err:
+        return [(("task_options", *err.option), str(err))]
+    return errors + [
+        (("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)
+    ]
+
+
+def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
+    """The stage's tasks: the recipe's, each rebuilt with its `task_options` on top of its config
+    (the same class; a TaskOptionError located at the option when one is unknown or refused)."""
+    out = {}
+    for name, task in tasks.items():
+        options = stage.task_options.get(name)
+        if not options:
+            out[name] = task
+            continue
+        config = getattr(task, "config", None)
+        if not dataclasses.is_dataclass(config) or hasattr(type(task), "build"):
+            raise TaskOptionError(
+                (name,), f"task {name!r} takes no stage task_options (only built-in configured tasks do)"
+            )
+        fields = [f.name for f in dataclasses.fields(config)]
+        for option in options:
+            if option not in fields:
+                close = difflib.get_close_matches(option, fields, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TaskOptionError(
+                    (name, option),
+                    f"unknown option {option!r} for task {name!r}{hint}; valid options: {', '.join(fields)}",
+                )
+        try:
+            out[name] = type(task)(dataclasses.replace(config, **options))
+        except (ValueError, TypeError) as err:
+            raise TaskOptionError((name, *getattr(err, "option", ())), str(err)) from err
+    return out
 
 
 SELF = "self"  # `teacher: self`: on-policy self-distillation
@@ -387,7 +440,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     torch.manual_seed(config.seed)
     tokenizer, model = load_chat_model(source, ctx)
     model.eval()
-    tasks = {name: ctx.tasks[name] for name in stage.tasks}
+    tasks = stage_tasks(stage, {name: ctx.tasks[name] for name in stage.tasks})
     if stage.sampler == "vllm":
         from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
 
@@ -519,7 +572,8 @@ def describe(stage: RLStage, recipe: Any) -> str:
         else ""
     )
     teacher = f", teacher {stage.teacher}" if stage.teacher else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{rm}{path}{teacher}"
+    own = f", this stage's task options {stage.task_options}" if stage.task_options else ""
+    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{rm}{path}{teacher}{own}"
 
 
 KIND = StageKind(

@@ -34,6 +34,7 @@ the short prompt (`instructions: false`); `max_commands` (default 8) bounds an e
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -121,9 +122,14 @@ class CodeRepairConfig:
         return {"train": self.train_tasks, "test": self.test_tasks, "ood": self.ood_tasks}[split]
 
 
-@functools.cache
 def pools(config: CodeRepairConfig) -> dict[str, Admission]:
-    """The admitted pool of each split, train first (the later splits never repeat a task)."""
+    """The admitted pool of each split, train first (the later splits never repeat a task); the
+    curriculum changes no pool (it grows the draws), so one arm with it shares the others' pools."""
+    return _pools(dataclasses.replace(config, curriculum=None))
+
+
+@functools.cache
+def _pools(config: CodeRepairConfig) -> dict[str, Admission]:
     from rich.console import Console
 
     seen: set[str] = set()
