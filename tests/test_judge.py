@@ -454,5 +454,5 @@ def test_train_rl_refuses_a_judge_weight_without_a_scorer(tokenizer, tmp_path):
     from test_rl import FirstByteTask
 
     config = RLConfig(steps=1, prompts_per_step=2, group_size=2, progress=False, rewards={"judge": 1.0})
-    with pytest.raises(ValueError, match="no judge scorer"):
+    with pytest.raises(ValueError, match="'judge' needs a scorer"):
         train_rl(build_preset("nano", tokenizer, seed=1), tokenizer, [FirstByteTask()], config, tmp_path)
