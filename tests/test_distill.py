@@ -276,3 +276,33 @@ def test_the_self_teacher_reads_the_privileged_prompt(tmp_path, tokenizer):
 def test_self_teacher_needs_privileged_context(tmp_path):
     with pytest.raises(RecipeError, match="teacher 'self' is the policy itself"):
         _recipe(tmp_path, teacher="    teacher: self\n")
+
+
+def test_a_judge_named_by_stage_is_read_like_a_teacher(tmp_path):
+    """rl's `uses` lists a judge named by an earlier stage (checked by the recipe, covered by the
+    hash) and leaves out `policy` and an endpoint's model name."""
+    from temper.rewards.judge import JudgeSpec
+    from temper.stages.rl import _uses
+
+    def stage(judge):
+        return RLStage(
+            kind="rl", tasks=["t"], train=RLConfig(rewards={"judge": 1.0}, judge=JudgeSpec(**judge))
+        )
+
+    assert _uses(stage({"model": "sft"})) == [(("train", "judge", "model"), "sft")]
+    assert _uses(stage({"model": "policy"})) == []
+    assert _uses(stage({"model": "gpt", "url": "http://localhost:1/v1"})) == []
+    with pytest.raises(
+        RecipeError, match=r"stages\[1\]\.train\.judge\.model: stage 'distill' reads 'nosuch'"
+    ):
+        parse_recipe(
+            RECIPE.format(
+                teacher="",
+                advantage="grpo",
+                kl_coef=0.0,
+                kl_mode="loss",
+                source="teacher",
+            ).replace("kl_mode: loss}", "kl_mode: loss, rewards: {judge: 1.0}, judge: {model: nosuch}}"),
+            "opd.yaml",
+            base_dir=tmp_path,
+        )

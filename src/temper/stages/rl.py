@@ -561,6 +561,19 @@ def tokenizer_mismatch(student, teacher) -> str:
     return ""
 
 
+def _uses(stage: RLStage) -> list[tuple[tuple[str | int, ...], str]]:
+    """The models the stage reads besides its source (`StageKind.uses`): a teacher, and a judge
+    named by stage or folder (not `policy`, not an endpoint's model name), so retraining either
+    reruns this stage."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    if stage.teacher not in (None, SELF):
+        out.append((("teacher",), stage.teacher))
+    judge = stage.train.judge
+    if judge is not None and judge.url is None and judge.model != "policy":
+        out.append((("train", "judge", "model"), judge.model))
+    return out
+
+
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
@@ -586,7 +599,7 @@ KIND = StageKind(
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
     section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
-    uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher not in (None, SELF) else [],
+    uses=lambda stage: _uses(stage),
     stage_rules=stage_rules,
     fingerprint=fingerprint,
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
