@@ -250,6 +250,7 @@ def test_stage_runs_from_the_cli_and_held_out_accuracy_rises(saved, tmp_path, to
     assert s["steps"] == 40 and s["data"]["rows"] == 56 and s["held_out_pairs"] == 16
     assert s["held_out_accuracy_initial"] <= 0.75 and s["held_out_accuracy"] == 1.0
     assert s["held_out_mean_margin"] > 1.0 and s["calibration"]["pairs"] == 16
+    assert "contamination" in s  # its training pairs are screened like dpo's and kto's
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"accuracy", "margin", "eval/accuracy", "eval/margin", "eval/loss"} <= set(rows[-1])
     assert rows[-1]["loss"] < rows[0]["loss"]

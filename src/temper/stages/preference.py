@@ -297,17 +297,19 @@ def preference_rows(
     return train, held_out, summary
 
 
-def run_preference(
-    stage: PreferenceStage,
+def preference_items(
+    stage: Any,
     kind: str,
     ctx: StageContext,
     source: Path | str,
     out: Path,
     build: Callable[[Any, list[Pair | Labelled], int], tuple[list[Any], Any]],
-    objective: Objective,
-) -> Path:
-    """Read or generate the data, tokenize it (`build(tokenizer, rows, max_len) -> (items, stats)`),
-    train `objective` from `source` against itself as the reference, save the model and `<kind>.json`."""
+    unit: str = "items",
+) -> tuple[Any, Any, list[Any], list[Any], Any, dict[str, Any]]:
+    """The data set-up every preference-trained stage shares (dpo, kto, reward_model): load the
+    source, read or generate the rows, screen them for contamination, tokenize them with `build`
+    -> (tokenizer, model, items, held-out items, tokenization stats, summary for `<kind>.json`).
+    Nothing to train on is a StageError naming the sources."""
     tokenizer, model = load_chat_model(source, ctx, need_template=False)
     train_rows, eval_rows, summary = preference_rows(stage, ctx, model, tokenizer, out)
     train_rows, summary["contamination"] = contamination.screen(train_rows, ctx, kind)
@@ -323,7 +325,26 @@ def run_preference(
             + (" (the generator found no usable pair: see pairs above)" if stage.data.generate else "")
         )
     console.print(
-        f"{kind}: {len(items)} items ({stats.truncated} completions truncated, {stats.dropped} dropped), {len(eval_items)} held-out"
+        f"{kind}: {len(items)} {unit} ({stats.truncated} completions truncated, {stats.dropped} dropped), "
+        f"{len(eval_items)} held-out"
+        + ("" if eval_items else " (give data.eval_files or data.generate.eval_prompts for held-out figures)")
+    )
+    return tokenizer, model, items, eval_items, stats, summary
+
+
+def run_preference(
+    stage: PreferenceStage,
+    kind: str,
+    ctx: StageContext,
+    source: Path | str,
+    out: Path,
+    build: Callable[[Any, list[Pair | Labelled], int], tuple[list[Any], Any]],
+    objective: Objective,
+) -> Path:
+    """Read or generate the data, tokenize it (`build(tokenizer, rows, max_len) -> (items, stats)`),
+    train `objective` from `source` against itself as the reference, save the model and `<kind>.json`."""
+    tokenizer, model, items, eval_items, stats, summary = preference_items(
+        stage, kind, ctx, source, out, build
     )
     config = epoch_steps(stage.train, len(items), kind)
     model = with_lora(model, stage.lora and stage.lora.adapter_args())

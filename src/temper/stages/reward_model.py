@@ -33,11 +33,10 @@ from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.formats import DataError
 from temper.data.preferences import Labelled, Pair, TokenizedPair, tokenize_pairs
-from temper.models import require_chat_template, save_model, with_lora
+from temper.models import save_model, with_lora
 from temper.rewards.reward_model import REWARD_MODEL_DIR, reward_model_from_policy
-from temper.stages.base import Loc, StageError, StageKind, epoch_steps, lazy, length, raise_located
-from temper.stages.loading import load_chat_model
-from temper.stages.preference import PreferenceDataStage, preference_rows, tasks_of
+from temper.stages.base import Loc, StageKind, epoch_steps, lazy, length, raise_located
+from temper.stages.preference import PreferenceDataStage, preference_items, tasks_of
 from temper.train.preference import BradleyTerry, reward_forward, train_preference
 from temper.train.supervised import TrainConfig
 
@@ -133,27 +132,8 @@ def calibration(rows: list[dict[str, float]], bins: int = CALIBRATION_BINS) -> d
 
 def run(stage: RewardModelStage, job) -> Path:
     ctx, source, out = job.ctx, job.source, job.out
-    tokenizer, policy = load_chat_model(source, ctx, need_template=False)
-    train_rows, eval_rows, summary = preference_rows(stage, ctx, policy, tokenizer, out)
-    if any(not isinstance(r.prompt, str) for r in train_rows + eval_rows):
-        require_chat_template(tokenizer, source)
-    items, stats = build(tokenizer, train_rows, stage.max_len)
-    eval_items, _ = build(tokenizer, eval_rows, stage.max_len) if eval_rows else ([], None)
-    if not items:
-        where = [f"task:{t}" for t in tasks_of(stage)] + stage.data.files
-        raise StageError(
-            f"reward_model: no pair to train on from {', '.join(where)}: {stats.rows} rows, {stats.dropped} "
-            f"longer than max_len={stage.max_len}"
-            + (" (the generator found no usable pair: see pairs above)" if stage.data.generate else "")
-        )
-    console.print(
-        f"reward_model: {len(items)} pairs ({stats.truncated} completions truncated, {stats.dropped} dropped), "
-        f"{len(eval_items)} held-out"
-        + (
-            ""
-            if eval_items
-            else " (give data.eval_files or data.generate.eval_prompts for held-out accuracy)"
-        )
+    tokenizer, policy, items, eval_items, stats, summary = preference_items(
+        stage, "reward_model", ctx, source, out, build, unit="pairs"
     )
     config = epoch_steps(stage.train, len(items), "reward_model")
     model = reward_model_from_policy(policy, tokenizer.pad_token_id, seed=config.seed)
