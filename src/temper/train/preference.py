@@ -31,12 +31,13 @@ from temper.algorithms.preference import (
     kto_loss,
 )
 from temper.data.chat import IGNORE
-from temper.data.dataset import Sequence, collate
+from temper.data.dataset import Sequence
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
 from temper.precision import resolve_precision
 from temper.rewards.reward_model import right_pad, sequence_rewards
 from temper.train.checkpoint import save_checkpoint
 from temper.train.metrics import progress_bar
+from temper.train.rollouts import pack
 from temper.train.supervised import (
     TrainConfig,
     TrainResult,
@@ -53,16 +54,45 @@ Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (sum, count); th
 def sequence_logps(
     model: torch.nn.Module, seqs: list[Sequence], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of log p over each sequence's trained tokens, their number), both (N,)."""
+    """(sum of log p over each sequence's trained tokens, their number), both (N,).
+
+    The sequences are read packed without padding between them (`temper.train.rollouts.pack`, as
+    the RL trainer reads rollouts): rows as wide as the longest sequence, each sequence's position
+    ids restarting at 0, so the forward costs the real tokens (plus the tails of the rows), not
+    N x the longest. The logprobs are those of the padded batch (tests/test_preference_pack.py).
+    The logits come from the model's own forward, so any head (soft-capped, scaled, PEFT-wrapped,
+    data-parallel) is applied as the model applies it; only the trained positions reach the
+    softmax. `pad_id` fills the packed rows' tails, which nothing reads."""
     device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in collate(seqs, pad_id).items()}
-    labels = batch.pop("labels")
-    logits_N_T_V = model(**batch, use_cache=False).logits
-    targets_N_T = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # position t predicts token t+1
-    nll = F.cross_entropy(
-        logits_N_T_V.flatten(0, 1).float(), targets_N_T.flatten(), ignore_index=IGNORE, reduction="none"
-    ).view_as(targets_N_T)
-    return -nll.sum(-1), (targets_N_T != IGNORE).sum(-1)
+    prompts, completions_N_T, mask_N_T, targets_N = _as_completions(seqs, pad_id)
+    packed = pack(prompts, completions_N_T.to(device), mask_N_T.to(device))
+    logits_P_W_V = model(
+        input_ids=packed.input_ids_P_W, position_ids=packed.position_ids_P_W, use_cache=False
+    ).logits
+    logits_M_V = logits_P_W_V.flatten(0, 1)[packed.index_N]
+    targets_M = targets_N.to(device)
+    logp_M = -F.cross_entropy(logits_M_V.float(), targets_M, reduction="none")
+    n_tokens = mask_N_T.sum(-1).to(device)
+    owner_M = torch.repeat_interleave(torch.arange(len(seqs), device=device), n_tokens)
+    return logp_M.new_zeros(len(seqs)).index_add(0, owner_M, logp_M), n_tokens
+
+
+def _as_completions(
+    seqs: list[Sequence], pad_id: int
+) -> tuple[list[list[int]], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sequences in `pack`'s terms: the first token as the prompt, the rest as the completion
+    (N, T) right-padded, the mask of the tokens with a label (N, T), and those labels in the
+    row-major order of the mask (the order `pack` indexes them in). Position t predicts label
+    t + 1, as in the padded forward; a label on the first token is never predicted."""
+    width = max(len(s.input_ids) for s in seqs) - 1
+    completions_N_T = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
+    labels_N_T = torch.full_like(completions_N_T, IGNORE)
+    for row, s in enumerate(seqs):
+        n = len(s.input_ids) - 1
+        completions_N_T[row, :n] = torch.tensor(s.input_ids[1:], dtype=torch.long)
+        labels_N_T[row, :n] = torch.tensor(s.labels[1:], dtype=torch.long)
+    mask_N_T = labels_N_T != IGNORE
+    return [s.input_ids[:1] for s in seqs], completions_N_T, mask_N_T, labels_N_T[mask_N_T]
 
 
 def _add(stats: Stats, name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> None:
