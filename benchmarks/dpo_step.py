@@ -4,11 +4,15 @@ Both train the same freshly initialized preset with sigmoid DPO (beta 0.1) on th
 pairs (prompt / chosen / rejected, EOS appended to each completion as TRL does; the token ids are
 checked equal on both sides), fp32 on CPU, AdamW, one optimizer step per batch of `--batch`
 pairs. Tokens/s counts the real (unpadded) tokens of the 2 x batch sequences each step scores, as
-the median over the steps after a warm-up, and the best of `--repeats` alternating runs.
+the median over the steps after a warm-up. The runs alternate (temper, TRL, TRL, temper, ...)
+`--repeats` times, so drifting machine load hits both sides; the table gives the median run of
+each side with the spread (min-max) over the repeats, the ratio of the medians, the median and
+spread of the ratios of the runs made next to each other, and the 1-minute load average seen
+before each run (on a shared machine that is what the figures mean anything against).
 
 TRL runs twice: with its defaults (a frozen copy of the model scores the reference logprobs at
 every step) and with `precompute_ref_log_probs=True` (one pass before training, as temper always
-does); the ratio is taken against the faster of the two. Two pair shapes: `fixed` (every prompt
+does); the ratio is taken against the faster of the two (`--trl-modes precompute` runs only the first). Two pair shapes: `fixed` (every prompt
 and completion the same length, so padding plays no part) and `variable` (lengths drawn at
 random, as real pairs are; padding to the longest row of the batch is part of the cost).
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import random
 import tempfile
 import time
@@ -173,6 +178,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--shapes", default="fixed,variable")
     parser.add_argument("--repeats", type=int, default=2, help="alternating temper/TRL runs per shape")
+    parser.add_argument("--trl-modes", default="precompute,default", help="TRL runs: precompute, default")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -180,28 +186,34 @@ def main() -> None:
     peak = matmul_peak_gflops()
     print(f"{machine_line()}\nmatmul peak (2048^2): fp32 {peak:.1f} GFLOP/s\n")
     n = matmul_params(build_preset(args.preset, build_tokenizer()))
+    modes = args.trl_modes.split(",")
     results = []
     for shape in args.shapes.split(","):
         rows = pairs(args.steps * args.batch, shape)
-        ours, trl_default, trl_pre = [], [], []
-        for _ in range(args.repeats):  # alternate, so drift in machine load hits all three
-            ours.append(temper_run(args.preset, rows, args.steps, args.batch, args.warmup))
-            trl_pre.append(trl_run(args.preset, rows, args.steps, args.batch, args.warmup, True))
-            trl_default.append(trl_run(args.preset, rows, args.steps, args.batch, args.warmup, False))
+        runs: dict[str, list[dict]] = {"temper": [], **{f"trl_{m}": [] for m in modes}}
+        loads: list[float] = []
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits every side
+            loads.append(os.getloadavg()[0])
+            runs["temper"].append(temper_run(args.preset, rows, args.steps, args.batch, args.warmup))
+            for m in modes:
+                loads.append(os.getloadavg()[0])
+                runs[f"trl_{m}"].append(
+                    trl_run(args.preset, rows, args.steps, args.batch, args.warmup, m == "precompute")
+                )
             print(
-                f"{shape}: temper {ours[-1]['tok_s']:,.0f}, TRL precomputed {trl_pre[-1]['tok_s']:,.0f}, "
-                f"TRL default {trl_default[-1]['tok_s']:,.0f} tok/s",
+                f"{shape}: "
+                + ", ".join(f"{name} {r[-1]['tok_s']:,.0f}" for name, r in runs.items())
+                + f" tok/s (load {loads[-1]:.1f})",
                 flush=True,
             )
-        ids_temper = ours[0]["ids"]
-        for run in trl_pre[:1] + trl_default[:1]:
-            if run["ids"] != [tuple(x) for x in ids_temper]:
+        ids_temper = runs["temper"][0]["ids"]
+        for m in modes:
+            if runs[f"trl_{m}"][0]["ids"] != [tuple(x) for x in ids_temper]:
                 raise SystemExit(f"{shape}: temper and TRL tokenized the pairs differently")
-        best = {
-            name: max(r["tok_s"] for r in runs)
-            for name, runs in (("temper", ours), ("trl_precompute", trl_pre), ("trl_default", trl_default))
-        }
-        peer = max(best["trl_precompute"], best["trl_default"])
+        tok_s = {name: [r["tok_s"] for r in rs] for name, rs in runs.items()}
+        med = {name: median(v) for name, v in tok_s.items()}
+        peer = max((f"trl_{m}" for m in modes), key=lambda name: med[name])
+        paired = [ours / theirs for ours, theirs in zip(tok_s["temper"], tok_s[peer])]
         lengths = [len(c) + len(r) for c, r in ids_temper]
         results.append(
             {
@@ -210,26 +222,32 @@ def main() -> None:
                 "params": n,
                 "batch": args.batch,
                 "mean_tokens_per_pair": sum(lengths) / len(lengths),
-                **{f"{k}_tok_s": v for k, v in best.items()},
-                "ratio": best["temper"] / peer,
-                "temper_mfu": 6 * n * best["temper"] / (peak * 1e9),
-                "runs": {
-                    "temper": [r["tok_s"] for r in ours],
-                    "trl_precompute": [r["tok_s"] for r in trl_pre],
-                    "trl_default": [r["tok_s"] for r in trl_default],
-                },
+                **{f"{k}_tok_s": v for k, v in med.items()},
+                "peer": peer,
+                "ratio": med["temper"] / med[peer],
+                "paired_ratios": paired,
+                "temper_mfu": 6 * n * med["temper"] / (peak * 1e9),
+                "runs": tok_s,
+                "load_avg_1min": loads,
             }
         )
+
+    def spread(xs: list[float]) -> str:
+        return f"{median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
+
     print(
-        "| shape | preset | batch (pairs) | tokens / pair | temper tok/s | TRL tok/s (precomputed ref) "
-        "| TRL tok/s (default: ref model per step) | temper / best TRL | temper MFU |"
+        "\n| shape | tokens / pair | temper tok/s | "
+        + " | ".join(f"TRL {m} tok/s" for m in modes)
+        + " | temper / best TRL (medians) | paired ratios: median (min-max) | load avg | temper MFU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (7 + len(modes)) + "|")
     for r in results:
+        ratios = r["paired_ratios"]
         print(
-            f"| {r['shape']} | {r['preset']} | {r['batch']} | {r['mean_tokens_per_pair']:.0f} | {r['temper_tok_s']:,.0f} "
-            f"| {r['trl_precompute_tok_s']:,.0f} | {r['trl_default_tok_s']:,.0f} | {r['ratio']:.2f}x "
-            f"| {100 * r['temper_mfu']:.0f}% |"
+            f"| {r['shape']} | {r['mean_tokens_per_pair']:.0f} | {spread(r['runs']['temper'])} | "
+            + " | ".join(spread(r["runs"][f"trl_{m}"]) for m in modes)
+            + f" | **{r['ratio']:.2f}x** | {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {min(r['load_avg_1min']):.1f}-{max(r['load_avg_1min']):.1f} | {100 * r['temper_mfu']:.0f}% |"
         )
     if args.json:
         with open(args.json, "w") as f:
