@@ -22,7 +22,7 @@ from temper.data.contamination import ContaminationSpec
 from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
-from temper.stages.base import Loc, Located, Strict, raise_located
+from temper.stages.base import Loc, Located, Strict, Use, raise_located
 from temper.tasks import TASKS, make_recipe_task, task_types
 
 
@@ -145,10 +145,11 @@ class Recipe(Strict):
                     (("stages", i, *loc), msg)
                     for loc, msg in kind.stage_rules(stage, self.stages[:i], base_dir)
                 ]
+            earlier = {s.name: s.kind for s in self.stages[:i]}
             errors += [
-                (("stages", i, *loc), msg)
-                for loc, ref in kind.uses(stage)
-                if (msg := _use_error(stage.name, ref, names[:-1], [s.name for s in self.stages], base_dir))
+                (("stages", i, *use[0]), msg)
+                for use in kind.uses(stage)
+                if (msg := _use_error(stage.name, use, earlier, [s.name for s in self.stages], base_dir))
             ]
             if kind.produces_model:
                 seen.append(stage.name)
@@ -178,17 +179,32 @@ def model_refs(stage: Any) -> list[str]:
     return list(stage.models) if reads == "models" else []
 
 
-def _use_error(name: str, ref: str, earlier: list[str], stages: list[str], base_dir: Path | None) -> str:
+def _use_error(name: str, use: Use, earlier: dict[str, str], stages: list[str], base_dir: Path | None) -> str:
     """Why a stage's reference to another stage's output (`StageKind.uses`) cannot be read, or ''.
-    A name with no slash must be an earlier stage or a folder next to the recipe; anything else is
-    taken as a path or hub id, which loading checks."""
+    A model: a name with no slash must be an earlier stage or a folder next to the recipe; anything
+    else is taken as a path or hub id, which loading checks. A kind's export: an earlier stage of
+    that kind, or else a folder that exists (relative to the recipe's folder; unchecked without one)."""
+    ref = use[1]
+    if len(use) == 3:
+        want = use[2]
+        if ref in earlier:
+            return (
+                "" if earlier[ref] == want else f"stage {ref!r} is a {earlier[ref]} stage, not a {want} stage"
+            )
+        if base_dir is not None and not (base_dir / Path(ref).expanduser()).exists():
+            of_kind = [s for s, kind in earlier.items() if kind == want]
+            return (
+                f"{ref!r} is neither an earlier {want} stage {of_kind} nor a folder "
+                f"({(base_dir / ref).resolve()} does not exist)"
+            )
+        return ""
     if ref in earlier:
         return ""
     if ref in stages:
         return f"stage {name!r} reads {ref!r}, a later stage: stages run in order, so it must come first"
     if "/" not in ref and not ((base_dir or Path.cwd()) / ref).exists():
         return (
-            f"stage {name!r} reads {ref!r}, which is neither an earlier stage {earlier} nor a folder next "
+            f"stage {name!r} reads {ref!r}, which is neither an earlier stage {list(earlier)} nor a folder next "
             "to the recipe (write ./name for a folder, owner/name for a hub model)"
         )
     return ""

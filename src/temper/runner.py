@@ -19,7 +19,7 @@ from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
-from temper.stages.base import StageRun
+from temper.stages.base import StageRun, folder_digest
 from temper.stages.context import StageContext, settings_hash
 from temper.stages.markers import read_hash, stage_settings
 from temper.tasks import make_recipe_task, task_fingerprints
@@ -54,14 +54,17 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
     if recipe.contamination.action == "drop" and registry.get(stage.kind).reads != "base":
         # dropping changes what trains; the default (warn) only counts, and leaves every hash as it was
         parts.append([recipe.contamination.model_dump(), eval_specs(recipe)])
-    if uses := registry.get(stage.kind).uses(stage):  # a path or hub id is covered as written
-        parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in uses})
+    uses = registry.get(stage.kind).uses(stage)
+    if models := [u for u in uses if len(u) == 2]:  # a path or hub id is covered as written
+        parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in models})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
     from temper.preflight import produced_files  # (preflight imports the recipe's whole checking side)
 
     if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
         parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
+    for _, ref, kind in (u for u in uses if len(u) == 3):  # e.g. a reward model: its files
+        parts.append(folder_digest(ctx.export_dir(ref, registry.get(kind).exports)))
     own = registry.get(stage.kind).fingerprint
     if own is not None and (mine := own(stage, ctx)) is not None:  # e.g. the reward model it reads
         parts.append(mine)  # (appended only when there is one: stage folders of earlier runs stay valid)

@@ -222,7 +222,12 @@ def _no_tasks(spec: Any) -> list[str]:
     return list(getattr(spec, "tasks", []))
 
 
-def _no_uses(spec: Any) -> list[tuple[Loc, str]]:
+Use = tuple[Loc, str] | tuple[Loc, str, str]
+"""A reference to another stage's output (`StageKind.uses`): (key path, name or path) for a
+model, (key path, name or folder, kind) for the folder a stage of that kind exports."""
+
+
+def _no_uses(spec: Any) -> list[Use]:
     return []
 
 
@@ -259,10 +264,17 @@ class StageKind:
     task_rules: Callable[[Any, dict[str, Any]], list[tuple[Loc, str]]] | None = None
     """Rules of the spec that need the recipe's built tasks (name -> Task), errors located below
     the stage (the recipe checks them with the task options; e.g. rl's declared path signals)."""
-    uses: Callable[[Any], list[tuple[Loc, str]]] = _no_uses
+    uses: Callable[[Any], list[Use]] = _no_uses
     """What the stage reads besides the model it starts from: (key path in the spec, an earlier
-    stage's name or a path / hub id), e.g. rl's `teacher`. The recipe checks that a name is an
-    earlier stage's, and the stage hash covers that stage's hash, so retraining it reruns this one."""
+    stage's name or a path / hub id), e.g. rl's `teacher`: the recipe checks that a name is an
+    earlier stage's, and the stage hash covers that stage's hash, so retraining it reruns this one.
+    Or (key path, name or folder, kind), e.g. rl's `train.reward_model`: what a stage of `kind`
+    exports (its `exports` folder), named by the stage or given as a folder (relative to the
+    recipe's folder); the recipe checks that a name is an earlier stage of that kind or else that
+    the folder exists, and the stage hash covers the folder's files."""
+    exports: str | None = None
+    """The folder under the stage's output that later stages read by naming the stage (a typed
+    `uses` reference), e.g. reward_model's `reward_model` (the stage produces no policy)."""
     main_only: bool = False
     """Run on the main process only (under a multi-process launch the others wait)."""
     summary: Callable[[Path], str] | None = None
@@ -271,10 +283,10 @@ class StageKind:
     """Position in listings (CLI help): pipeline order."""
     stage_rules: Callable[[Any, list[Any], Path | None], list[tuple[Loc, str]]] | None = None
     """Rules of the spec against the stages before it, (spec, earlier specs, the recipe's folder or
-    None) -> errors located below the stage (e.g. rl's `train.reward_model` naming a reward_model stage)."""
+    None) -> errors located below the stage (a reference to an earlier stage is a `uses` entry)."""
     fingerprint: Callable[[Any, StageContext], Any] | None = None
-    """What the stage's hash covers beyond its settings and model (JSON-serializable), computed when
-    the stage is reached (earlier stages have run): e.g. the files of a reward model it reads."""
+    """What the stage's hash covers beyond its settings, its model and its `uses` (JSON-serializable),
+    computed when the stage is reached (earlier stages have run)."""
 
 
 def lazy(module: str, name: str) -> Callable[..., Any]:

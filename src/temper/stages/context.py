@@ -31,6 +31,11 @@ class StageContext:
         p = Path(path).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
+    def export_dir(self, ref: str, folder: str) -> Path:
+        """The folder a typed reference (`StageKind.uses`) names: an earlier stage's `<out>/<folder>`
+        (what its kind exports), else a folder relative to the recipe's folder."""
+        return self.stage_dirs[ref] / folder if ref in self.stage_dirs else self.resolve(ref)
+
     def model_source(self, name: str) -> Path | str:
         """A recipe's `model.path` as it loads: a local folder relative to the recipe's folder, or
         a hub id as written."""

@@ -13,15 +13,14 @@ from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_
 from temper.models import load_model
 from temper.models.chat import eos_ids
 from temper.rollout import HFSampler
-from temper.stages.base import Loc, StageKind, StageRun, Strict, lazy, raise_located
+from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, lazy, raise_located
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_tokenizer, whole_model
 from temper.stages.ranking import (
     Ranked,
     check_same_tokenizer,
     load_ranker,
-    ranker_fingerprint,
-    reward_model_errors,
+    reward_model_use,
 )
 
 console = Console(stderr=True)
@@ -161,11 +160,11 @@ def describe(stage: EvalStage, recipe: Any) -> str:
     return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}{best}"
 
 
-def stage_rules(stage: EvalStage, earlier: list[Any], base_dir: Path | None) -> list[tuple[Loc, str]]:
-    """`best_of_n.reward_model` names an earlier reward_model stage or a folder."""
+def uses(stage: EvalStage) -> list[Use]:
+    """`best_of_n.reward_model`: an earlier reward_model stage or a folder."""
     if stage.best_of_n is None:
         return []
-    return reward_model_errors(stage.best_of_n.reward_model, ("best_of_n", "reward_model"), earlier, base_dir)
+    return reward_model_use(stage.best_of_n.reward_model, ("best_of_n", "reward_model"))
 
 
 def task_rules(stage: EvalStage, tasks: dict[str, Any]) -> list[tuple[Loc, str]]:
@@ -197,7 +196,6 @@ KIND = StageKind(
     main_only=True,
     summary=lambda out: eval_table(json.loads((out / "eval.json").read_text())),
     order=90,
-    stage_rules=stage_rules,
     task_rules=task_rules,
-    fingerprint=lambda stage, ctx: ranker_fingerprint(stage.best_of_n, ctx),
+    uses=uses,
 )

@@ -5,8 +5,8 @@ and `generate_best_of_n`, best-of-N as an SFT data generator.
 
 The reward model is a `temper.rewards.reward_model.RewardModel`; it scores the policy's token
 ids, so it must share the policy's tokenizer (`load_ranker` checks the vocabularies). A stage
-that ranks by one covers the reward model's files in its hash (`ranker_fingerprint`), so a
-retrained reward model reruns it.
+that ranks by one declares it in its kind's `uses` (`reward_model_use`): the recipe checks the
+name and the stage hash covers the reward model's files, so a retrained reward model reruns it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from temper.rewards.best_of_n import Ranker, best_index
-from temper.stages.base import Loc, StageError, Strict, folder_digest, raise_located
+from temper.stages.base import Loc, StageError, Strict, Use, raise_located
 from temper.stages.context import StageContext
 from temper.tasks.base import Task, grade_batch
 
@@ -57,28 +57,11 @@ class Ranked(Strict):
         return self
 
 
-def reward_model_errors(
-    name: str | None, loc: Loc, earlier: list[Any], base_dir: Path | None
-) -> list[tuple[Loc, str]]:
-    """`name` must be an earlier stage of kind reward_model, or else a folder that exists
-    (relative to the recipe's folder; unchecked without one)."""
-    if name is None:
-        return []
-    before = {s.name: s.kind for s in earlier}
-    if name in before:
-        if before[name] != "reward_model":
-            return [(loc, f"stage {name!r} is a {before[name]} stage, not a reward_model stage")]
-        return []
-    if base_dir is not None and not (base_dir / Path(name).expanduser()).exists():
-        rms = [s for s, kind in before.items() if kind == "reward_model"]
-        return [
-            (
-                loc,
-                f"{name!r} is neither an earlier reward_model stage {rms} nor a folder "
-                f"({(base_dir / name).resolve()} does not exist)",
-            )
-        ]
-    return []
+def reward_model_use(name: str | None, loc: Loc) -> list[Use]:
+    """The `StageKind.uses` entry of a reward model named at `loc`: an earlier reward_model stage
+    (its `<out>/reward_model`) or a folder saved by one. The recipe checks the name, and the stage
+    hash covers the reward model's files, so a retrained reward model reruns the stage."""
+    return [] if name is None else [(loc, name, "reward_model")]
 
 
 def reward_model_dir(name: str, ctx: StageContext) -> Path:
@@ -86,16 +69,7 @@ def reward_model_dir(name: str, ctx: StageContext) -> Path:
     path relative to the recipe's folder."""
     from temper.rewards.reward_model import REWARD_MODEL_DIR
 
-    if name in ctx.stage_dirs:
-        return ctx.stage_dirs[name] / REWARD_MODEL_DIR
-    return ctx.resolve(name)
-
-
-def ranker_fingerprint(spec: Ranked | None, ctx: StageContext) -> Any:
-    """The reward model's files when `spec` ranks by one (for the stage hash), else None."""
-    if spec is None or spec.reward_model is None:
-        return None
-    return folder_digest(reward_model_dir(spec.reward_model, ctx))
+    return ctx.export_dir(name, REWARD_MODEL_DIR)
 
 
 def load_ranker(spec: Ranked, ctx: StageContext) -> tuple[Ranker | None, Path | None]:

@@ -220,4 +220,5 @@ KIND = StageKind(
     tasks=tasks_of,
     summary=summary,
     order=24,
+    exports=REWARD_MODEL_DIR,  # what `reward_model: <this stage>` reads (`ranking.reward_model_use`)
 )

@@ -31,7 +31,7 @@ from temper.stages.base import (
     StageError,
     StageKind,
     Strict,
-    folder_digest,
+    Use,
     lazy,
     raise_located,
     rl_rules,
@@ -39,6 +39,7 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
+from temper.stages.ranking import reward_model_dir, reward_model_use
 from temper.tasks.base import Task, TaskOptionError
 from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
 from temper.train.rollouts import model_scorer
@@ -187,50 +188,6 @@ def reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], st
             )
         ]
     return []
-
-
-def stage_rules(
-    stage: RLStage, earlier: list[Any], base_dir: Path | None
-) -> list[tuple[tuple[str | int, ...], str]]:
-    """Rules against the stages before this one: `train.reward_model` names an earlier stage of
-    kind reward_model, or else a folder that exists (relative to the recipe's folder)."""
-    name = stage.train.reward_model
-    if name is None:
-        return []
-    loc = ("train", "reward_model")
-    before = {s.name: s.kind for s in earlier}
-    if name in before:
-        if before[name] != "reward_model":
-            return [(loc, f"stage {name!r} is a {before[name]} stage, not a reward_model stage")]
-        return []
-    rms = [s for s, kind in before.items() if kind == "reward_model"]
-    if base_dir is not None and not (base_dir / Path(name).expanduser()).exists():
-        return [
-            (
-                loc,
-                f"{name!r} is neither an earlier reward_model stage {rms} nor a folder "
-                f"({(base_dir / name).resolve()} does not exist)",
-            )
-        ]
-    return []
-
-
-def reward_model_dir(name: str, ctx: StageContext) -> Path:
-    """The folder `train.reward_model` means: an earlier stage's `<out>/reward_model`, else a path
-    relative to the recipe's folder."""
-    from temper.rewards.reward_model import REWARD_MODEL_DIR
-
-    if name in ctx.stage_dirs:
-        return ctx.stage_dirs[name] / REWARD_MODEL_DIR
-    return ctx.resolve(name)
-
-
-def fingerprint(stage: RLStage, ctx: StageContext) -> Any:
-    """What the stage hash covers beyond the settings: the reward model's files (a retrained or
-    replaced reward model reruns the stage). None without one."""
-    if stage.train.reward_model is None:
-        return None
-    return folder_digest(reward_model_dir(stage.train.reward_model, ctx))
 
 
 def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -561,11 +518,11 @@ def tokenizer_mismatch(student, teacher) -> str:
     return ""
 
 
-def _uses(stage: RLStage) -> list[tuple[tuple[str | int, ...], str]]:
-    """The models the stage reads besides its source (`StageKind.uses`): a teacher, and a judge
-    named by stage or folder (not `policy`, not an endpoint's model name), so retraining either
-    reruns this stage."""
-    out: list[tuple[tuple[str | int, ...], str]] = []
+def _uses(stage: RLStage) -> list[Use]:
+    """What the stage reads besides its source (`StageKind.uses`): a teacher, a judge named by
+    stage or folder (not `policy`, not an endpoint's model name) and a reward model (an earlier
+    reward_model stage or a folder), so retraining any of them reruns this stage."""
+    out: list[Use] = reward_model_use(stage.train.reward_model, ("train", "reward_model"))
     if stage.teacher not in (None, SELF):
         out.append((("teacher",), stage.teacher))
     judge = stage.train.judge
@@ -600,8 +557,6 @@ KIND = StageKind(
     section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
     uses=lambda stage: _uses(stage),
-    stage_rules=stage_rules,
-    fingerprint=fingerprint,
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
 )

@@ -25,6 +25,7 @@ from temper.stages.base import (
     LoraSpec,
     StageKind,
     Strict,
+    Use,
     epoch_steps,
     epochs_rule,
     lazy,
@@ -40,8 +41,7 @@ from temper.stages.ranking import (
     check_same_tokenizer,
     generate_best_of_n,
     load_ranker,
-    ranker_fingerprint,
-    reward_model_errors,
+    reward_model_use,
 )
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -305,11 +305,10 @@ def _tasks(stage: SFTStage) -> list[str]:
     return list(dict.fromkeys(tasks_of(stage) + (bon.tasks if bon else [])))
 
 
-def stage_rules(stage: SFTStage, earlier: list[Any], base_dir: Path | None) -> list[tuple[Any, str]]:
-    """`data.best_of_n.reward_model` names an earlier reward_model stage or a folder."""
+def uses(stage: SFTStage) -> list[Use]:
+    """`data.best_of_n.reward_model`: an earlier reward_model stage or a folder."""
     bon = stage.data.best_of_n
-    loc = ("data", "best_of_n", "reward_model")
-    return reward_model_errors(bon.reward_model, loc, earlier, base_dir) if bon else []
+    return reward_model_use(bon.reward_model, ("data", "best_of_n", "reward_model")) if bon else []
 
 
 def task_rules(stage: SFTStage, tasks: dict[str, Any]) -> list[tuple[Any, str]]:
@@ -340,7 +339,6 @@ KIND = StageKind(
     outputs=("sft.json",),
     tasks=_tasks,
     order=20,
-    stage_rules=stage_rules,
     task_rules=task_rules,
-    fingerprint=lambda stage, ctx: ranker_fingerprint(stage.data.best_of_n, ctx),
+    uses=uses,
 )
