@@ -42,13 +42,13 @@ Curve = list[dict[str, float]]  # points {"kl", "proxy", "gold"}, KL in nats per
 
 
 def rl_curve(rows: list[dict], window: int) -> Curve:
-    """An rl stage's metrics rows -> one point per `window` consecutive steps: the mean KL per
-    sequence, proxy and gold of those steps. Rows without the three keys (eval-only rows) are
-    skipped; a last window shorter than `window` is kept (it is the end of training)."""
+    """An rl stage's metrics rows -> the first step alone (sampled before any update: the
+    starting policy, KL 0 up to the estimate's noise), then one point per `window` consecutive
+    steps: the mean KL per sequence, proxy and gold of those steps. Rows without the three keys
+    (eval-only rows) are skipped; a last window shorter than `window` is kept (the end of training)."""
     steps = [r for r in rows if {"kl_ref_seq", "reward/reward_model", "reward/gold"} <= set(r)]
     out = []
-    for i in range(0, len(steps), window):
-        chunk = steps[i : i + window]
+    for chunk in [steps[:1]] + [steps[i : i + window] for i in range(1, len(steps), window)]:
         out.append(
             {
                 "kl": statistics.mean(r["kl_ref_seq"] for r in chunk),
@@ -75,8 +75,8 @@ def sqrt_kl(kl: float) -> float:
 
 
 def over_seeds(curves: list[Curve]) -> list[dict[str, float]]:
-    """Point-wise mean and sample std over seeds of sqrt(KL), proxy and gold (curves of equal
-    length; std 0 for one seed)."""
+    """Point-wise mean and sample std over seeds of sqrt(KL), proxy, proxy gain (proxy minus the
+    seed's first point) and gold (curves of equal length; std 0 for one seed)."""
     if len({len(c) for c in curves}) != 1:
         raise ValueError(f"curves of different lengths over seeds: {[len(c) for c in curves]}")
     out = []
@@ -85,6 +85,9 @@ def over_seeds(curves: list[Curve]) -> list[dict[str, float]]:
         for key, values in (
             ("x", [sqrt_kl(p["kl"]) for p in points]),
             ("proxy", [p["proxy"] for p in points]),
+            # a Bradley-Terry reward is defined up to an offset, which differs between seeds' reward
+            # models: the proxy's rise from the curve's start is what compares across seeds
+            ("gain", [p["proxy"] - c[0]["proxy"] for p, c in zip(points, curves, strict=True)]),
             ("gold", [p["gold"] for p in points]),
         ):
             row[key] = statistics.mean(values)
@@ -197,7 +200,7 @@ def timing(runs: dict[int, Path], recipe) -> list[str]:
     return lines
 
 
-def summarize(means: dict[str, list[dict[str, float]]]) -> list[str]:
+def summarize(means: dict[str, list[dict[str, float]]], window: int) -> list[str]:
     lines = []
     for name, curve in means.items():
         p = peak(curve)
@@ -213,15 +216,21 @@ def summarize(means: dict[str, list[dict[str, float]]]) -> list[str]:
         lines += [
             f"**{name}**: gold peaks {where}: {100 * p['gold']:.1f}% at sqrt(KL) {p['x']:.2f} "
             f"(start {100 * p['gold_start']:.1f}%, end {100 * p['gold_end']:.1f}% at sqrt(KL) {p['x_end']:.2f}); "
-            f"proxy {p['proxy_start']:.3f} -> {p['proxy']:.3f} at the gold peak -> {p['proxy_end']:.3f} at the end.",
+            f"proxy {p['proxy_start']:.3f} -> {p['proxy']:.3f} at the gold peak -> {p['proxy_end']:.3f} at the end "
+            f"(gain {curve[-1]['gain']:+.3f} ± {curve[-1]['gain_std']:.3f} over seeds).",
             "",
-            "| point | sqrt(KL) | proxy (RM score) | gold (verifier accuracy %) |",
-            "|---|---|---|---|",
+            "| point | sqrt(KL) | proxy (RM score) | proxy gain from the start | gold (verifier accuracy %) |",
+            "|---|---|---|---|---|",
         ]
         for i, r in enumerate(curve):
-            label = f"N={r['n']}" if "n" in r else f"steps {i}"
+            label = (
+                f"N={r['n']}"
+                if "n" in r
+                else ("step 1" if i == 0 else f"steps {2 + (i - 1) * window}-{1 + i * window}")
+            )
             lines.append(
                 f"| {label} | {r['x']:.2f} ± {r['x_std']:.2f} | {r['proxy']:.3f} ± {r['proxy_std']:.3f} | "
+                f"{r['gain']:+.3f} ± {r['gain_std']:.3f} | "
                 f"{100 * r['gold']:.1f} ± {100 * r['gold_std']:.1f} |"
             )
         lines.append("")
@@ -246,15 +255,23 @@ def plot(
             c = means[name]
             x = [r["x"] for r in c]
             color = colors[j % len(colors)]
-            for a, key, style in ((ax, "proxy", "-"), (gold_ax, "gold", "--")):
+            for a, key, style in ((ax, "gain", "-"), (gold_ax, "gold", "--")):
                 y = [r[key] for r in c]
                 s = [r[key + "_std"] for r in c]
-                a.plot(x, y, style, marker="o", ms=3, color=color, label=f"{name} {key}")
+                a.plot(
+                    x,
+                    y,
+                    style,
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    label=f"{name} {'proxy' if key == 'gain' else key}",
+                )
                 a.fill_between(
                     x, [u - v for u, v in zip(y, s)], [u + v for u, v in zip(y, s)], color=color, alpha=0.12
                 )
         ax.set_xlabel("sqrt(KL to the SFT policy), nats^0.5")
-        ax.set_ylabel("proxy: reward-model score (solid)")
+        ax.set_ylabel("proxy: reward-model score minus its start (solid)")
         gold_ax.set_ylabel("gold: verifier accuracy (dashed)")
         ax.set_title(title, fontsize=10)
         handles = ax.get_legend_handles_labels()[0] + gold_ax.get_legend_handles_labels()[0]
@@ -297,7 +314,7 @@ def main() -> None:
     lines += (
         reward_models(runs, recipe)
         + [""]
-        + summarize(means)
+        + summarize(means, args.window)
         + ["Stage seconds (wall):", ""]
         + timing(runs, recipe)
     )

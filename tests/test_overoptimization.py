@@ -20,16 +20,13 @@ def _row(step, kl, proxy, gold):
     return {"step": step, "kl_ref_seq": kl, "reward/reward_model": proxy, "reward/gold": gold}
 
 
-def test_rl_curve_averages_windows_of_steps_and_keeps_the_last_short_one():
-    rows = [
-        _row(1, 0.0, 1.0, 0.5),
-        _row(2, 0.2, 2.0, 0.7),
-        {"step": 2, "eval/accuracy": 0.9},
-        _row(3, 1.0, 4.0, 0.1),
-    ]
+def test_rl_curve_keeps_the_first_step_then_averages_windows_and_the_last_short_one():
+    rows = [_row(1, 0.0, 1.0, 0.5), _row(2, 0.2, 2.0, 0.7), {"step": 2, "eval/accuracy": 0.9}, _row(3, 0.4, 4.0, 0.1),
+            _row(4, 1.0, 3.0, 0.2)]  # fmt: skip
     assert oo.rl_curve(rows, 2) == [
-        {"kl": pytest.approx(0.1), "proxy": 1.5, "gold": pytest.approx(0.6)},
-        {"kl": 1.0, "proxy": 4.0, "gold": 0.1},
+        {"kl": 0.0, "proxy": 1.0, "gold": 0.5},
+        {"kl": pytest.approx(0.3), "proxy": 3.0, "gold": pytest.approx(0.4)},
+        {"kl": 1.0, "proxy": 3.0, "gold": 0.2},
     ]
 
 
@@ -51,6 +48,8 @@ def test_over_seeds_takes_sqrt_kl_mean_and_std_and_the_gold_peak():
     assert [r["x"] for r in mean] == pytest.approx([0.0, 1.0, 3.0])  # a negative k1 estimate reads as 0
     assert mean[2]["x_std"] == pytest.approx(math.sqrt(2)) and mean[1]["gold"] == pytest.approx(0.8)
     assert mean[0]["gold_std"] == pytest.approx(math.sqrt(0.02))
+    # the proxy's gain from each seed's own start: offsets between seeds' reward models cancel
+    assert [r["gain"] for r in mean] == pytest.approx([0.0, 1.0, 2.4]) and mean[0]["gain_std"] == 0.0
     p = oo.peak(mean)
     assert p["index"] == 1 and p["x"] == pytest.approx(1.0) and p["proxy_end"] == pytest.approx(2.5)
     assert p["gold_end"] == pytest.approx(0.2) and p["gold_start"] == pytest.approx(0.6)
