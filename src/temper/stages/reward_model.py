@@ -8,6 +8,7 @@ are trained with `algorithms.preference.bradley_terry_loss`, by the preference t
 the backbone gets an adapter and the head trains in full (PEFT's SEQ_CLS `modules_to_save`);
 the adapter is merged before saving, so `<out>/reward_model` is always a whole model any
 `AutoModelForSequenceClassification.from_pretrained` (and `temper.rewards.RewardModel.load`) reads.
+With `freeze_backbone: true` only the head trains (a linear probe of the policy's features).
 
 The stage does not produce a policy: later stages keep starting from the model before it, and
 refer to the reward model by this stage's name (`reward_model: <name>`).
