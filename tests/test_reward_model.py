@@ -305,3 +305,24 @@ def test_a_lora_stage_saves_a_whole_reward_model(saved, tmp_path, tokenizer):
         json.loads(line)["rejected"] for line in (out / "heldout_rewards.jsonl").read_text().splitlines()
     ]
     assert scores == pytest.approx(recorded, abs=1e-4)
+
+
+def test_freeze_backbone_trains_the_head_only(saved, tmp_path, tokenizer, capsys):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from temper.cli import main
+
+    model, data, held = saved
+    out = tmp_path / "rm-head"
+    args = ["reward_model", "--model", str(model), "--out", str(out), "--data.files", str(data),
+            "--data.eval_files", str(held), "--train.max_steps", "6", "--train.warmup_steps", "0",
+            "--train.batch_size", "8", "--train.lr", "0.01", "--freeze_backbone", "true"]  # fmt: skip
+    assert main(args) == 0
+    rm = AutoModelForSequenceClassification.from_pretrained(out / "reward_model")
+    policy = AutoModelForCausalLM.from_pretrained(model)
+    start = reward_model_from_policy(policy, tokenizer.pad_token_id, seed=0)
+    for (n, a), b in zip(rm.model.state_dict().items(), policy.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n  # every backbone weight as the policy left it
+    assert not torch.equal(rm.score.weight, start.score.weight)  # the head trained
+    assert main(args[:-2] + ["--freeze_backbone", "true", "--lora.r", "4", "--out", str(tmp_path / "x")]) != 0
+    assert "nothing for a LoRA adapter to train" in capsys.readouterr().err

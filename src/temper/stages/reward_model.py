@@ -8,6 +8,7 @@ are trained with `algorithms.preference.bradley_terry_loss`, by the preference t
 the backbone gets an adapter and the head trains in full (PEFT's SEQ_CLS `modules_to_save`);
 the adapter is merged before saving, so `<out>/reward_model` is always a whole model any
 `AutoModelForSequenceClassification.from_pretrained` (and `temper.rewards.RewardModel.load`) reads.
+With `freeze_backbone: true` only the head trains (a linear probe of the policy's features).
 
 The stage does not produce a policy: later stages keep starting from the model before it, and
 refer to the reward model by this stage's name (`reward_model: <name>`).
@@ -53,6 +54,12 @@ class RewardModelStage(PreferenceDataStage):
     center_rewards_coefficient: float = Field(0.0, ge=0)
     """c in + c (r_c + r_r)^2 (Eisenstein et al. 2023, TRL's name): keeps rewards centred on 0,
     which the pairwise loss alone leaves free; 0: off."""
+    # out of the settings when false: stages written before the field keep their hash
+    freeze_backbone: bool = Field(False, exclude_if=lambda v: not v)
+    """Train the scalar head only (a linear probe of the policy's last hidden state at the last
+    token): with a few hundred pairs the whole model memorizes them (held-out accuracy at chance,
+    recipes/reward_model_arithmetic.yaml), while a frozen backbone can only reuse what the policy
+    already computes. The held-out metrics say which generalizes better."""
 
     @model_validator(mode="after")
     def _check(self) -> RewardModelStage:
@@ -65,8 +72,23 @@ class RewardModelStage(PreferenceDataStage):
                     "AutoModelForSequenceClassification loads",
                 )
             )
+        if self.lora and self.freeze_backbone:
+            errors.append(
+                (
+                    ("freeze_backbone",),
+                    "a frozen backbone has nothing for a LoRA adapter to train: drop one of them",
+                )
+            )
         raise_located(errors)
         return self
+
+
+def freeze_backbone(model: torch.nn.Module) -> None:
+    """Stop gradients to everything but the head: the backbone is `model.base_model_prefix`
+    (`model` for Llama), the one-label `score` head stays trainable; the optimizer
+    (`train.supervised.adamw`) takes only parameters that require grad."""
+    for p in getattr(model, model.base_model_prefix).parameters():
+        p.requires_grad_(False)
 
 
 def build(tokenizer, rows: list[Pair | Labelled], max_len: int):
@@ -140,6 +162,8 @@ def run(stage: RewardModelStage, job) -> Path:
     del policy
     lora = stage.lora and stage.lora.adapter_args() | {"task_type": "SEQ_CLS"}
     model = with_lora(model, lora)
+    if stage.freeze_backbone:
+        freeze_backbone(model)
     batch = config.micro_batch_size or 16
     # the untrained head's held-out accuracy: the point the curve starts from (chance, or a bias
     # the fresh head happens to have, e.g. for the longer answer)
@@ -189,6 +213,7 @@ def run(stage: RewardModelStage, job) -> Path:
 def describe(stage: RewardModelStage, recipe: Any) -> str:
     data = [f"pairs from {stage.data.generate.tasks}"] if stage.data.generate else []
     lora = f", LoRA r={stage.lora.r}" if stage.lora else ""
+    lora += ", head only (backbone frozen)" if stage.freeze_backbone else ""
     center = f", centering {stage.center_rewards_coefficient}" if stage.center_rewards_coefficient else ""
     return f"reward model (Bradley-Terry{center}) on {data + stage.data.files}, {length(stage.train)}{lora}"
 
