@@ -1,6 +1,7 @@
 """experiments/multiseed.py: what a seed changes in a recipe, and the paired-difference interval."""
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -206,3 +207,26 @@ def test_the_grid_table_and_plot_give_each_cell_its_spread_over_seeds(tmp_path):
     assert len(lines) == 2 + 2 * 2
     multiseed.grid_plot(done, tmp_path / "grid.png", "sweep")
     assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _record_worker(job, base_dir, threads, log):
+    """A stand-in for run_job in a spawned worker: what process and thread budget it ran with."""
+    import os
+
+    import torch
+
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "threads": threads, "log": log}
+    (job.run_dir / "worker.json").write_text(json.dumps(record | {"torch": torch.get_num_threads()}))
+    return 0.0
+
+
+@pytest.mark.slow  # the spawned workers import torch and temper: tens of seconds on a loaded machine
+def test_parallel_jobs_run_in_spawned_workers_with_the_thread_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # run_sweep sets the workers' own value
+    jobs, _ = multiseed.build_jobs(SWEEP, tmp_path, [0, 1], ["sft"], [{}])
+    status = multiseed.run_sweep(jobs, tmp_path, 2, 1, run=_record_worker)
+    assert [status[j] for j in jobs] == ["ran in 0 s", "ran in 0 s"]
+    records = [json.loads((j.run_dir / "worker.json").read_text()) for j in jobs]
+    assert {r["pid"] for r in records}.isdisjoint({os.getpid()})  # not in the test's process
+    assert all(r["omp"] == "1" and r["torch"] == 1 and r["threads"] == 1 and r["log"] for r in records)
