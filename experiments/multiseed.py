@@ -9,7 +9,8 @@ is the same for all seeds).
 Grid. Each `--grid KEY=V1,V2,...` is one axis; the cells are the product of the axes, in the
 order given. KEY is a dotted path into the recipe's YAML, where a segment after `stages` names a
 stage (its `name`, or its kind when unnamed): `tasks.gp.n_cards=2,3,4`,
-`stages.sft.train.max_steps=300,600`. Values are read as YAML (`3` is an int, `true` a bool).
+`stages.sft.train.max_steps=300,600`. Values are read as YAML (`3` is an int, `true` a bool,
+`[11,12,13]` a list: commas inside brackets do not split values).
 `--set KEY=V` overrides every cell the same way.
 
 Folders. Without --grid each seed runs into `<run_dir>/seed-<s>/` (the layout the other
@@ -85,7 +86,13 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
     key, sep, values = spec.partition("=")
     if not sep or not key or not values:
         raise SystemExit(f"--grid/--set {spec!r}: expected KEY=V1,V2,...")
-    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(values):  # commas inside [...] or {...} belong to the value
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            parts.append(values[start:i])
+            start = i + 1
+    return key.strip(), [yaml.safe_load(v) for v in [*parts, values[start:]]]
 
 
 def expand_grid(axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:

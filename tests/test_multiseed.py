@@ -79,6 +79,10 @@ def test_the_grid_is_the_product_of_the_axes_and_overrides_reach_tasks_and_named
         multiseed.parse_axis("stages.sft.train.lr=0.001,0.01"),
     ]
     assert axes[0] == ("tasks.gp.n_cards", [2, 3])  # values read as YAML: ints, not strings
+    assert multiseed.parse_axis("tasks.gp.face_values_id=[10,10,10],[11, 12, 13]") == (
+        "tasks.gp.face_values_id",
+        [[10, 10, 10], [11, 12, 13]],
+    )
     cells = multiseed.expand_grid(axes)
     assert cells == [
         {"tasks.gp.n_cards": 2, "stages.sft.train.lr": 0.001},
