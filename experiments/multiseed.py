@@ -459,6 +459,7 @@ def grid_plot(cells: dict[str, tuple[Any, dict[int, Path]]], path: Path, title: 
                     ax.plot([x] * len(seeds), seeds, "k.", markersize=4)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"{split}")
+        ax.set_ylim(0, max(1.0, ax.get_ylim()[1]))  # an all-zero panel still shows 0 at the bottom
         ax.set_ylabel("greedy accuracy %")
         ax.legend(fontsize=8)
     fig.suptitle(title)
