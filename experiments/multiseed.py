@@ -69,6 +69,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,9 +226,10 @@ def finished(job: Job) -> bool:
 
 def budget(workers: int | None, threads: int | None, cores: int, jobs: int) -> tuple[int, int]:
     """(worker processes, torch threads each) with workers x threads <= cores: by default one
-    worker per core (never more workers than jobs) and the cores shared out among them."""
+    worker per core (per `threads` cores when only that is given; never more workers than jobs)
+    and the cores shared out among them."""
     cores = max(1, cores)
-    workers = min(workers or cores, max(1, jobs))
+    workers = min(workers or max(1, cores // (threads or 1)), max(1, jobs))
     if workers > cores:
         raise SystemExit(f"--workers {workers} is more than the {cores} cores")
     threads = threads or max(1, cores // workers)
@@ -282,6 +284,7 @@ def _outcome(result, job: Job) -> str:
     try:
         text = f"ran in {result():.0f} s"
     except Exception as error:  # one cell's failure (a bad override value, a crash) leaves the others
+        traceback.print_exc()  # a worker's traceback comes along as the cause
         text = f"failed: {type(error).__name__}: {error}"
     print(f"{job.run_dir}: {text}", flush=True)
     return text

@@ -162,6 +162,7 @@ def test_workers_times_threads_never_exceeds_the_cores():
     assert multiseed.budget(None, None, cores=2, jobs=1) == (1, 2)  # no idle worker for one job
     assert multiseed.budget(None, None, cores=16, jobs=3) == (3, 5)
     assert multiseed.budget(2, 1, cores=2, jobs=6) == (2, 1)
+    assert multiseed.budget(None, 2, cores=4, jobs=6) == (2, 2)  # --threads alone: the workers that fit
     with pytest.raises(SystemExit, match="more than the 2 cores"):
         multiseed.budget(2, 2, cores=2, jobs=6)
     with pytest.raises(SystemExit, match="more than the 2 cores"):
