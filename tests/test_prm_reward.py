@@ -282,3 +282,26 @@ def test_the_stage_hash_covers_the_prm_and_leaves_earlier_rl_stages_as_they_were
     settings = stage_settings(used)["train"]
     assert settings["process_reward_model"] == "prm" and settings["process_reward_model_mode"] == "min"
     assert get("rl").uses(used) == [(("train", PRM), "prm")]  # retraining the PRM reruns the stage
+
+
+def test_the_experiment_adds_seed_copies_of_both_arms_before_the_eval():
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
+    import prm_dense_reward  # noqa: E402  (experiments/, put on the path above)
+
+    from temper.recipe import parse_recipe
+
+    path = Path(__file__).parents[1] / "recipes" / "prm_dense_reward.yaml"
+    data = yaml.safe_load(path.read_text())
+    assert prm_dense_reward.seeded(data, [0]) == data  # seed 0 is the recipe as written
+    seeded = prm_dense_reward.seeded(data, [0, 2])
+    names = [s.get("name", s["kind"]) for s in seeded["stages"]]
+    assert names[-3:] == ["ppo_outcome_s2", "ppo_prm_s2", "eval"]
+    recipe = parse_recipe(yaml.safe_dump(seeded, sort_keys=False), base_dir=path.parent)
+    twin, first = recipe.stages[names.index("ppo_prm_s2")], recipe.stages[names.index("ppo_prm")]
+    assert twin.train.seed == 2 and first.train.seed == 0
+    assert replace(twin.train, seed=0) == first.train  # nothing else differs
