@@ -104,6 +104,7 @@ def evaluate(
     n_examples: int = 5,
     best_of_n: Sequence[int] = (),
     ranker: Ranker | None = None,
+    judge: Any = None,
 ) -> dict[str, Any]:
     """One greedy and k sampled completions per problem of `task.sample(split, n_problems, seed)`,
     drawn from `sampler` (k = 0: greedy only, for the RL stage's gate and periodic evals).
@@ -132,6 +133,11 @@ def evaluate(
     ranked by `ranker` (prompt ids, completion ids -> scores; a reward model) or, when None, by
     the verifier. The pass@k metrics use the first k of those n samples, which are the k samples
     a draw of k alone gives (sample j of a prompt depends only on its seed and j).
+
+    `judge` (a `temper.rewards.judge.Judge`, single-turn tasks only) grades every graded completion
+    (greedy and sampled) against its problem's prompt in one call, as a metric beside the verifier:
+    `result["judge"]` holds `judge_metrics` (the mean verdict, its agreement with the verifier and
+    Cohen's kappa, the unparseable verdicts counted, never read as 0).
     """
     from temper.agent.loop import EpisodeLimits, run_episodes
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
@@ -140,6 +146,8 @@ def evaluate(
 
     if k < 0 or n_problems < 1:
         raise ValueError("evaluate needs k >= 0 and n_problems >= 1")
+    if judge is not None and getattr(task, "make_env", None) is not None:
+        raise ValueError(f"a judge grades single-turn answers; {task.name!r} is an environment task")
     if ranker is not None and getattr(task, "make_env", None) is not None:
         # a reward model scores (prompt, completion) ids; an episode is more than its last piece
         raise ValueError(
@@ -231,6 +239,39 @@ def evaluate(
             tokenizer, specials, len(completions), sampler_stop_ids(sampler, tokenizer)
         ),
         **({"best_of_n": best_of_n_metrics(drawn, scores_P, best_of_n, ranker)} if best_of_n else {}),
+        **({"judge": judge_metrics(judge, problems, greedy, drawn, scores, scores_P)} if judge else {}),
+    }
+
+
+def judge_metrics(
+    judge: Any,
+    problems: Sequence[Problem],
+    greedy: Sequence[Sample],
+    drawn: Sequence[Sequence[Sample]],
+    greedy_scores: Sequence[Score],
+    scores_P: Sequence[Sequence[Score]],
+) -> dict[str, Any]:
+    """The judge's verdicts on every graded completion (greedy first, then each problem's samples),
+    one `judge.grade` call: `score` (the mean verdict in [0, 1] over the parsed ones, 95% interval
+    over them), `greedy_score` (the same over the greedy answers, beside greedy accuracy), and
+    `temper.rewards.judge.agreement` with the verifier's grades (agreement, its interval, kappa,
+    n / parsed / unparseable). `examples`: the first few verdicts as the judge wrote them."""
+    from temper.rewards.judge import agreement
+
+    pairs = [(p, c, s) for p, c, s in zip(problems, greedy, greedy_scores, strict=True)]
+    pairs += [(p, c, s) for p, cs, ss in zip(problems, drawn, scores_P) for c, s in zip(cs, ss, strict=True)]
+    verdicts = judge.grade([p.prompt for p, _, _ in pairs], [c.text for _, c, _ in pairs])
+    values = [v.value for v in verdicts]
+    parsed = [v for v in values if v is not None]
+    on_greedy = [v for v in values[: len(greedy)] if v is not None]
+    return {
+        "score": _unit_mean(parsed) if parsed else None,
+        "greedy_score": _unit_mean(on_greedy) if on_greedy else None,
+        **agreement(values, [s.correct for _, _, s in pairs]),
+        "examples": [
+            {"problem": p.id, "answer": c.text, "correct": s.correct, "verdict": v.text, "value": v.value}
+            for (p, c, s), v in list(zip(pairs, verdicts, strict=True))[:3]
+        ],
     }
 
 
@@ -378,6 +419,38 @@ def _examples(
     return [_example(*r, tokenizer) for r in shown]
 
 
+def judge_rows(
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> tuple[list[str], list[list[str]]]:
+    """The judge table as (header, rows of cells): one row per (label, split) of the results that
+    have `judge`; ([], []) when none has. Columns: the mean verdict over every judged answer and
+    over the greedy ones, the agreement with the verifier (95% interval) and Cohen's kappa, and
+    the unparseable verdicts of all judged."""
+    judged = [
+        (label, split, r["judge"]) for label, by in results.items() for split, r in by.items() if "judge" in r
+    ]
+    if not judged:
+        return [], []
+    header = [
+        "model",
+        "split",
+        "judge score",
+        "judge score (greedy)",
+        "agreement with verifier",
+        "kappa",
+        "unparseable",
+    ]
+    rows = []
+    for label, split, j in judged:
+        agree = None if j["agreement"] is None else {"value": j["agreement"], "lo": j["lo"], "hi": j["hi"]}
+        kappa = "–" if j["kappa"] is None else f"{j['kappa']:.2f}"
+        rows.append(
+            [label, split, _cell(j["score"], True), _cell(j["greedy_score"], True), _cell(agree, True), kappa,
+             f"{j['unparseable']} of {j['n']}"]
+        )  # fmt: skip
+    return header, rows
+
+
 def evaluate_splits(
     sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
@@ -481,10 +554,13 @@ def _aligned(header: list[str], rows: list[list[str]]) -> str:
 
 
 def format_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
-    """`table_rows` as plain text, columns aligned; then the best-of-N table when there is one."""
+    """`table_rows` as plain text, columns aligned; then the best-of-N and the judge tables when
+    there are any."""
     text = _aligned(*table_rows(results))
     bon_header, bon_rows = best_of_n_rows(results)
-    return text + (f"\n\nbest-of-N\n{_aligned(bon_header, bon_rows)}" if bon_rows else "")
+    text += f"\n\nbest-of-N\n{_aligned(bon_header, bon_rows)}" if bon_rows else ""
+    judge_header, judged = judge_rows(results)
+    return text + (f"\n\njudge\n{_aligned(judge_header, judged)}" if judged else "")
 
 
 def write_eval(path: str | Path, results: Mapping[str, Any]) -> None:

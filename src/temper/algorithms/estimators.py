@@ -63,6 +63,11 @@ class AdvantageInputs:
     """long: the number of actions of each row. None: 1 + the row's largest turn index."""
     turn_gamma: float = 1.0
     """Discount across turns for the turn estimators (`turns.turn_returns`)."""
+    token_rewards_R_T: torch.Tensor | None = None
+    """Rewards on completion tokens (already weighted; 0 elsewhere), e.g. a process reward model's
+    step scores on the tokens that end the steps. GAE adds them to its token rewards; the turn
+    estimators to the process reward of the turn that holds the token; the outcome estimators to
+    the sample's reward (the episode's undiscounted return). None: none."""
 
 
 Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
@@ -76,7 +81,8 @@ def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> 
     """An outcome estimator (one advantage per sample) broadcast over the sample's tokens.
 
     With process rewards a sample's reward is the episode's undiscounted total return, outcome +
-    sum_k step_rewards_k (turn_gamma is for the turn estimators). With a KL penalty in the reward it
+    sum_k step_rewards_k (turn_gamma is for the turn estimators), and with token rewards also
+    + sum_t token_rewards_t. With a KL penalty in the reward it
     is taken per sequence before the group baseline, as the RLHF reward r - beta * sum_t k1_t
     (Ouyang et al. 2022 eq. 2, summed over the completion).
     """
@@ -87,6 +93,10 @@ def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> 
             rewards_G_N = rewards_G_N + x.step_rewards_R_K.sum(-1).reshape(rewards_G_N.shape).to(
                 rewards_G_N.dtype
             )
+        if x.token_rewards_R_T is not None:
+            rewards_G_N = rewards_G_N + (x.token_rewards_R_T * x.mask_R_T).sum(-1).reshape(
+                rewards_G_N.shape
+            ).to(rewards_G_N.dtype)
         if _kl_in_reward(x):
             penalty_R = (x.ref_kl_R_T * x.mask_R_T).sum(-1)
             rewards_G_N = rewards_G_N - x.kl_coef * penalty_R.reshape(rewards_G_N.shape)
@@ -140,12 +150,17 @@ def turn_estimator(per_turn_G_N_K: Callable[[torch.Tensor, torch.Tensor], torch.
     index by `per_turn_G_N_K(returns_G_N_K, valid_G_N_K)`, and given to the tokens of that turn.
 
     With a KL penalty in the reward, -beta * (the sum of k1 over turn k's tokens) is added to turn
-    k's process reward; single-turn, that is the outcome estimators' per-sequence penalty.
+    k's process reward; single-turn, that is the outcome estimators' per-sequence penalty. Token
+    rewards are added the same way: the sum over turn k's tokens to turn k's process reward.
     """
 
     def estimate(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
         turn_R_T, step_R_K, turns_R = _turn_layout(x)
         k_count = step_R_K.shape[1]
+        if x.token_rewards_R_T is not None:
+            step_R_K = step_R_K + turn_sums(
+                (x.token_rewards_R_T * x.mask_R_T).to(step_R_K.dtype), turn_R_T, k_count
+            )
         if _kl_in_reward(x):
             step_R_K = step_R_K - x.kl_coef * turn_sums(x.ref_kl_R_T * x.mask_R_T, turn_R_T, k_count)
         g, n = x.rewards_G_N.shape
@@ -175,7 +190,10 @@ def turn_reinforce_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's per-token advantages: GAE (Schulman et al. 2016) over token rewards that put the
     outcome on the last completion token, process reward k on the last token of action k
-    (`turns.turn_end_rewards`) and -beta k1 on every token (`kl_penalized_rewards`).
+    (`turns.turn_end_rewards`), -beta k1 on every token (`kl_penalized_rewards`) and the given
+    token rewards on their tokens (a process reward model's step scores, dense):
+
+        r_t = outcome [t = last] + s_k [t = end of action k] - beta k1_t + token_reward_t
 
     Returns are the value targets before whitening; with `whiten` the advantages are whitened over
     the batch's valid tokens, as verl's compute_gae_advantage_return does by default (it keeps the
@@ -191,6 +209,8 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
         token_rewards_R_T = token_rewards_R_T + turn_end_rewards(step_R_K, turn_R_T).to(
             token_rewards_R_T.dtype
         )
+    if x.token_rewards_R_T is not None:
+        token_rewards_R_T = token_rewards_R_T + (x.token_rewards_R_T * x.mask_R_T).to(token_rewards_R_T.dtype)
     advantages_R_T, returns_R_T = gae(token_rewards_R_T, x.values_R_T, x.mask_R_T, x.gamma, x.lam)
     if x.whiten:
         advantages_R_T = masked_whiten(advantages_R_T, x.mask_R_T, total=x.total)

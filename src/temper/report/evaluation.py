@@ -9,7 +9,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from temper.evaluate import best_of_n_rows, table_rows
+from temper.evaluate import best_of_n_rows, judge_rows, table_rows
 from temper.report.agent import LEGEND, episode_html, eval_episode_table
 from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
 from temper.rewards.best_of_n import bon_kl
@@ -188,6 +188,14 @@ def eval_section(stage: Stage, plots: Path) -> str:
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
         parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
         parts.append(best_of_n_block(task, by_model, png.with_name(f"{png.stem}-best_of_n.png")))
+        judge_head, judged = judge_rows(by_model)
+        if judged:
+            parts.append(
+                "<p>A generative judge graded every answer (greedy and sampled) beside the verifier: "
+                "the mean verdict, its agreement with the verifier and Cohen's kappa (agreement beyond "
+                "chance), and the verdicts that could not be read (left out, never read as 0).</p>"
+                + _table(judged, judge_head)
+            )
         shown = samples(task, by_model)
         parts.append((LEGEND if "class='episode'" in shown else "") + shown)
     return "".join(parts)

@@ -67,6 +67,8 @@ COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
 BATCH_COMPONENTS: dict[str, str] = {
     "reward_model": "a learned reward model's score of (prompt, completion), `train.reward_model`",
     "judge": "a generative judge's verdict, `train.judge`",
+    "process_reward_model": "a process reward model's step scores (per token with advantage gae, or "
+    "their min / product), `train.process_reward_model`",
 }
 """Components scored over a batch of completions, not by a pure function of one graded completion:
 the RL loop scores each sampling round at once (`temper.train.rollouts.given_parts`) and hands the

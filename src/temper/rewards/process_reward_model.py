@@ -9,21 +9,41 @@ tokens are found in the sampled ids themselves (`step_token_ends`), never by re-
 A solution's score aggregates its step scores (`aggregate`): `min` (the weakest step) or `product`
 (the probability that every step is right, if their errors were independent; Lightman et al. 2023
 section 2.6 score a solution by the product).
+
+As an RL reward (the `process_reward_model` batch component, `prm_scorer`), a PRM is used in one of
+two ways (`Mode`):
+
+- dense: step k's score sigma(z_k) is a reward on the token that ends step k (`TokenRewards`), as
+  in Math-Shepherd's step-by-step PPO, where the PRM scores each step at its end (Wang et al. 2024,
+  "Math-Shepherd", arXiv:2312.08935). Its return is sum_k sigma(z_k); only a
+  per-token estimator (GAE) credits each step on its own, so the recipe allows dense with
+  `advantage: gae` only (an outcome estimator would see the plain sum, which pays for more steps).
+- min / product: one outcome score per completion, the step scores aggregated as for ranking
+  (Lightman et al. 2023 section 2.6; Wang et al. 2024 take the min), used like any outcome reward
+  by every estimator.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import AutoModelForTokenClassification, AutoTokenizer, PreTrainedTokenizerBase
 
-from temper.tasks.steps import IGNORE, Span
+from temper.tasks.steps import IGNORE, Span, segment
 
 Aggregate = Literal["min", "product"]
+Mode = Literal["dense", "min", "product"]
+"""How the RL reward component uses the step scores: per token (dense) or aggregated (min, product)."""
+
+PRM = "process_reward_model"
+"""The reward component's name in `rewards:` (and of the recipe key naming the model)."""
+PROCESS_REWARD_MODEL_DIR = "process_reward_model"
+"""The folder a `process_reward_model` stage writes inside its output folder."""
 
 
 def step_token_ends(
@@ -75,14 +95,15 @@ class ProcessRewardModel:
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, path: str | Path) -> ProcessRewardModel:
+    def load(cls, path: str | Path, device: str | torch.device | None = None) -> ProcessRewardModel:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"{path}: no process reward model here (no config.json); a process_reward_model stage "
                 "saves one to <stage out>/process_reward_model"
             )
-        return cls(AutoModelForTokenClassification.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+        model = AutoModelForTokenClassification.from_pretrained(path).requires_grad_(False)
+        return cls(model if device is None else model.to(device), AutoTokenizer.from_pretrained(path))
 
     @torch.no_grad()
     def logits(
@@ -134,6 +155,78 @@ class ProcessRewardModel:
         return [
             aggregate(s, how) for s in self.step_scores(prompt_ids, completion_ids, positions, batch_size)
         ]
+
+    def step_rewards(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 32
+    ) -> list[TokenRewards]:
+        """Per completion, its steps (`temper.tasks.steps.segment` of the ids decoded as the sampler
+        decodes them) scored: sigma(z) at each step's last token, a token two steps share scored once
+        (and listed once). The model runs in batches of `batch_size` over all the completions."""
+        positions = []
+        for ids in completion_ids:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            positions.append(list(dict.fromkeys(step_token_ends(self.tokenizer, ids, segment(text)))))
+        scores = self.step_scores(prompt_ids, completion_ids, positions, batch_size)
+        return [TokenRewards(tuple(p), tuple(s)) for p, s in zip(positions, scores, strict=True)]
+
+
+@dataclass(frozen=True)
+class TokenRewards:
+    """Rewards placed on completion tokens: `values[k]` on token `positions[k]` (distinct, increasing
+    positions into the completion ids). `total` is their sum: the return they add to the episode."""
+
+    positions: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.values))
+
+
+def reduce_steps(steps: TokenRewards, mode: Mode) -> float | TokenRewards:
+    """The component's value of one completion: its step rewards as they are (dense), or one
+    outcome score aggregated from them (min, product; `aggregate`)."""
+    return steps if mode == "dense" else aggregate(steps.values, mode)
+
+
+def prm_scorer(prm: Any, mode: Mode = "dense", batch_size: int = 32):
+    """The `process_reward_model` batch component (a `temper.rewards.judge.GroupScorer`): every
+    episode of a sampling round scored by the PRM in one batched no-grad pass. Per episode:
+    `process_reward_model` (a `TokenRewards` in dense mode, which `grade_episodes` places on the
+    tokens and logs as its total; else the min or product of the step scores), and, for the log,
+    `prm_min` (the weakest step's score) and `prm_steps` (steps scored). Single-turn episodes only:
+    an episode with environment tokens has no one completion to cut into steps."""
+
+    def score(problems: list[Any], episodes: list[list[Any]]) -> list[list[dict[str, Any]]]:
+        flat = [t for group in episodes for t in group]
+        if multi := [t for t in flat if len(t.segments) > 2]:
+            raise ValueError(
+                f"the {PRM} reward scores single-turn completions; {len(multi)} episodes have several "
+                "turns or environment tokens"
+            )
+        steps = iter(
+            prm.step_rewards(
+                [list(t.prompt_ids) for t in flat], [list(t.completion_ids) for t in flat], batch_size
+            )
+            if flat
+            else []
+        )
+        out = []
+        for group in episodes:
+            row = []
+            for _ in group:
+                s = next(steps)
+                row.append(
+                    {
+                        PRM: reduce_steps(s, mode),
+                        "prm_min": min(s.values, default=0.0),
+                        "prm_steps": len(s.values),
+                    }
+                )
+            out.append(row)
+        return out
+
+    return score
 
 
 def process_model_from(source: str | Path, pad_token_id: int):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from rich.console import Console
@@ -12,9 +12,11 @@ from rich.console import Console
 from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
 from temper.models import load_model
 from temper.models.chat import eos_ids
+from temper.rewards.judge import JudgeSpec, spec_errors
 from temper.rollout import HFSampler
 from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, lazy, raise_located
 from temper.stages.context import StageContext
+from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_tokenizer, whole_model
 from temper.stages.ranking import (
     Ranked,
@@ -67,6 +69,20 @@ class EvalStage(Strict):
     """Generation backend: hf (in-process transformers) or vllm (GPU)."""
     best_of_n: BestOfNEval | None = None
     """Accuracy vs N of best-of-N (n, rank: verifier | reward_model, reward_model: stage or folder)."""
+    judge: JudgeSpec | None = None
+    """A generative judge as a metric beside the verifier (the rl reward component's `judge` block:
+    {model: policy | stage | folder} or {url, model, api_key_env}, with rubric, scale...): every
+    graded answer is judged, and each model's row reports the mean verdict, its agreement with the
+    verifier (and Cohen's kappa) and the unparseable verdicts. `model: policy`: each model judges
+    its own answers."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("judge",)
+
+    @model_validator(mode="after")
+    def _judge(self) -> EvalStage:
+        if self.judge is not None:
+            raise_located([(("judge", *loc), msg) for loc, msg in spec_errors(self.judge)])
+        return self
 
     @model_validator(mode="after")
     def _sampled(self) -> EvalStage:
@@ -108,6 +124,11 @@ def run_eval(
     results: dict[str, dict[str, Any]] = {task: {} for task in tasks}
     bon = stage.best_of_n
     ranker, rm_dir = load_ranker(bon, ctx) if bon else (None, None)
+    spec = stage.judge
+    # one judge for every model (an endpoint, an earlier stage, a folder); `policy`: each model's own
+    fixed = None
+    if spec is not None and (spec.url or spec.model != "policy"):
+        fixed = load_judge(spec, ctx, None, None, stage.seed)
     for model_name in models:
         path = paths[model_name]
         model = None if stage.sampler == "vllm" else load_model(path)
@@ -120,6 +141,7 @@ def run_eval(
             sampler = VLLMSampler(whole_model(path, "sampler: vllm"), stop_token_ids=eos_ids(None, tokenizer))
         else:
             sampler = HFSampler(model, tokenizer, max_batch_rows=64)
+        judge = fixed or (load_judge(spec, ctx, sampler, tokenizer, stage.seed) if spec else None)
         for task in tasks:
             console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
             results[task][model_name] = evaluate_splits(
@@ -134,11 +156,12 @@ def run_eval(
                 max_new_tokens=stage.max_new_tokens,
                 best_of_n=bon.n if bon else (),
                 ranker=ranker,
+                judge=judge,
             )
             if rm_dir is not None:
                 for r in results[task][model_name].values():
                     r["best_of_n"]["reward_model"] = str(rm_dir)
-        del sampler, model  # one model in memory at a time: drop this one before the next loads
+        del sampler, model, judge  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 
@@ -157,30 +180,49 @@ def describe(stage: EvalStage, recipe: Any) -> str:
     bon = stage.best_of_n
     ranked = f"the reward model {bon.reward_model!r}" if bon and bon.reward_model else "the verifier"
     best = f", best-of-N for N in {bon.n} ranked by {ranked}" if bon else ""
+    if stage.judge:
+        who = stage.judge.url or stage.judge.model
+        best += f", judged by {'each model itself' if who == 'policy' else repr(who)}"
     return f"eval {start} + {stage.models or 'all models'} on {stage.tasks or list(recipe.tasks)} {stage.splits}, {stage.n_problems} problems, k={stage.k}{best}"
 
 
 def uses(stage: EvalStage) -> list[Use]:
-    """`best_of_n.reward_model`: an earlier reward_model stage or a folder."""
-    if stage.best_of_n is None:
-        return []
-    return reward_model_use(stage.best_of_n.reward_model, ("best_of_n", "reward_model"))
+    """`best_of_n.reward_model` (an earlier reward_model stage or a folder) and a judge named by an
+    earlier stage or a folder (not `policy`, not an endpoint's model name): the recipe checks the
+    names and the stage hash covers those models, as the rl stage's."""
+    out: list[Use] = []
+    if stage.best_of_n is not None:
+        out += reward_model_use(stage.best_of_n.reward_model, ("best_of_n", "reward_model"))
+    judge = stage.judge
+    if judge is not None and judge.url is None and judge.model != "policy":
+        out.append((("judge", "model"), judge.model))
+    return out
 
 
 def task_rules(stage: EvalStage, tasks: dict[str, Any]) -> list[tuple[Loc, str]]:
-    """A reward model ranks (prompt, completion) ids: not the episodes of an environment task."""
-    if stage.best_of_n is None or stage.best_of_n.rank != "reward_model":
-        return []
+    """A reward model ranks (prompt, completion) ids, and a judge reads one answer: not the
+    episodes of an environment task."""
     envs = [t for t in stage.tasks or list(tasks) if getattr(tasks.get(t), "make_env", None) is not None]
+    out: list[tuple[Loc, str]] = []
+    if stage.judge is not None and envs:
+        out.append(
+            (
+                ("judge",),
+                f"a judge grades single-turn answers; {envs} are environment tasks (list only "
+                "single-turn tasks in `tasks`)",
+            )
+        )
+    if stage.best_of_n is None or stage.best_of_n.rank != "reward_model":
+        return out
     if envs:
-        return [
+        return out + [
             (
                 ("best_of_n", "rank"),
                 f"a reward model ranks single-turn completions; {envs} are environment tasks (rank: verifier "
                 "works for them, or list only single-turn tasks in `tasks`)",
             )
         ]
-    return []
+    return out
 
 
 KIND = StageKind(

@@ -20,10 +20,26 @@ def stage_settings(stage: Any) -> dict[str, Any]:
     changes no output, so it is left out; so are the fields a spec lists in `HASHED_WHEN_SET`
     while they are empty (fields added after runs were recorded: those runs stay complete)."""
     exclude: dict[str, Any] = {"train": {"progress"}} if hasattr(stage, "train") else {}
+    if exclude:  # the train block's own late fields, left out while at their defaults
+        train = stage.train
+        exclude["train"] |= {
+            name
+            for name in getattr(type(train), "HASHED_WHEN_SET", ())
+            if getattr(train, name) == _default(train, name)
+        }
     exclude |= {
         name: True for name in getattr(type(stage), "HASHED_WHEN_SET", ()) if not getattr(stage, name)
     }
     return stage.model_dump(exclude=exclude or None)
+
+
+def _default(obj: Any, name: str) -> Any:
+    """The default of field `name` of a dataclass or pydantic instance."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        return next(f.default for f in dataclasses.fields(obj) if f.name == name)
+    return type(obj).model_fields[name].default
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:

@@ -29,7 +29,12 @@ from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
 from temper.data.dataset import Sequence, collate
 from temper.models import save_model
-from temper.rewards.process_reward_model import process_model_from, step_token_ends, token_labels
+from temper.rewards.process_reward_model import (
+    PROCESS_REWARD_MODEL_DIR,
+    process_model_from,
+    step_token_ends,
+    token_labels,
+)
 from temper.rollout import HFSampler, Sampler
 from temper.stages.base import (
     Loc,
@@ -259,7 +264,7 @@ def run(stage: ProcessRewardModelStage, job) -> Path:
     result = train_supervised(
         model, train, config, out, pad_id=tokenizer.pad_token_id, loss_fn=_loss, callbacks=[on_step]
     )
-    saved = save_model(model, tokenizer, out / "process_reward_model")
+    saved = save_model(model, tokenizer, out / PROCESS_REWARD_MODEL_DIR)
     if distributed.is_main():
         final = evals[-1] if evals else {}
         atomic_write_json(
@@ -322,4 +327,5 @@ KIND = StageKind(
     tasks=lambda spec: list(spec.data.tasks),
     summary=summary,
     order=22,
+    exports=PROCESS_REWARD_MODEL_DIR,  # what rl's `train.process_reward_model: <this stage>` reads
 )

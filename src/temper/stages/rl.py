@@ -23,6 +23,12 @@ from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rewards.judge import JUDGE, judge_scorer, spec_errors
 from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
+from temper.rewards.process_reward_model import (
+    PRM,
+    PROCESS_REWARD_MODEL_DIR,
+    ProcessRewardModel,
+    prm_scorer,
+)
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.rollout.sampler import sampler_stop_ids
@@ -96,6 +102,7 @@ class RLStage(Strict):
             if name not in COMPONENTS and name not in BATCH_COMPONENTS
         ]
         errors += reward_model_rules(self.train)
+        errors += process_reward_model_rules(self.train)
         errors += judge_errors(self.train.judge, self.train.rewards)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
@@ -190,6 +197,46 @@ def reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], st
     return []
 
 
+def process_reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """A `process_reward_model` component needs `train.process_reward_model` (and the reverse), and
+    its dense mode a per-token estimator: an outcome estimator would credit the sum of the step
+    scores to the whole completion, which pays for writing more steps, not better ones."""
+    used = PRM in config.rewards
+    if used and config.process_reward_model is None:
+        return [
+            (
+                ("train", "rewards", PRM),
+                "the process_reward_model component needs a process reward model: set "
+                "train.process_reward_model to an earlier process_reward_model stage's name or a folder saved by one",
+            )
+        ]
+    if config.process_reward_model is not None and not used:
+        return [
+            (
+                ("train", "process_reward_model"),
+                f"{config.process_reward_model!r} is never used: no process_reward_model component in "
+                "train.rewards (e.g. rewards: {outcome: 1.0, process_reward_model: 0.5})",
+            )
+        ]
+    if used and config.process_reward_model_mode == "dense" and config.advantage != "gae":
+        return [
+            (
+                ("train", "process_reward_model_mode"),
+                f"dense step rewards need a per-token estimator (advantage: gae); advantage "
+                f"{config.advantage!r} gives one advantage per sample, which would see only the sum of "
+                "the step scores (more steps, more reward). Use min or product: the step scores "
+                "aggregated into one outcome score (Lightman et al. 2023)",
+            )
+        ]
+    return []
+
+
+def process_reward_model_dir(name: str, ctx: StageContext) -> Path:
+    """The folder `train.process_reward_model` means: an earlier stage's `<out>/process_reward_model`,
+    else a path relative to the recipe's folder."""
+    return ctx.export_dir(name, PROCESS_REWARD_MODEL_DIR)
+
+
 def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
     """Rules that need the stage's tasks (the recipe builds them before checking): the path
     signals a `train.path` names are declared by the tasks with the right kind (RLVP principles
@@ -199,6 +246,13 @@ def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str |
         mine = stage_tasks(stage, {name: tasks[name] for name in stage.tasks if name in tasks})
     except TaskOptionError as err:
         return [(("task_options", *err.option), str(err))]
+    if PRM in stage.train.rewards and (envs := [n for n, t in mine.items() if getattr(t, "make_env", None)]):
+        errors.append(
+            (
+                ("train", "rewards", PRM),
+                f"a process reward model scores the steps of single-turn completions; {envs} are environment tasks",
+            )
+        )
     return errors + [
         (("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)
     ]
@@ -412,6 +466,16 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
             reward_model_dir(config.reward_model, ctx), device=next(model.parameters()).device
         )
         scorers["reward_model"] = model_scorer("reward_model", learned)
+    if config.process_reward_model is not None:
+        prm = ProcessRewardModel.load(
+            process_reward_model_dir(config.process_reward_model, ctx), device=next(model.parameters()).device
+        )
+        if problem := tokenizer_mismatch(tokenizer, prm.tokenizer):
+            raise StageError(
+                f"train.process_reward_model {config.process_reward_model!r} does not share the policy's "
+                f"tokenizer ({problem}); it scores the policy's token ids"
+            )
+        scorers[PRM] = prm_scorer(prm, config.process_reward_model_mode)
     if config.judge:
         scorers[JUDGE] = judge_scorer(load_judge(config.judge, ctx, sampler, tokenizer, config.seed))
     # The gate and the probe run on the main process (the others wait and get its verdict, or
@@ -483,6 +547,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     }
     if config.reward_model is not None:
         summary["reward_model"] = str(reward_model_dir(config.reward_model, ctx))
+    if config.process_reward_model is not None:
+        summary["process_reward_model"] = str(process_reward_model_dir(config.process_reward_model, ctx))
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)
     return model_dir
@@ -528,6 +594,8 @@ def _uses(stage: RLStage) -> list[Use]:
     judge = stage.train.judge
     if judge is not None and judge.url is None and judge.model != "policy":
         out.append((("train", "judge", "model"), judge.model))
+    if stage.train.process_reward_model is not None:
+        out.append((("train", PRM), stage.train.process_reward_model, PRM))
     return out
 
 
@@ -535,6 +603,8 @@ def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
     rm = f", reward model {t.reward_model!r}" if t.reward_model else ""
+    if t.process_reward_model:
+        rm += f", process reward model {t.process_reward_model!r} ({t.process_reward_model_mode})"
     rm += f", KL {t.kl_coef:g} in the {t.kl_mode}" if t.kl_coef else ""
     path = (
         f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"

@@ -37,6 +37,7 @@ from temper.rewards import BATCH_COMPONENTS, monitors
 from temper.rewards.diagnostics import breakdown
 from temper.rewards.judge import GroupScorer
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
+from temper.rewards.process_reward_model import PRM
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
@@ -275,6 +276,11 @@ def train_rl(
     scorers = scorers or {}
     if missing := [n for n in config.rewards if n in BATCH_COMPONENTS and n not in scorers]:
         raise ValueError(f"reward component {missing[0]!r} needs a scorer: {BATCH_COMPONENTS[missing[0]]}")
+    if PRM in config.rewards and config.process_reward_model_mode == "dense" and config.advantage != "gae":
+        raise ValueError(
+            "process_reward_model_mode dense puts step rewards on tokens: it needs advantage gae "
+            "(or use min / product, one outcome score per completion)"
+        )
     if config.prompts_per_step % world:
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
     # the RLVP principles, checked here too for runs that bypass the recipe (the CLI, the API)
@@ -488,6 +494,9 @@ def rollout_metrics(
         # a learned (proxy) reward: the verifier's reward of every sample, whatever its weight (0:
         # never trained on), is the gold the proxy is judged by (Gao et al. 2023)
         row["reward/gold"] = sum(r.score.reward for r in rollouts) / n
+    if "prm_min" in rollouts[0].parts:  # a process reward model's weakest step and step count
+        row["prm/min_step"] = sum(r.parts["prm_min"] for r in rollouts) / n
+        row["prm/steps"] = sum(r.parts["prm_steps"] for r in rollouts) / n
     if "judge_parsed" in rollouts[0].parts:  # verdicts the judge wrote that could not be read
         row["judge/unparseable"] = sum(r.parts["judge_parsed"] == 0 for r in rollouts)
     functions: dict[str, list[float]] = {}  # a data task's reward functions, each on its own (as TRL

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -87,12 +87,23 @@ class RLConfig:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""
     rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
     """Reward components and their weights (outcome, format, overlong, process; reward_model: the
-    score of `reward_model`; judge: the verdict of `judge`). A component of weight 0 is computed and logged, never trained on."""
+    score of `reward_model`; judge: the verdict of `judge`; process_reward_model: the step scores
+    of `process_reward_model`). A component of weight 0 is computed and logged, never trained on."""
     reward_model: str | None = None
     """The learned reward model the `reward_model` component scores with: the name of an earlier
     `reward_model` stage (its `<out>/reward_model` folder) or a folder saved by one (relative to the
     recipe), an `AutoModelForSequenceClassification` with one label. The run then also logs
     `reward/gold`, the verifier's reward of every sample, as the gold the proxy is judged by."""
+    process_reward_model: str | None = None
+    """The process reward model the `process_reward_model` component scores with: the name of an
+    earlier `process_reward_model` stage (its `<out>/process_reward_model` folder) or a folder saved
+    by one (relative to the recipe). Each sampled completion is cut into steps (`tasks.steps`)
+    and every step scored, batched and without gradients; see `process_reward_model_mode`. The run
+    then also logs `reward/gold`, the verifier's reward of every sample."""
+    process_reward_model_mode: Literal["dense", "min", "product"] = "dense"
+    """dense: each step's score is a reward on the token that ends the step (`advantage: gae`
+    only, which credits it per token); min / product: the step scores aggregated into one outcome
+    score per completion (Lightman et al. 2023), for any estimator."""
     judge: JudgeSpec | None = None
     """The generative judge of the `judge` reward component (`temper.rewards.judge`): {model:
     policy | stage | folder} or {url, model, api_key_env}, with rubric, scale, fallback."""
@@ -127,5 +138,9 @@ class RLConfig:
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("process_reward_model", "process_reward_model_mode")
+    """Fields left out of the stage hash while at their defaults (added after runs were recorded:
+    those runs stay complete; `temper.stages.markers.stage_settings`)."""
     """Reward-hacking monitors (`temper.rewards.monitors`): length correlation, train vs gold
     divergence, component trends, violation rate; logged as monitor/<name> and monitor/<name>/flag."""

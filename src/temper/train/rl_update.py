@@ -245,6 +245,7 @@ def prepare(
         turn_R_T=batch.turn_R_T,
         step_rewards_R_K=batch.step_rewards_R_K,
         turns_R=batch.turns_R,
+        token_rewards_R_T=batch.token_rewards_R_T,
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),

@@ -17,6 +17,7 @@ from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rewards.path import PathSpec, episode_totals, normalize_in_group, phi
+from temper.rewards.process_reward_model import TokenRewards
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Problem, Score, Task, grade_batch
 
@@ -33,6 +34,10 @@ class Rollout:
     step_rewards: list[float] = field(default_factory=list)
     """The environment's per-step rewards x the `process` weight, one per action (0 for an action
     the environment never answered): the part of `reward` the turn-level estimators credit per turn."""
+    token_rewards: dict[int, float] = field(default_factory=dict)
+    """Weighted rewards on completion tokens (index into the completion ids -> reward), e.g. a
+    process reward model's step scores on the tokens that end the steps (dense mode): the part of
+    `reward` a per-token estimator (GAE) credits token by token."""
 
     @property
     def tokens(self) -> int:
@@ -156,17 +161,28 @@ def grade_episodes(
     path scores differ has a signal (`Group.outcome_all_fail` still counts it).
 
     `given`: per episode, the values of batch reward components scored for the whole step
-    beforehand (a judge's, `temper.rewards.judge.judge_scorer`), used by `combine` as they are."""
+    beforehand (a judge's, `temper.rewards.judge.judge_scorer`), used by `combine` as they are. A
+    value that is a `TokenRewards` (a process reward model's, dense) counts as its total in the
+    reward and the parts, and its rewards x the component's weight go on their tokens
+    (`Rollout.token_rewards`)."""
     rollouts = []
     for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
         x = RewardInput(
             score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
         )
-        total, parts = combine(x, weights, given[i] if given else None)
+        values = given[i] if given else {}
+        dense = {k: v for k, v in values.items() if isinstance(v, TokenRewards)}
+        total, parts = combine(x, weights, {k: v.total if k in dense else v for k, v in values.items()})
         steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
+        on_tokens: dict[int, float] = {}
+        for name, rewards in dense.items():
+            for position, value in zip(rewards.positions, rewards.values, strict=True):
+                on_tokens[position] = on_tokens.get(position, 0.0) + weights.get(name, 0.0) * value
         rollouts.append(
-            Rollout(problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps])
+            Rollout(
+                problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps], on_tokens
+            )
         )
     if path is not None:
         phis = [phi(episode_totals(r.trajectory.signals), path) for r in rollouts]
@@ -202,6 +218,9 @@ class RolloutBatch:
     turns_R: torch.Tensor | None = None  # (R,) actions per row
     # the prompts the reference (teacher) reads instead of `prompts` (OPSD: with privileged context)
     teacher_prompts: list[list[int]] | None = None
+    # (R, T) weighted rewards on completion tokens (`Rollout.token_rewards`; rewards_G_N is then the
+    # rest of each reward, and the estimators add the two); None when no rollout has any
+    token_rewards_R_T: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -217,6 +236,7 @@ class RolloutBatch:
             move(self.step_rewards_R_K),
             move(self.turns_R),
             self.teacher_prompts,
+            move(self.token_rewards_R_T),
         )
 
 
@@ -236,17 +256,39 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         old[i, :n] = torch.tensor(t.completion_logprobs, dtype=torch.float32)
         mask[i, :n] = torch.tensor(t.trainable_mask, dtype=torch.bool)
         turns[i, :n] = torch.tensor(t.token_turns, dtype=torch.long)
-    # the outcome part of each reward; the process part goes per turn, and the estimators add it back
+    # the outcome part of each reward; the process part goes per turn, the token part per token,
+    # and the estimators add them back
     rewards = torch.tensor(
-        [[r.reward - sum(r.step_rewards) for r in g.rollouts] for g in groups], dtype=torch.float32
+        [
+            [r.reward - sum(r.step_rewards) - sum(r.token_rewards.values()) for r in g.rollouts]
+            for g in groups
+        ],
+        dtype=torch.float32,
     )
+    on_tokens = [r.token_rewards for g in groups for r in g.rollouts]
+    token_rewards = None
+    if any(on_tokens):
+        token_rewards = torch.zeros((len(rows), width))
+        for i, placed in enumerate(on_tokens):
+            for position, value in placed.items():
+                if not mask[i, position]:  # a reward no policy token can be credited with is lost
+                    raise ValueError(f"row {i}: a token reward at {position}, which is not a policy token")
+                token_rewards[i, position] = value
     steps = [r.step_rewards for g in groups for r in g.rollouts]
     step_rewards = torch.zeros((len(rows), max(max(len(s) for s in steps), 1)))
     for i, s in enumerate(steps):
         step_rewards[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
     turns_R = torch.tensor([t.turns for t in rows], dtype=torch.long)
     return RolloutBatch(
-        [list(t.prompt_ids) for t in rows], completions, mask, old, rewards, turns, step_rewards, turns_R
+        [list(t.prompt_ids) for t in rows],
+        completions,
+        mask,
+        old,
+        rewards,
+        turns,
+        step_rewards,
+        turns_R,
+        token_rewards_R_T=token_rewards,
     )
 
 
