@@ -281,7 +281,8 @@ def test_the_stage_hash_covers_the_prm_and_leaves_earlier_rl_stages_as_they_were
     used = parse_recipe(text, base_dir=tmp_path).stages[3]
     settings = stage_settings(used)["train"]
     assert settings["process_reward_model"] == "prm" and settings["process_reward_model_mode"] == "min"
-    assert get("rl").uses(used) == [(("train", PRM), "prm")]  # retraining the PRM reruns the stage
+    # a typed use: the recipe checks prm is a process_reward_model stage, the hash covers its files
+    assert get("rl").uses(used) == [(("train", PRM), "prm", PRM)]
 
 
 def test_the_experiment_adds_seed_copies_of_both_arms_before_the_eval():
