@@ -202,6 +202,10 @@ class RolloutBatch:
     turns_R: torch.Tensor | None = None  # (R,) actions per row
     # the prompts the reference (teacher) reads instead of `prompts` (OPSD: with privileged context)
     teacher_prompts: list[list[int]] | None = None
+    # AdaptThink (`advantage: adaptthink`): (R,) bool, the sample answered in the direct mode, and
+    # (G,) the reference model's mean accuracy on each prompt
+    direct_R: torch.Tensor | None = None
+    ref_accuracy_G: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -217,6 +221,8 @@ class RolloutBatch:
             move(self.step_rewards_R_K),
             move(self.turns_R),
             self.teacher_prompts,
+            move(self.direct_R),
+            move(self.ref_accuracy_G),
         )
 
 
