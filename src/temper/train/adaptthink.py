@@ -38,11 +38,12 @@ class ForcedFirstToken:
     """A `Sampler` whose completions start with a forced token: the direct marker in a share
     `direct_share` of each prompt's samples (the first ones), the thinking marker in the rest;
     see the module docstring. direct_share 0 forces every sample to think (the reference's
-    samples), with logprob log 1 = 0 at the forced token."""
+    samples) and 1 every sample to answer directly (a per-mode evaluation), with logprob log 1 = 0
+    at the forced token."""
 
     def __init__(self, inner: Sampler, tokenizer, direct_share: float):
-        if not 0.0 <= direct_share < 1.0:
-            raise ValueError(f"direct_share must be in [0, 1), got {direct_share}")
+        if not 0.0 <= direct_share <= 1.0:
+            raise ValueError(f"direct_share must be in [0, 1], got {direct_share}")
         self.inner = inner
         self.tokenizer = tokenizer
         self.direct_share = direct_share
