@@ -286,3 +286,15 @@ def test_train_rl_micro_run_raises_the_direct_probability_by_delta_alone(tokeniz
     flat = _micro_run(tokenizer, tmp_path / "zero", 0.0)
     assert all(r["grad_norm"] == 0.0 and r["loss"] == 0.0 for r in flat)
     assert max(r["adaptthink/p_direct"] for r in flat) < 1.05 * p_direct[0] < p_direct[-1] / 1.5
+
+
+def test_the_block_enters_the_stage_hash_only_when_set():
+    # runs recorded before the field existed keep their hash (and stay complete)
+    from temper.stages.markers import stage_settings
+    from temper.stages.rl import RLStage
+
+    plain = RLStage(kind="rl", tasks=["arithmetic"])
+    assert "adaptthink" not in stage_settings(plain)["train"]
+    assert "progress" not in stage_settings(plain)["train"]
+    adapt = RLStage(kind="rl", tasks=["arithmetic"], train=_config(temperature=1.0))
+    assert stage_settings(adapt)["train"]["adaptthink"]["delta"] == 0.3

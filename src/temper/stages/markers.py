@@ -19,7 +19,11 @@ def stage_settings(stage: Any) -> dict[str, Any]:
     """A stage spec's settings as its hash covers them: `train.progress` (how the bar is drawn)
     changes no output, so it is left out; so are the fields a spec lists in `HASHED_WHEN_SET`
     while they are empty (fields added after runs were recorded: those runs stay complete)."""
-    exclude: dict[str, Any] = {"train": {"progress"}} if hasattr(stage, "train") else {}
+    exclude: dict[str, Any] = {}
+    if (train := getattr(stage, "train", None)) is not None:
+        # the train block's own late fields (RLConfig.adaptthink) likewise, while unset
+        late = {name for name in getattr(type(train), "HASHED_WHEN_SET", ()) if getattr(train, name) is None}
+        exclude["train"] = {"progress"} | late
     exclude |= {
         name: True for name in getattr(type(stage), "HASHED_WHEN_SET", ()) if not getattr(stage, name)
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -55,6 +55,10 @@ class RLConfig:
     """Settings of one RL stage. The `Annotated` ranges are checked when a recipe or a CLI flag sets
     a field (plain construction does not check them); cross-field rules are in
     `temper.stages.base.rl_rules`."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("adaptthink",)
+    """Fields added after runs were recorded: left out of the stage hash while None
+    (`stages.markers.stage_settings`), so those runs stay complete."""
 
     steps: Annotated[int, Field(ge=1)] = 50
     """RL steps (one rollout batch and its updates each)."""
