@@ -27,6 +27,8 @@ def _inputs(**kw) -> AdvantageInputs:
         mask_R_T=mask,
         values_R_T=torch.randn(6, 5, generator=g, dtype=F64) * mask,
         ref_kl_R_T=0.1 * torch.randn(6, 5, generator=g, dtype=F64) * mask,
+        direct_R=torch.tensor([True, False, True, False, False, True]),  # adaptthink's inputs
+        ref_accuracy_G=torch.tensor([0.5, 0.25], dtype=F64),
     )
     return AdvantageInputs(**(base | kw))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from temper.algorithms.adaptthink import adaptthink_advantages
 from temper.algorithms.advantages import dr_grpo, grpo, reinforce_pp, rloo
 from temper.algorithms.distill import reverse_kl_advantages
 from temper.algorithms.policy import kl_penalized_rewards
@@ -68,6 +69,12 @@ class AdvantageInputs:
     step scores on the tokens that end the steps. GAE adds them to its token rewards; the turn
     estimators to the process reward of the turn that holds the token; the outcome estimators to
     the sample's reward (the episode's undiscounted return). None: none."""
+    direct_R: torch.Tensor | None = None
+    """bool (R,): the sample answered in the direct (no-thinking) mode (adaptthink only)."""
+    ref_accuracy_G: torch.Tensor | None = None
+    """(G,): the reference model's mean accuracy on each prompt (adaptthink only)."""
+    adaptthink_delta: float = 0.0
+    """delta, the bonus of a direct answer (adaptthink only)."""
 
 
 Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
@@ -226,6 +233,22 @@ def on_policy_distill_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]
     return reverse_kl_advantages(x.ref_kl_R_T, x.mask_R_T, x.kl_coef, x.total), None
 
 
+def adaptthink_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """AdaptThink (see `adaptthink.adaptthink_advantages`): delta * 1(direct) + r - Rbar_ref(x) per
+    sample, broadcast over its tokens; the rewards are the whole reward (outcome, format...)."""
+    if x.direct_R is None or x.ref_accuracy_G is None:
+        raise ValueError(
+            "the adaptthink estimator needs each sample's mode and the reference accuracy per prompt"
+        )
+    if _kl_in_reward(x) or x.step_rewards_R_K is not None and bool(x.step_rewards_R_K.any()):
+        raise ValueError("adaptthink takes neither a KL in the reward nor process rewards")
+    direct_G_N = x.direct_R.reshape(x.rewards_G_N.shape)
+    per_sample_R_1 = adaptthink_advantages(
+        x.rewards_G_N, direct_G_N, x.ref_accuracy_G, x.adaptthink_delta
+    ).reshape(-1, 1)
+    return torch.where(x.mask_R_T.bool(), per_sample_R_1, 0.0), None
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo_estimator,
     "dr_grpo": outcome_estimator(dr_grpo),
@@ -235,6 +258,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "turn_grpo": turn_grpo_estimator,
     "turn_reinforce": turn_reinforce_estimator,
     "on_policy_distill": on_policy_distill_estimator,
+    "adaptthink": adaptthink_estimator,
 }
 """Name -> estimator; the names are `rl_config.Advantage`."""
 

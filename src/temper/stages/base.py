@@ -193,6 +193,7 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
                     "as a loss term it would be counted twice",
                 )
             )
+    out += adaptthink_rules(config)
     m = config.monitors
     if m.enabled and m.min_steps > m.window:
         out.append(
@@ -201,6 +202,44 @@ def rl_rules(config: RLConfig) -> list[tuple[Loc, str]]:
                 f"{m.min_steps} must be at most monitors.window ({m.window}): no monitor could ever flag",
             )
         )
+    return out
+
+
+def adaptthink_rules(config: RLConfig) -> list[tuple[Loc, str]]:
+    """`advantage: adaptthink` and the `adaptthink` block go together; its forced first token
+    needs both modes in every group and a prompt set known before training."""
+    at = config.adaptthink
+    if config.advantage != "adaptthink":
+        return [(("adaptthink",), "is read only with advantage 'adaptthink'")] if at is not None else []
+    if at is None:
+        return [
+            (
+                ("adaptthink",),
+                "advantage 'adaptthink' needs this block, e.g. {delta: 0.05, direct_share: 0.5}",
+            )
+        ]
+    out: list[tuple[Loc, str]] = []
+    if (
+        at.direct_share is not None
+        and not 1 <= round(config.group_size * at.direct_share) < config.group_size
+    ):
+        out.append(
+            (
+                ("adaptthink", "direct_share"),
+                f"{at.direct_share} of a group of {config.group_size} forces "
+                f"{round(config.group_size * at.direct_share)} samples to answer directly: each group needs both modes",
+            )
+        )
+    if config.dynamic_sampling:
+        out.append(
+            (
+                ("dynamic_sampling",),
+                "not with adaptthink: refills draw prompts without a reference accuracy (and a group "
+                "whose rewards are all equal still learns which mode to prefer)",
+            )
+        )
+    if config.kl_coef and config.kl_mode == "reward":
+        out.append((("kl_mode",), "adaptthink takes no KL in the reward; use kl_mode: loss"))
     return out
 
 

@@ -12,12 +12,14 @@ from temper.tasks.base import Problem, Score, Task, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
 from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
+from temper.tasks.two_mode import TwoMode, TwoModeConfig
 
 TASKS: dict[str, type] = {
     "arithmetic": Arithmetic,
     "general_points": GeneralPoints,
     "dataset": DataTask,  # the user's rows and reward functions
     "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
+    "two_mode": TwoMode,  # a task's demonstrations in a thinking and a direct mode (AdaptThink)
 }
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "Score",
     "Task",
     "TaskOptionError",
+    "TwoMode",
+    "TwoModeConfig",
     "make_task",
     "task_fingerprints",
     "task_types",

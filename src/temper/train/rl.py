@@ -41,6 +41,7 @@ from temper.rewards.process_reward_model import PRM
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
+from temper.train import adaptthink
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
@@ -298,6 +299,37 @@ def train_rl(
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
     precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    # AdaptThink: the reference accuracy of every prompt the run will train on, from the starting
+    # weights (before a checkpoint is loaded; a resumed run reads the file back), and the rollout
+    # that forces the first token
+    ref_accuracy: dict[str, float] = {}
+    train_sampler = sampler
+    if config.advantage == "adaptthink":
+        if config.adaptthink is None:
+            raise ValueError("advantage 'adaptthink' needs the train.adaptthink block (delta, direct_share)")
+        if config.dynamic_sampling:
+            raise ValueError(
+                "adaptthink: dynamic sampling would train on prompts without a reference accuracy"
+            )
+        every = [
+            p
+            for step in range(config.steps)
+            for p in problems_for_step(tasks, config.prompts_per_step, config.seed, step)
+        ]
+        ref_accuracy = distributed.on_main(
+            adaptthink.reference_accuracy,
+            sampler,
+            tokenizer,
+            every,
+            config.adaptthink.reference_samples,
+            episode_limits(config),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=config.seed,
+            out_dir=out_dir if main else None,
+        )
+        if config.adaptthink.direct_share is not None:
+            train_sampler = adaptthink.ForcedFirstToken(sampler, tokenizer, config.adaptthink.direct_share)
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
     start = 0
@@ -336,7 +368,7 @@ def train_rl(
             model.eval()
             graded: list[Group] | None = [] if curricula else None
             local, causes, rounds, failed = sample_share(
-                sampler, tokenizer, tasks, config, step, rank, world, graded, scorers
+                train_sampler, tokenizer, tasks, config, step, rank, world, graded, scorers
             )
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
@@ -364,6 +396,20 @@ def train_rl(
                         rollouts.log(rec)
                 # 2. tensors, reference logprobs and values (no grad), advantages
                 batch = to_batch(local)
+                if ref_accuracy:
+                    row |= adaptthink.step_metrics(groups, tokenizer, ref_accuracy)
+                    row["adaptthink/p_direct"] = adaptthink.direct_probability(
+                        model,
+                        [g.rollouts[0].trajectory.prompt_ids for g in local],
+                        tokenizer,
+                        config.temperature,
+                    )
+                    batch.direct_R = adaptthink.direct_flags(
+                        [adaptthink.first_token(r.trajectory) for g in local for r in g.rollouts], tokenizer
+                    )
+                    batch.ref_accuracy_G = torch.tensor(
+                        [ref_accuracy[g.rollouts[0].problem.id] for g in local]
+                    )
                 if config.teacher_context == "solution":
                     batch.teacher_prompts = _privileged_prompts(tokenizer, tasks, local, batch.prompts)
                 with precision.applied(model, reference):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from temper.algorithms.policy import Aggregation
 from temper.precision import Precision
@@ -16,10 +16,38 @@ from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
 
 Advantage = Literal[
-    "grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "turn_grpo", "turn_reinforce", "on_policy_distill"
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "gae",
+    "turn_grpo",
+    "turn_reinforce",
+    "on_policy_distill",
+    "adaptthink",
 ]
 """The names of `temper.algorithms.estimators.ESTIMATORS`."""
 KLMode = Literal["loss", "reward"]
+
+
+@dataclass
+class AdaptThinkConfig:
+    """AdaptThink (Zhang et al. 2025, `temper.algorithms.adaptthink`): with `advantage: adaptthink`,
+    the two modes of a `two_mode` task (`temper.tasks.two_mode`: a completion that starts with the
+    thinking marker works before it answers, one that starts with `Answer:` answers directly)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    delta: Annotated[float, Field(ge=0)] = 0.05
+    """The bonus of a direct answer: A = delta * 1(direct) + r - Rbar_ref(x). Larger: more direct
+    answers at more accuracy lost (the paper: 0.05 for its 1.5B and 7B models)."""
+    direct_share: Annotated[float, Field(gt=0, lt=1)] | None = 0.5
+    """Importance sampling at the first token: this share of each group starts with the direct
+    marker and the rest with the thinking marker, the ratio taken against that share (the paper:
+    0.5). null: sample the mode on-policy (a mode the policy stops choosing is never explored again)."""
+    reference_samples: Annotated[int, Field(ge=1)] = 8
+    """Thinking-mode samples of the starting model per training prompt, drawn before the first
+    update, whose mean accuracy is Rbar_ref(x) (the paper: 16)."""
 
 
 @dataclass
@@ -27,6 +55,14 @@ class RLConfig:
     """Settings of one RL stage. The `Annotated` ranges are checked when a recipe or a CLI flag sets
     a field (plain construction does not check them); cross-field rules are in
     `temper.stages.base.rl_rules`."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = (
+        "process_reward_model",
+        "process_reward_model_mode",
+        "adaptthink",
+    )
+    """Fields added after runs were recorded: left out of the stage hash while at their defaults
+    (`stages.markers.stage_settings`), so those runs stay complete."""
 
     steps: Annotated[int, Field(ge=1)] = 50
     """RL steps (one rollout batch and its updates each)."""
@@ -48,7 +84,11 @@ class RLConfig:
     episode's total return) | gae (PPO with a value head) | turn_grpo | turn_reinforce (per turn:
     the return from each turn against the group's returns at the same turn index) |
     on_policy_distill (per token, the teacher's logprob minus the student's: the rl stage's `teacher`
-    is the reference, `kl_coef` the scale, `kl_mode: reward`)."""
+    is the reference, `kl_coef` the scale, `kl_mode: reward`) | adaptthink (delta * 1(direct) + r -
+    the starting model's accuracy on the prompt, with the `adaptthink` block)."""
+    adaptthink: AdaptThinkConfig | None = None
+    """AdaptThink's settings (delta, importance sampling share, reference samples); needs
+    `advantage: adaptthink` and a `two_mode` task."""
     grpo_eps: Annotated[float, Field(ge=0)] = 1e-6
     """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
     whiten_advantages: bool = True
@@ -138,9 +178,5 @@ class RLConfig:
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
-
-    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("process_reward_model", "process_reward_model_mode")
-    """Fields left out of the stage hash while at their defaults (added after runs were recorded:
-    those runs stay complete; `temper.stages.markers.stage_settings`)."""
     """Reward-hacking monitors (`temper.rewards.monitors`): length correlation, train vs gold
     divergence, component trends, violation rate; logged as monitor/<name> and monitor/<name>/flag."""

@@ -249,6 +249,9 @@ def prepare(
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),
+        direct_R=batch.direct_R,
+        ref_accuracy_G=batch.ref_accuracy_G,
+        adaptthink_delta=config.adaptthink.delta if config.adaptthink is not None else 0.0,
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p

@@ -221,6 +221,10 @@ class RolloutBatch:
     # (R, T) weighted rewards on completion tokens (`Rollout.token_rewards`; rewards_G_N is then the
     # rest of each reward, and the estimators add the two); None when no rollout has any
     token_rewards_R_T: torch.Tensor | None = None
+    # AdaptThink (`advantage: adaptthink`): (R,) bool, the sample answered in the direct mode, and
+    # (G,) the reference model's mean accuracy on each prompt
+    direct_R: torch.Tensor | None = None
+    ref_accuracy_G: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -237,6 +241,8 @@ class RolloutBatch:
             move(self.turns_R),
             self.teacher_prompts,
             move(self.token_rewards_R_T),
+            move(self.direct_R),
+            move(self.ref_accuracy_G),
         )
 
 
