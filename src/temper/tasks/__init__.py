@@ -11,6 +11,7 @@ from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from temper.tasks.base import Problem, Score, Task, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
+from temper.tasks.instructed import InstructedArithmetic
 from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
 
 TASKS: dict[str, type] = {
@@ -18,6 +19,7 @@ TASKS: dict[str, type] = {
     "general_points": GeneralPoints,
     "dataset": DataTask,  # the user's rows and reward functions
     "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
+    "instructed_arithmetic": InstructedArithmetic,  # a house rule in a system prompt (prompt distillation)
 }
 
 __all__ = [
