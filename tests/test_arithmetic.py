@@ -187,6 +187,7 @@ def test_registry():
         "code_repair",
         "multi_tool",
         "simulated_search", "search_documents",
+        "instructed_arithmetic",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

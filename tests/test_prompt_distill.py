@@ -90,6 +90,21 @@ def test_the_instructed_task_grades_the_rule_with_and_without_the_system_turn():
         make_task("instructed_arithmetic", instruction=" ")
 
 
+def test_grade_rule_scores_obedience_whatever_the_arithmetic():
+    task = make_task("instructed_arithmetic", system=False, grade="rule")
+    p = Problem("instructed_arithmetic", "test", "37+45", "37+45=?", {"result": 82, "answer": 2})
+    assert task.score(p, "37+45=82\nAnswer: 2").correct
+    assert task.score(p, "37+45=81\nAnswer: 1").correct  # wrong sum, rule obeyed
+    assert not task.score(p, "37+45=81\nAnswer: 2").correct  # not the last digit of what it wrote
+    assert not task.score(p, "37+45=82\nAnswer: 82").correct  # the full result: rule ignored
+    assert task.score(p, "Answer: 2").correct  # no equation written: the true result's digit
+    q = Problem("instructed_arithmetic", "test", "12-19", "12-19=?", {"result": -7, "answer": 7})
+    assert task.score(q, "12-19=-7\nAnswer: 7").correct and not task.score(q, "12-19=-7\nAnswer: -7").correct
+    assert task.score(q, "no answer").reward == 0 and not task.score(q, "no answer").parsed
+    strict = make_task("instructed_arithmetic", system=False)
+    assert not strict.score(p, "37+45=81\nAnswer: 1").correct
+
+
 def test_with_system_adds_the_instruction_for_the_teacher_only():
     msgs = [{"role": "user", "content": "q"}]
     assert with_system(msgs, "RULE") == [{"role": "system", "content": "RULE"}] + msgs
@@ -167,6 +182,11 @@ def test_the_student_learns_to_obey_without_the_instruction(tokenizer, tmp_path)
     assert s["kl_first"] > 0.2 and s["kl_last"] < s["kl_first"] / 2, (s["kl_first"], s["kl_last"])
     assert s["samples"] == 64 and s["teacher_sample_accuracy"] > 0.8
     assert "without" in prompt_distill_table(out) and (out / "model" / "config.json").exists()
+    from temper.report.common import Stage
+    from temper.report.prompt_distill import prompt_distill_section
+
+    html = prompt_distill_section(Stage(out, "prompt_distill", None), tmp_path)
+    assert "greedy accuracy" in html and "<img" in html
 
 
 def test_a_teacher_with_another_tokenizer_is_refused(tokenizer, tmp_path):

@@ -164,6 +164,10 @@ def test_cot_distillation_trains_the_student_on_the_teachers_verified_samples(st
     assert data and all(m["messages"][-1]["content"][0].isdigit() for m in data)  # only verified
     assert taught["accuracy"] > start_acc["accuracy"] + 0.5, summary["rounds"]
     assert "teacher 'teacher': greedy accuracy" in rft.rft_table(out)
+    from temper.report.common import Stage
+    from temper.report.rft import rft_section
+
+    assert "from the teacher 'teacher' (CoT distillation" in rft_section(Stage(out, "rft", None), tmp_path)
 
 
 def test_cot_distillation_refuses_a_teacher_with_another_tokenizer(start, tokenizer, tmp_path):
