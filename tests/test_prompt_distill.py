@@ -205,3 +205,43 @@ def test_the_spec_refuses_an_empty_instruction_and_epochs():
         _stage(system="  ")
     with pytest.raises(ValueError, match="give train.max_steps"):
         _stage(train=TrainConfig(epochs=1.0, progress=False))
+
+
+RECIPE = """\
+name: pd
+model: {{path: ./student}}
+tasks:
+  bare: {{task: instructed_arithmetic, system: false, grade: rule}}
+stages:
+  - kind: sft
+    name: teacher
+    data: {{tasks: [bare], problems_per_task: 8}}
+    train: {{max_steps: 2, batch_size: 4, warmup_steps: 0}}
+  - kind: prompt_distill
+    tasks: [{task}]
+    system: "RULE"
+{teacher}    train: {{max_steps: 2, batch_size: 4, warmup_steps: 0}}
+"""
+
+
+def test_the_recipe_checks_the_teacher_and_tasks_and_the_hash_covers_the_teacher(tmp_path):
+    from temper.recipe import RecipeError, parse_recipe
+    from temper.runner import _stage_hash
+
+    (tmp_path / "student").mkdir()
+
+    def parse(task="bare", teacher="    teacher: teacher\n"):
+        return parse_recipe(RECIPE.format(task=task, teacher=teacher), "pd.yaml", base_dir=tmp_path)
+
+    recipe = parse()
+    assert recipe.stages[1].teacher == "teacher" and parse(teacher="").stages[1].teacher is None
+    with pytest.raises(RecipeError, match=r"stages\[1\]\.teacher"):
+        parse(teacher="    teacher: techer\n")
+    with pytest.raises(RecipeError, match="bar"):
+        parse(task="bar")
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={}, task_options=recipe.tasks)
+    ctx.models["teacher"] = tmp_path / "t"
+    ctx.model_hashes["teacher"] = ctx.output_hashes["teacher"] = "aaaa"
+    first = _stage_hash(recipe, 1, ctx)
+    ctx.output_hashes["teacher"] = "bbbb"
+    assert _stage_hash(recipe, 1, ctx) != first
