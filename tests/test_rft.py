@@ -122,3 +122,101 @@ def test_an_interrupted_stage_restarts_at_its_round(start, tmp_path, monkeypatch
     assert (out / "round-01" / "model" / "model.safetensors").stat().st_mtime_ns == first
     rounds = json.loads((out / "rft.json").read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
+
+
+# CoT distillation: rft with a teacher writing the samples.
+
+
+def _digit_teacher(tokenizer, path):
+    """A nano model fine-tuned to start its answer with a digit (most of the time, not always)."""
+    from temper.data.dataset import build_sequences
+    from temper.data.formats import Example
+    from temper.train.supervised import train_supervised
+
+    model = build_preset("nano", tokenizer, seed=3)
+    task = FirstByteTask()
+    examples = [
+        Example(source="t", line=i, messages=p.messages() + [{"role": "assistant", "content": str(i % 10)}])
+        for i, p in enumerate(task.sample("train", 64, 0))
+    ]
+    sequences, _ = build_sequences(tokenizer, examples, 32)
+    config = TrainConfig(max_steps=25, batch_size=8, lr=1e-2, warmup_steps=1, progress=False)
+    train_supervised(model, sequences, config, path.parent / "teacher-train", pad_id=tokenizer.pad_token_id)
+    return save_model(model.eval(), tokenizer, path)
+
+
+def test_cot_distillation_trains_the_student_on_the_teachers_verified_samples(start, tokenizer, tmp_path):
+    teacher = _digit_teacher(tokenizer, tmp_path / "teacher")
+    ctx = StageContext(tmp_path, tmp_path, {"first_byte": FirstByteTask()}, {})
+    ctx.models["teacher"] = teacher
+    out = tmp_path / "cot"
+    out.mkdir()
+    train = TrainConfig(max_steps=25, batch_size=8, lr=1e-2, warmup_steps=1, progress=False)
+    stage = _stage(rounds=1, teacher="teacher", temperature=1.5, train=train)
+    run_rft(stage, ctx, start, out)
+    summary = json.loads((out / "rft.json").read_text())
+    start_acc, taught = summary["rounds"][0], summary["rounds"][1]
+    assert summary["teacher"]["name"] == "teacher" and summary["teacher"]["accuracy"] > 0.9
+    # the samples are the teacher's: the random student's own yield is a few percent (see above)
+    assert taught["yield"] > 0.9, taught
+    assert taught["correct_samples"] < taught["samples"], "the teacher should err sometimes at T=1.5"
+    data = [json.loads(line) for line in (out / "round-01" / "data.jsonl").read_text().splitlines()]
+    assert data and all(m["messages"][-1]["content"][0].isdigit() for m in data)  # only verified
+    assert taught["accuracy"] > start_acc["accuracy"] + 0.5, summary["rounds"]
+    assert "teacher 'teacher': greedy accuracy" in rft.rft_table(out)
+    from temper.report.common import Stage
+    from temper.report.rft import rft_section
+
+    assert "from the teacher 'teacher' (CoT distillation" in rft_section(Stage(out, "rft", None), tmp_path)
+
+
+def test_cot_distillation_refuses_a_teacher_with_another_tokenizer(start, tokenizer, tmp_path):
+    from temper.models import build_tokenizer
+    from temper.stages.base import StageError
+
+    other = build_tokenizer()
+    other.add_tokens(["<extra>"])
+    save_model(build_preset("nano", other, seed=2), other, tmp_path / "teacher")
+    ctx = StageContext(tmp_path, tmp_path, {"first_byte": FirstByteTask()}, {})
+    (tmp_path / "out").mkdir()
+    with pytest.raises(
+        StageError, match=r"rft: teacher './teacher' .* do not share a tokenizer: vocabularies of"
+    ):
+        run_rft(_stage(teacher="./teacher"), ctx, start, tmp_path / "out")
+
+
+def test_the_teacher_is_out_of_the_hash_when_unset_and_covered_when_set(tmp_path):
+    from temper.recipe import parse_recipe
+    from temper.runner import _stage_hash
+    from temper.stages.markers import stage_settings
+
+    assert "teacher" not in stage_settings(_stage())  # runs recorded before the field stay complete
+    assert stage_settings(_stage(teacher="t"))["teacher"] == "t"
+    (tmp_path / "student").mkdir()
+    text = """\
+name: cot
+model: {path: ./student}
+tasks:
+  arithmetic: {max_digits: 1}
+stages:
+  - kind: sft
+    name: teacher
+    data: {tasks: [arithmetic], problems_per_task: 8}
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
+  - kind: rft
+    tasks: [arithmetic]
+    source: teacher
+    teacher: %s
+    train: {max_steps: 2, batch_size: 4, warmup_steps: 0}
+"""
+    recipe = parse_recipe(text % "teacher", "cot.yaml", base_dir=tmp_path)
+    ctx = StageContext(run_dir=tmp_path, base_dir=tmp_path, tasks={}, task_options=recipe.tasks)
+    ctx.models["teacher"] = tmp_path / "t"
+    ctx.model_hashes["teacher"] = ctx.output_hashes["teacher"] = "aaaa"
+    first = _stage_hash(recipe, 1, ctx)
+    ctx.output_hashes["teacher"] = "bbbb"  # the teacher retrained: the distilled student reruns
+    assert _stage_hash(recipe, 1, ctx) != first
+    from temper.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="stages\\[1\\].teacher"):
+        parse_recipe(text % "techer", "cot.yaml", base_dir=tmp_path)

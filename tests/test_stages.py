@@ -148,6 +148,7 @@ def test_every_kind_keeps_the_contract():
         "kto",
         "rl",
         "rft",
+        "prompt_distill",
         "select",
         "eval",
     ]

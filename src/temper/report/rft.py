@@ -60,9 +60,15 @@ def rft_section(stage: Stage, plots: Path) -> str:
         ]
         for r in rounds
     ]
+    teacher = summary.get("teacher")
+    writer = (
+        f"the teacher {teacher['name']!r} (CoT distillation; its greedy accuracy {100 * teacher['accuracy']:.1f}%)"
+        if teacher
+        else "the previous round's model"
+    )
     said = (
-        f"<p>Each round samples {summary.get('k')} completions of {summary.get('prompts')} train prompts from the "
-        f"previous round's model, keeps the verified-correct ones (deduplicated; keep: {summary.get('keep')}"
+        f"<p>Each round samples {summary.get('k')} completions of {summary.get('prompts')} train prompts from "
+        f"{writer}, keeps the verified-correct ones (deduplicated; keep: {summary.get('keep')}"
         f"{', every round so far' if summary.get('accumulate') else ''}) and fine-tunes on them. Yield: the share "
         "of prompts with at least one correct sample. Accuracy: greedy, on held-out test problems.</p>"
     )

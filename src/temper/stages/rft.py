@@ -12,6 +12,14 @@ next round samples from the model that round produced.
 - RFT: Yuan et al. 2023, "Scaling Relationship on Learning Mathematical Reasoning with Large
   Language Models" §3 (k samples per question, distinct correct reasoning paths kept).
 
+CoT distillation (`teacher: <stage or folder>`): the samples come from a frozen teacher instead of
+the current model, every round, and the student is fine-tuned on the teacher's verified solutions
+(with their reasoning, whatever the teacher writes before the answer line): Hinton et al. 2015's
+distillation on sequences (Kim & Rush 2016, "Sequence-Level Knowledge Distillation"), filtered by
+the verifier as in Ho et al. 2023, "Large Language Models Are Reasoning Teachers" (only the
+teacher's correct rationales are kept). The teacher must share the student's tokenizer: prompts
+are rendered, and `max_new_tokens` and `keep: shortest` are counted, with the student's tokens.
+
 Per round the stage records the yield (share of prompts with at least one correct sample), the
 data size and the greedy accuracy on held-out test problems (`rl.greedy_eval`, the numbers the RL
 stage logs), in `rft.json` and the report's per-round table. Each round lives in `round-NN/`
@@ -27,7 +35,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from rich.console import Console
@@ -55,6 +63,7 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
+from temper.stages.teachers import load_frozen_teacher
 from temper.tasks.base import Problem, Task, grade_batch
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -90,6 +99,12 @@ class RFTStage(Strict):
     seed: int = 0
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
+    teacher: str | None = None
+    """CoT distillation: a frozen model (an earlier stage's name, a folder or a hub id) that writes
+    the samples of every round instead of the student; its tokenizer must be the student's.
+    Unset: the student samples itself (STaR/RFT)."""
+
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("teacher",)
 
     @model_validator(mode="before")
     @classmethod
@@ -214,10 +229,26 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
     model_source = round_dir(out, start_round - 1) / "model" if start_round > 1 else source
     tokenizer, model = load_chat_model(model_source, ctx)
     model.eval()
+    teacher = None
+    if stage.teacher:
+        teacher = load_frozen_teacher(
+            ctx,
+            stage.teacher,
+            tokenizer,
+            source,
+            "rft",
+            "Its samples are prompted, cut at max_new_tokens and kept by length in the student's tokens",
+        )
     rounds: list[dict[str, Any]] = done or [
         {"round": 0, **_accuracy(HFSampler(model, tokenizer), tokenizer, tasks, stage)}
     ]
     summary = {"keep": stage.keep, "k": stage.k, "prompts": stage.prompts, "accumulate": stage.accumulate}
+    if teacher is not None:  # CoT distillation: the teacher's own greedy accuracy, once
+        summary["teacher"] = previous.get("teacher") or {
+            "name": stage.teacher,
+            **_accuracy(HFSampler(teacher, tokenizer), tokenizer, tasks, stage),
+        }
+        console.print(f"rft: teacher {stage.teacher!r} greedy accuracy {summary['teacher']['accuracy']:.3f}")
 
     def write() -> None:
         if distributed.is_main():
@@ -235,7 +266,8 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
         if data_path.exists() and counts_path.exists():  # sampled before an interruption: same rows
             rows, counts = _read_rows(data_path), json.loads(counts_path.read_text())
         else:
-            rows, counts = sample_round(HFSampler(model, tokenizer), tokenizer, tasks, stage, r)
+            writer = teacher if teacher is not None else model  # CoT distillation: the teacher writes
+            rows, counts = sample_round(HFSampler(writer, tokenizer), tokenizer, tasks, stage, r)
             if distributed.is_main():
                 atomic_write_text(data_path, "".join(json.dumps(row) + "\n" for row in rows))
                 atomic_write_json(counts_path, counts)
@@ -291,7 +323,8 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
 
 def rft_table(out: Path) -> str:
     """The per-round table (printed after the stage)."""
-    rounds = json.loads((out / "rft.json").read_text())["rounds"]
+    summary = json.loads((out / "rft.json").read_text())
+    rounds = summary["rounds"]
     lines = [f"{'round':>5}  {'yield':>6}  {'kept':>5}  {'data':>5}  {'accuracy':>8}  {'parse':>6}"]
     for r in rounds:
         y = f"{100 * r['yield']:.1f}%" if "yield" in r else "-"
@@ -299,14 +332,22 @@ def rft_table(out: Path) -> str:
             f"{r['round']:>5}  {y:>6}  {r.get('kept', '-'):>5}  {r.get('data_size', '-'):>5}  "
             f"{100 * r['accuracy']:>7.1f}%  {100 * r['parse_rate']:>5.1f}%"
         )
+    if teacher := summary.get("teacher"):
+        lines.append(f"teacher {teacher['name']!r}: greedy accuracy {100 * teacher['accuracy']:.1f}%")
     return "\n".join(lines)
 
 
 def describe(stage: RFTStage, recipe: Any) -> str:
+    teacher = f", samples written by teacher {stage.teacher!r} (CoT distillation)" if stage.teacher else ""
     return (
         f"rft on {stage.tasks}: {stage.rounds} rounds x {stage.prompts} prompts x {stage.k} samples, "
-        f"keep {stage.keep}, {length(stage.train)} per round"
+        f"keep {stage.keep}, {length(stage.train)} per round{teacher}"
     )
+
+
+def _uses(stage: RFTStage) -> list[tuple[tuple[str | int, ...], str]]:
+    """The teacher, when there is one: retraining it reruns this stage."""
+    return [(("teacher",), stage.teacher)] if stage.teacher else []
 
 
 KIND = StageKind(
@@ -320,6 +361,7 @@ KIND = StageKind(
     section=lazy("temper.report.rft", "rft_section"),
     outputs=("rft.json",),
     tasks=lambda stage: stage.tasks,
+    uses=_uses,
     summary=rft_table,
     order=35,  # after rl: the R1 pipeline's rejection-sampling SFT follows reasoning RL
 )

@@ -11,6 +11,7 @@ from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from temper.tasks.base import Problem, Score, Task, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
+from temper.tasks.instructed import InstructedArithmetic
 from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
 from temper.tasks.two_mode import TwoMode, TwoModeConfig
 
@@ -20,6 +21,7 @@ TASKS: dict[str, type] = {
     "dataset": DataTask,  # the user's rows and reward functions
     "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
     "two_mode": TwoMode,  # a task's demonstrations in a thinking and a direct mode (AdaptThink)
+    "instructed_arithmetic": InstructedArithmetic,  # a house rule in a system prompt (prompt distillation)
 }
 
 __all__ = [

@@ -1,0 +1,325 @@
+"""The prompt distillation stage: internalize a long instruction so it no longer needs to be in the prompt.
+
+The teacher reads each train prompt with the instruction as a system turn and samples a
+completion; the student, starting from the stage's source model, reads the same prompt without the
+instruction and is trained on those completions to match the teacher's whole next-token
+distribution at every completion token (`algorithms.distill.forward_kl_loss`, the forward KL on the
+teacher's samples). Context distillation: Askell et al. 2021, "A General Language Assistant as a
+Laboratory for Alignment" §3.3 (a prompt distilled into the weights); Snell et al. 2022, "Learning
+by Distilling Context" (the same model with and without the context as teacher and student).
+
+The teacher is by default the starting model itself, frozen (self-distillation of the context), or
+any model sharing the student's tokenizer (`teacher: <stage or folder>`): the KL compares the two
+models' distributions over the same token ids.
+
+Before and after training the stage measures the greedy accuracy on `eval_problems` held-out
+problems of each task, with and without the instruction (`prompt_distill.json`, the summary table):
+for a task whose grade is obeying the instruction (`instructed_arithmetic`) that is the
+instruction-following rate. An interrupted stage starts over (it is minutes on a CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from rich.console import Console
+
+from temper.algorithms.distill import forward_kl_loss
+from temper.atomic import atomic_write_json, atomic_write_text
+from temper.data.chat import prompt_ids
+from temper.models import load_model, save_trained
+from temper.rollout import HFSampler
+from temper.rollout.sampler import derive_seed
+from temper.stages.base import StageError, StageKind, Strict, lazy, length, raise_located, train_rules
+from temper.stages.context import StageContext
+from temper.stages.loading import load_chat_model
+from temper.stages.rl import greedy_eval
+from temper.stages.teachers import load_frozen_teacher
+from temper.tasks.base import Problem, Task, grade_batch
+from temper.train.metrics import MetricsLog
+from temper.train.supervised import TrainConfig, adamw, batch_indices, lr_schedule
+
+console = Console(stderr=True)
+
+
+class PromptDistillStage(Strict):
+    kind: Literal["prompt_distill"]
+    name: str = "prompt_distill"
+    tasks: list[str]
+    """Tasks whose train-split prompts (as the student sees them, without the instruction) are used."""
+    system: str
+    """The instruction: the teacher reads it as a system turn before each prompt, the student never."""
+    teacher: str | None = None
+    """The model that reads the instruction (an earlier stage, a folder or a hub id; its tokenizer
+    must be the student's). Unset: the starting model itself, frozen."""
+    prompts: int = Field(512, ge=1)
+    """Train-split problems, split evenly over the tasks."""
+    k: int = Field(1, ge=1)
+    """Teacher samples per prompt."""
+    temperature: float = Field(1.0, gt=0)
+    """The teacher's sampling temperature (the KL itself is at temperature 1)."""
+    max_new_tokens: int = Field(32, gt=0)
+    eval_problems: int = Field(200, gt=0)
+    """Held-out test problems per task for the greedy accuracy before and after, with and without the instruction."""
+    train: TrainConfig = TrainConfig(max_steps=100)
+    seed: int = 0
+    source: str | None = None
+    """Stage whose model to start from; default: the latest stage that produced a model."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PromptDistillStage:
+        errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
+        if self.train.epochs is not None:
+            errors.append(
+                (("train", "epochs"), "prompt_distill counts optimizer steps: give train.max_steps")
+            )
+        if not self.tasks:
+            errors.append((("tasks",), "a prompt_distill stage needs at least one task"))
+        if not self.system.strip():
+            errors.append((("system",), "the instruction to distill is empty"))
+        raise_located(errors)
+        return self
+
+
+def with_system(messages: list[dict[str, Any]], system: str) -> list[dict[str, Any]]:
+    """`messages` with `system` as the first turn (before a system turn the task already has)."""
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{system}\n\n{messages[0]['content']}"}] + messages[1:]
+    return [{"role": "system", "content": system}] + messages
+
+
+@dataclass(frozen=True)
+class Instructed:
+    """A task whose prompts carry the instruction (for the accuracy with it); graded as the task."""
+
+    task: Task
+    system: str
+
+    def sample(self, split: str, n: int, seed: int) -> list[Problem]:
+        return [
+            replace(p, chat=with_system(p.messages(), self.system)) for p in self.task.sample(split, n, seed)
+        ]
+
+    def __getattr__(self, name: str) -> Any:  # score, score_batch, name, ...: the task's own
+        return getattr(self.task, name)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One teacher sample: the completion's ids after the teacher's and after the student's prompt."""
+
+    teacher_prompt: list[int]
+    student_prompt: list[int]
+    completion: list[int]
+
+
+def completion_logits(
+    model: torch.nn.Module, rows: list[list[int]], starts: list[int], lengths: list[int], pad_id: int
+):
+    """(logits_B_L_V, mask_B_L): the model's next-token logits at the positions that predict each
+    row's completion tokens (row b's tokens starts[b] .. starts[b] + lengths[b] - 1)."""
+    width = max(len(r) for r in rows)
+    ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids_B_T[b, : len(r)] = torch.tensor(r)
+    logits_B_T_V = model(input_ids=ids_B_T, use_cache=False).logits  # right pads are never attended to
+    longest = max(lengths)
+    pos_B_L = torch.zeros((len(rows), longest), dtype=torch.long)
+    mask_B_L = torch.zeros((len(rows), longest), dtype=torch.bool)
+    for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
+        pos_B_L[b, :n] = torch.arange(s - 1, s - 1 + n)  # position t predicts token t + 1
+        mask_B_L[b, :n] = True
+    index = pos_B_L[:, :, None].expand(-1, -1, logits_B_T_V.shape[-1])
+    return logits_B_T_V.gather(1, index), mask_B_L
+
+
+def distill_loss(student, teacher, batch: list[Pair], pad_id: int) -> torch.Tensor:
+    """The forward KL of the student without the instruction to the teacher with it, on `batch`."""
+    lengths = [len(p.completion) for p in batch]
+    with torch.no_grad():
+        t_logits, mask = completion_logits(
+            teacher,
+            [p.teacher_prompt + p.completion for p in batch],
+            [len(p.teacher_prompt) for p in batch],
+            lengths,
+            pad_id,
+        )
+    s_logits, _ = completion_logits(
+        student,
+        [p.student_prompt + p.completion for p in batch],
+        [len(p.student_prompt) for p in batch],
+        lengths,
+        pad_id,
+    )
+    return forward_kl_loss(s_logits, t_logits, mask)
+
+
+def _problems(tasks: dict[str, Task], n: int, seed: int) -> list[tuple[str, Problem]]:
+    out = []
+    for i, (name, task) in enumerate(tasks.items()):
+        count = n // len(tasks) + (i < n % len(tasks))
+        out += [(name, p) for p in task.sample("train", count, derive_seed(seed, i))]
+    return out
+
+
+def accuracy(
+    model, tokenizer, tasks: dict[str, Task], stage: PromptDistillStage
+) -> dict[str, dict[str, float]]:
+    """Greedy accuracy per task on the held-out problems, without and with the instruction."""
+    sampler = HFSampler(model, tokenizer)
+    out = {}
+    for mode, view in (
+        ("without", tasks),
+        ("with", {n: Instructed(t, stage.system) for n, t in tasks.items()}),
+    ):
+        evals = greedy_eval(sampler, tokenizer, view, stage.eval_problems, stage.max_new_tokens)
+        out[mode] = {name: evals[f"{name}/accuracy"] for name in tasks}
+    return out
+
+
+def run_prompt_distill(stage: PromptDistillStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+    began = time.perf_counter()
+    tasks = {name: ctx.tasks[name] for name in stage.tasks}
+    if envs := [n for n, t in tasks.items() if getattr(t, "make_env", None) is not None]:
+        raise StageError(f"prompt_distill: {envs} are environment tasks; it distills single-turn prompts")
+    tokenizer, student = load_chat_model(source, ctx)
+    if stage.teacher:
+        teacher = load_frozen_teacher(
+            ctx,
+            stage.teacher,
+            tokenizer,
+            source,
+            "prompt_distill",
+            "The student matches the teacher's next-token distribution over the same ids at every token",
+        )
+    else:  # the starting model reading the instruction: a frozen copy
+        teacher = load_model(source).eval().requires_grad_(False)
+    student.eval()
+    before = accuracy(student, tokenizer, tasks, stage)
+    teacher_acc = accuracy(teacher, tokenizer, tasks, stage) if stage.teacher else before
+    console.print(
+        f"prompt_distill: before, greedy accuracy without the instruction {before['without']}, with it {before['with']}"
+    )
+
+    drawn = _problems(tasks, stage.prompts, stage.seed)
+    students = [prompt_ids(tokenizer, p.messages()) for _, p in drawn]
+    teachers = [prompt_ids(tokenizer, with_system(p.messages(), stage.system)) for _, p in drawn]
+    groups = HFSampler(teacher, tokenizer).sample(
+        teachers,
+        stage.k,
+        max_new_tokens=stage.max_new_tokens,
+        temperature=stage.temperature,
+        seed=derive_seed(stage.seed, 7919),
+    )
+    pairs, lines, obeyed = [], [], 0
+    for (name, problem), t_prompt, s_prompt, samples in zip(drawn, teachers, students, groups, strict=True):
+        scores = grade_batch(
+            tasks[name], [problem] * len(samples), [s.text for s in samples], [s.token_ids for s in samples]
+        )
+        for s, score in zip(samples, scores, strict=True):
+            obeyed += score.correct
+            if s.token_ids:
+                pairs.append(Pair(t_prompt, s_prompt, list(s.token_ids)))
+                lines.append(
+                    json.dumps(
+                        {"task": name, "problem": problem.id, "text": s.text, "correct": score.correct}
+                    )
+                )
+    atomic_write_text(out / "samples.jsonl", "".join(line + "\n" for line in lines))
+    if not pairs:
+        raise StageError("prompt_distill: every teacher sample was empty: nothing to distill")
+
+    config = stage.train
+    torch.manual_seed(config.seed)
+    optimizer, lr_for = adamw(student, config), lr_schedule(config)
+    log = MetricsLog(out / "metrics.jsonl", True)
+    student.train()
+    history = []
+    for step in range(config.max_steps):
+        batch = [pairs[i] for i in batch_indices(step, len(pairs), config.batch_size, config.seed)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_for(step)
+        loss = distill_loss(student, teacher, batch, tokenizer.pad_token_id)
+        loss.backward()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(student.parameters(), config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        row = {"step": step + 1, "kl": loss.item(), "lr": lr_for(step)}
+        history.append(row)
+        if (step + 1) % config.log_every == 0 or step + 1 == config.max_steps:
+            log.log(row)
+    log.close()
+    student.eval()
+    after = accuracy(student, tokenizer, tasks, stage)
+    window = min(10, len(history))
+    summary = {
+        "teacher": stage.teacher or "start (frozen)",
+        "system_chars": len(stage.system),
+        "prompt_tokens": {
+            "with": sum(map(len, teachers)) / len(teachers),
+            "without": sum(map(len, students)) / len(students),
+        },
+        "samples": len(pairs),
+        "teacher_sample_accuracy": obeyed / (len(drawn) * stage.k),
+        "steps": config.max_steps,
+        "kl_first": sum(r["kl"] for r in history[:window]) / window,
+        "kl_last": sum(r["kl"] for r in history[-window:]) / window,
+        "teacher_accuracy": teacher_acc,
+        "before": before,
+        "after": after,
+        "seconds": time.perf_counter() - began,
+    }
+    atomic_write_json(out / "prompt_distill.json", summary)
+    console.print(
+        f"prompt_distill: after, greedy accuracy without the instruction {after['without']}, with it {after['with']}"
+    )
+    return save_trained(student, tokenizer, out / "model")
+
+
+def prompt_distill_table(out: Path) -> str:
+    """Greedy accuracy per task, with and without the instruction, before and after (printed after the stage)."""
+    s = json.loads((out / "prompt_distill.json").read_text())
+    lines = [f"{'task':<24} {'instruction':>11} {'teacher':>8} {'before':>7} {'after':>7}"]
+    for mode in ("without", "with"):
+        for task, acc in s["before"][mode].items():
+            lines.append(
+                f"{task:<24} {mode:>11} {100 * s['teacher_accuracy'][mode][task]:>7.1f}% "
+                f"{100 * acc:>6.1f}% {100 * s['after'][mode][task]:>6.1f}%"
+            )
+    lines.append(
+        f"KL to the teacher (nats/token): {s['kl_first']:.3f} (first steps) -> {s['kl_last']:.3f} (last)"
+    )
+    return "\n".join(lines)
+
+
+def describe(stage: PromptDistillStage, recipe: Any) -> str:
+    teacher = stage.teacher or "the starting model (frozen)"
+    return (
+        f"prompt_distill on {stage.tasks}: {stage.prompts} prompts x {stage.k} samples from {teacher} with a "
+        f"{len(stage.system)}-character instruction, student without it, {length(stage.train)} of forward KL"
+    )
+
+
+KIND = StageKind(
+    name="prompt_distill",
+    spec=PromptDistillStage,
+    run=lambda stage, job: run_prompt_distill(stage, job.ctx, job.source, job.out),
+    describe=describe,
+    reads="model",
+    produces_model=True,
+    help="prompt distillation: match the teacher-with-instruction's token distributions without the instruction",
+    section=lazy("temper.report.prompt_distill", "prompt_distill_section"),
+    outputs=("prompt_distill.json", "samples.jsonl"),
+    tasks=lambda stage: stage.tasks,
+    uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher else [],
+    main_only=True,
+    summary=prompt_distill_table,
+    order=36,
+)
