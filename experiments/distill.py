@@ -146,7 +146,7 @@ def eval_stage(runs: dict[int, Path], arms: list[str], baseline: str) -> list[st
     lines = ["", "Eval stage (300 problems; greedy and mean@4 sampled accuracy %):", ""]
     body = []
     for model in models:
-        for split in ("test", "ood"):
+        for split in results[0][model]:  # the splits the eval stage graded
             got = [r[model][split]["metrics"] for r in results]
             body.append([model, split, spread([g["greedy_accuracy"]["value"] for g in got], 100, 1), spread([g["mean@4"]["value"] for g in got], 100, 1)])  # fmt: skip
     lines += table(["model", "split", "greedy %", "mean@4 %"], body)
