@@ -105,6 +105,14 @@ def summarize(root: Path, seeds: list[int], arms: str, baseline: str, window: in
         f"reverse KL to teacher, last {plateau} steps (nats/token)",
     ]
     lines += table(header, body)
+    for a in names:
+        both = [steps[a][s] / steps[baseline][s] for s in seeds if steps[a][s] and steps[baseline][s]]
+        if a != baseline and both:
+            lines += [
+                "",
+                f"{NAMES.get(a, a)} / {NAMES.get(baseline, baseline)} steps to target, over the {len(both)} of "
+                f"{len(seeds)} seeds where both reached it: {spread(both, digits=2)} (goal: <= 0.20).",
+            ]
     every = max(window, budget // 10)
     marks = list(range(every, budget + 1, every))
     lines += [
