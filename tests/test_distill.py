@@ -306,3 +306,54 @@ def test_a_judge_named_by_stage_is_read_like_a_teacher(tmp_path):
             "opd.yaml",
             base_dir=tmp_path,
         )
+
+
+# --- OPSD with a frozen teacher: an earlier stage's weights reading the privileged context ---
+
+
+def test_recipe_accepts_a_named_teacher_with_privileged_context(tmp_path):
+    text = RECIPE.format(
+        teacher="    teacher: teacher\n",
+        advantage="on_policy_distill",
+        kl_coef=1.0,
+        kl_mode="reward",
+        source="teacher",
+    ).replace("kl_mode: reward}", "kl_mode: reward, teacher_context: solution}")
+    stage = parse_recipe(text, "opsd.yaml", base_dir=tmp_path).stages[1]
+    assert (stage.teacher, stage.train.teacher_context) == ("teacher", "solution")
+
+
+def test_the_frozen_teacher_reads_the_privileged_prompt(tmp_path, tokenizer):
+    """The teacher is a frozen copy of the student's starting weights, so at the first step every
+    k1 would be exactly 0 if it read the student's prompt; with the solution added they differ."""
+    student = build_preset("nano", tokenizer, seed=1)
+    save_model(student, tokenizer, tmp_path / "student")
+    save_model(student, tokenizer, tmp_path / "teacher")  # the same weights, loaded as a frozen teacher
+    ctx = StageContext(
+        run_dir=tmp_path, base_dir=tmp_path, tasks={"first_byte": FirstByteTask()}, task_options={}
+    )
+    for context in ("none", "solution"):
+        out = tmp_path / f"out-{context}"
+        out.mkdir()
+        stage = _stage("teacher", steps=1, teacher_context=context)
+        run_rl(stage, ctx, tmp_path / "student", out)
+        first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        if context == "none":
+            assert abs(first["kl_ref"]) < 1e-6, first  # the control: same weights, same prompt
+        else:
+            assert abs(first["kl_ref"]) > 1e-4, first
+
+
+def test_the_leak_check_stops_a_run_with_a_frozen_teacher(tmp_path, tokenizer):
+    """The leak check does not depend on who the teacher is: with a frozen teacher loaded from an
+    earlier stage, a student prompt that holds the solution stops the run before any update."""
+    save_model(build_preset("nano", tokenizer, seed=1), tokenizer, tmp_path / "student")
+    save_model(build_preset("nano", tokenizer, seed=2), tokenizer, tmp_path / "teacher")
+    ctx = StageContext(
+        run_dir=tmp_path, base_dir=tmp_path, tasks={"first_byte": LeakyTask()}, task_options={}
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(PrivilegedLeak, match="row 0"):
+        run_rl(_stage("teacher", steps=1, teacher_context="solution"), ctx, tmp_path / "student", out)
+    assert not (out / "model").exists()

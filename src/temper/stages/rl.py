@@ -83,7 +83,9 @@ class RLStage(Strict):
     the KL reference: with `advantage: on_policy_distill` the student learns from the teacher's
     logprob of every token it samples. It must share the student's tokenizer. `self`: the policy
     itself, reading each prompt with privileged context (`train.teacher_context: solution`), i.e.
-    on-policy self-distillation."""
+    on-policy self-distillation. A named teacher reads the privileged context too when
+    `train.teacher_context: solution` is set (e.g. `teacher: start`: the starting weights, frozen,
+    reading the solution), with the same leak check on the student's prompts."""
     task_options: dict[str, dict[str, Any]] = {}
     """Options of this stage's tasks on top of the recipe's, for this stage only: e.g.
     `{code_repair: {curriculum: {every: 1}}}` grows one arm's train pool while the other arms and
