@@ -140,11 +140,6 @@ class Recipe(Strict):
                             f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}",
                         )
                     )
-            if kind.stage_rules is not None:  # e.g. rl's reward model: an earlier reward_model stage
-                errors += [
-                    (("stages", i, *loc), msg)
-                    for loc, msg in kind.stage_rules(stage, self.stages[:i], base_dir)
-                ]
             earlier = {s.name: s.kind for s in self.stages[:i]}
             errors += [
                 (("stages", i, *use[0]), msg)

@@ -65,9 +65,6 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
         parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
     for _, ref, kind in (u for u in uses if len(u) == 3):  # e.g. a reward model: its files
         parts.append(folder_digest(ctx.export_dir(ref, registry.get(kind).exports)))
-    own = registry.get(stage.kind).fingerprint
-    if own is not None and (mine := own(stage, ctx)) is not None:  # what else a kind's stage reads
-        parts.append(mine)  # (appended only when there is one: stage folders of earlier runs stay valid)
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code
     return settings_hash(*parts, fingerprints) if fingerprints else settings_hash(*parts)
 

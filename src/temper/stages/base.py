@@ -320,12 +320,6 @@ class StageKind:
     """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
     order: int = 100
     """Position in listings (CLI help): pipeline order."""
-    stage_rules: Callable[[Any, list[Any], Path | None], list[tuple[Loc, str]]] | None = None
-    """Rules of the spec against the stages before it, (spec, earlier specs, the recipe's folder or
-    None) -> errors located below the stage (a reference to an earlier stage is a `uses` entry)."""
-    fingerprint: Callable[[Any, StageContext], Any] | None = None
-    """What the stage's hash covers beyond its settings, its model and its `uses` (JSON-serializable),
-    computed when the stage is reached (earlier stages have run)."""
 
 
 def lazy(module: str, name: str) -> Callable[..., Any]:
