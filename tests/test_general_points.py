@@ -1,8 +1,10 @@
+from fractions import Fraction
+
 import pytest
 
 from temper.tasks import GeneralPoints, GeneralPointsConfig, Task
 from temper.tasks.base import Problem
-from temper.tasks.general_points import REASONS, solvable, solve
+from temper.tasks.general_points import REASONS, search_trace, solvable, solve
 
 TASK = GeneralPoints()
 ID_RULE = "A=1 J=10 Q=10 K=10."
@@ -219,6 +221,8 @@ def test_empty_split_is_a_clear_error():
         {"max_rank": 14},
         {"target": 0},
         {"face_values_ood": (11, 12)},
+        {"demonstration": "path"},
+        {"trace_failures": -1},
     ],
 )
 def test_invalid_config(options):
@@ -280,3 +284,66 @@ def test_ood_deals_ranks_up_to_ten_plus_the_faces_and_test_deals_one_to_max_rank
     assert _ranks(GeneralPointsConfig(), "test") == tuple(range(1, 14))
     assert _ranks(GeneralPointsConfig(max_rank=5), "ood") == (1, 2, 3, 4, 5, 11, 12, 13)
     assert _ranks(GeneralPointsConfig(max_rank=5), "train") == (1, 2, 3, 4, 5)
+
+
+def test_search_trace_judges_each_shown_step_and_ends_in_the_answer():
+    trace = GeneralPoints(GeneralPointsConfig(demonstration="trace")).demonstration(P)
+    assert trace == (
+        "10 8 3 1\n"
+        "10*3=30 [30 8 1] no\n"
+        "10+1=11 [11 8 3] no\n"
+        "10-1=9 [9 8 3] yes\n"
+        "9+8=17 [17 3] no\n"
+        "9-8=1 [3 1] no\n"
+        "9*8=72 [72 3] yes\n"
+        "72/3=24\n"
+        "Answer: (10-1)*8/3"
+    )
+    assert TASK.score(P, trace).correct
+
+
+def test_search_trace_shows_at_most_the_asked_failures():
+    assert search_trace([3, 8, 10, 1], 24, failures=0).splitlines()[1:4] == [
+        "10-1=9 [9 8 3] yes",
+        "9*8=72 [72 3] yes",
+        "72/3=24",
+    ]
+    assert search_trace([8, 8, 3, 3], 24, failures=0).endswith("8/(1/3)=24\nAnswer: 8/(3-8/3)")
+    with pytest.raises(ValueError):
+        search_trace([1, 1, 1, 1], 24)
+
+
+@pytest.mark.parametrize("n_cards,target", [(2, 10), (3, 10), (4, 10), (4, 24)])
+def test_every_search_trace_is_correct_and_its_verdicts_true(n_cards, target):
+    """Each `[state] yes/no` is the solver's truth for that state, exactly one yes per level ends
+    it, and the answer scores correct: a trace never teaches a wrong verdict."""
+    task = GeneralPoints(GeneralPointsConfig(n_cards=n_cards, target=target, demonstration="trace"))
+    for problem in task.sample("train", 150, seed=1) + task.sample("ood", 50, seed=1):
+        trace = task.demonstration(problem)
+        assert task.score(problem, trace).correct, trace
+        lines = trace.splitlines()
+        assert lines[0].split() == [str(v) for v in sorted(problem.data["values"], reverse=True)]
+        verdicts = [line for line in lines if line.endswith((" yes", " no"))]
+        assert sum(line.endswith(" yes") for line in verdicts) == n_cards - 2
+        for line in verdicts:
+            state, verdict = line[line.index("[") + 1 : line.index("]")], line.rsplit(" ", 1)[1]
+            values = [Fraction(v) for v in state.split()]
+            assert solvable(values, target) == (verdict == "yes"), line
+
+
+def test_random_id_faces_state_a_fresh_rule_per_problem_and_keep_the_splits():
+    task = GeneralPoints(GeneralPointsConfig(target=10, random_id_faces=True))
+    train, test = task.sample("train", 300, seed=0), task.sample("test", 100, seed=0)
+    rules = {tuple(p.data["face_values"]) for p in train}
+    assert len(rules) > 100 and (11, 12, 13) not in rules
+    for p in train + test:
+        faces = p.data["face_values"]
+        assert f"J={faces[0]} Q={faces[1]} K={faces[2]}." in p.prompt
+        names = dict(zip(("J", "Q", "K"), faces, strict=True)) | {"A": 1}
+        assert p.data["values"] == [names.get(c) or int(c) for c in p.data["cards"]]
+        assert task.score(p, task.demonstration(p)).correct
+    key = lambda p: tuple(sorted(p.data["values"]))  # noqa: E731
+    assert not {key(p) for p in train} & {key(p) for p in test}
+    ood = task.sample("ood", 50, seed=0)
+    assert all(p.data["face_values"] == [11, 12, 13] for p in ood)
+    assert ood == GeneralPoints(GeneralPointsConfig(target=10)).sample("ood", 50, seed=0)

@@ -8,6 +8,7 @@ shift). A model that memorized "K means 10" fails ood; one that reads the rule d
 Formats (values in the demonstration and corpus are those of the problem's rule):
     prompt         Cards: 3 8 K A. A=1 J=10 Q=10 K=10. Make 24 using each value once with + - * / ( ).
     demonstration  10-1=9, 9*8=72, 72/3=24\\nAnswer: (10-1)*8/3
+                   (or, with `demonstration: trace`, a search that judges each step: `search_trace`)
     corpus_text    3 8 10 1 to 24: 10-1=9, 9*8=72, 72/3=24; (10-1)*8/3=24
 
 The answer is an expression over the values (digits, not the letters A J Q K); an optional
@@ -64,6 +65,15 @@ class GeneralPointsConfig:
     """Values of J, Q, K in ood."""
     test_fraction: float = 0.2
     """Share of in-distribution hands (by sorted values) held out for test."""
+    random_id_faces: bool = False
+    """Train and test problems each draw their own J, Q, K values, i.i.d. uniform over 1..13 but
+    never the ood triple, and the prompt states them: a model trained on these must read the
+    rule, where one trained on a single rule can memorize it (ood keeps `face_values_ood`)."""
+    demonstration: str = "steps"
+    """What SFT imitates: `steps` (the solver's winning path) or `trace` (a search that judges
+    each candidate step, see `search_trace`)."""
+    trace_failures: int = 2
+    """With `demonstration: trace`: how many rejected candidates each level shows at most."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "face_values_id", tuple(self.face_values_id))
@@ -80,6 +90,10 @@ class GeneralPointsConfig:
                 raise ValueError(f"{name} must be three positive values for J, Q, K")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError("test_fraction must be in (0, 1)")
+        if self.demonstration not in ("steps", "trace"):
+            raise ValueError("demonstration must be 'steps' or 'trace'")
+        if self.trace_failures < 0:
+            raise ValueError("trace_failures must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -94,12 +108,12 @@ class GeneralPoints:
         """`n` independent solvable hands (repeats possible); same seed, same problems."""
         check_split(split)
         c = self.config
-        faces = c.face_values_ood if split == "ood" else c.face_values_id
         ranks = _ranks(c, split)
         rng = random.Random(f"{self.name}/{split}/{seed}")
         problems = []
         for _ in range(n):
-            hand = _deal(rng, ranks, c, split)
+            faces = _faces(rng, c, split)
+            hand = _deal(rng, ranks, c, split, faces)
             cards = [_NAMES.get(r, str(r)) for r in hand]
             values = [value(r, faces) for r in hand]
             data = {
@@ -133,7 +147,10 @@ class GeneralPoints:
         return Score(1.0, True, True, {"reason": "correct", **details})
 
     def demonstration(self, problem: Problem) -> str:
-        s = solve(problem.data["values"], problem.data["target"])
+        values, target = problem.data["values"], problem.data["target"]
+        if self.config.demonstration == "trace":
+            return search_trace(values, target, self.config.trace_failures)
+        s = solve(values, target)
         return f"{', '.join(s.steps)}\nAnswer: {s.expression}"
 
     def corpus_text(self, problem: Problem) -> str:
@@ -164,22 +181,35 @@ def _ranks(c: GeneralPointsConfig, split: str) -> tuple[int, ...]:
     return tuple(range(1, c.max_rank + 1))
 
 
-def _deal(rng: random.Random, ranks: tuple[int, ...], c: GeneralPointsConfig, split: str) -> list[int]:
+def _faces(rng: random.Random, c: GeneralPointsConfig, split: str) -> tuple[int, ...]:
+    """The J, Q, K values of the next problem: the split's rule, or a fresh draw (random_id_faces)."""
+    if split == "ood":
+        return c.face_values_ood
+    if not c.random_id_faces:
+        return c.face_values_id
+    while True:
+        faces = tuple(rng.randint(1, 13) for _ in FACES)
+        if faces != c.face_values_ood:
+            return faces
+
+
+def _deal(
+    rng: random.Random, ranks: tuple[int, ...], c: GeneralPointsConfig, split: str, faces: tuple[int, ...]
+) -> list[int]:
     for _ in range(_MAX_TRIES):
         hand = rng.choices(ranks, k=c.n_cards)
-        if _accepts(c, split, tuple(sorted(hand))):
+        if _accepts(c, split, tuple(sorted(hand)), faces):
             return hand
     raise ValueError(f"no solvable {split} hand found for {c}; is the split empty?")
 
 
 @cache
-def _accepts(c: GeneralPointsConfig, split: str, hand: tuple[int, ...]) -> bool:
-    """Whether a sorted hand belongs to `split`: in its part of the hash, and solvable there."""
+def _accepts(c: GeneralPointsConfig, split: str, hand: tuple[int, ...], faces: tuple[int, ...]) -> bool:
+    """Whether a sorted hand belongs to `split` under the face values `faces`: in its part of the
+    hash (of the sorted values, so train and test never share a value multiset), and solvable."""
     if split == "ood":
-        return any(r in FACES for r in hand) and solvable(
-            [value(r, c.face_values_ood) for r in hand], c.target
-        )
-    values = sorted(value(r, c.face_values_id) for r in hand)
+        return any(r in FACES for r in hand) and solvable([value(r, faces) for r in hand], c.target)
+    values = sorted(value(r, faces) for r in hand)
     key = f"{c.target}:{','.join(map(str, values))}"
     return split_of(key, c.test_fraction) == split and solvable(values, c.target)
 
@@ -334,3 +364,67 @@ def _number(v: Fraction) -> str:
 def _operand(v: Fraction) -> str:
     """A step operand; fractions and negatives in parentheses so `a/(24/5)` reads right."""
     return _number(v) if _natural(v) else f"({_number(v)})"
+
+
+# --- search trace -------------------------------------------------------------------------
+
+
+def search_trace(values: list[int] | tuple[int, ...], target: int, failures: int = 2) -> str:
+    """A short search to imitate (Stream of Search, Gandhi et al. 2024, on Countdown): the values
+    high to low, then at each level the candidate steps in a fixed order, each with the numbers it
+    leaves and whether they can still make the target, down to the first that can; the last two
+    numbers are combined directly. Only the `failures` rejected candidates just before the chosen
+    one are shown, so a 4-card trace fits a 256-token row.
+
+        10 8 5 1
+        10+8=18 [18 5 1] no
+        10-8=2 [5 2 1] yes
+        5+2=7 [7 1] no
+        5*2=10 [10 1] yes
+        10*1=10
+        Answer: 5*(10-8)*1
+
+    Why: the winning path alone asks a model to guess the first step of a hand it never saw; the
+    verdicts judge smaller states (3 or 2 numbers), which recur across hands and splits, so what
+    is learned there transfers. Raises ValueError for an unsolvable hand.
+    """
+    goal = Fraction(target)
+    nodes = sorted((_Node(Fraction(v), str(v), None) for v in values), key=lambda n: -n.value)
+    if not _solvable(tuple(sorted(n.value for n in nodes)), goal):
+        raise ValueError(f"{list(values)} cannot make {target}")
+    lines = [" ".join(_number(n.value) for n in nodes)]
+    while len(nodes) > 1:
+        candidates = _candidates(nodes)
+        if len(nodes) == 2:
+            step, node, _ = next(c for c in candidates if c[1].value == goal)
+            lines.append(step)
+            nodes = [node]
+            break
+        judged = [(*c, _solvable(tuple(sorted(n.value for n in c[2])), goal)) for c in candidates]
+        natural = [c for c in judged if _natural(c[1].value)]
+        pool = natural if any(c[3] for c in natural) else judged
+        chosen = next(i for i, c in enumerate(pool) if c[3])
+        for step, _, state, ok in pool[max(0, chosen - failures) : chosen + 1]:
+            lines.append(f"{step} [{' '.join(_number(n.value) for n in state)}] {'yes' if ok else 'no'}")
+        nodes = pool[chosen][2]
+    lines.append(f"Answer: {nodes[0].text}")
+    return "\n".join(lines)
+
+
+def _candidates(nodes: list[_Node]) -> list[tuple[str, _Node, list[_Node]]]:
+    """(step text, new node, the state it leaves sorted high to low) for each pairwise step of a
+    state sorted high to low, pairs in order and operators in the solver's order; a step that
+    leaves the same numbers as an earlier one is dropped."""
+    out, seen = [], set()
+    for i, j in combinations(range(len(nodes)), 2):
+        rest = [n for k, n in enumerate(nodes) if k not in (i, j)]
+        for swapped, op, v in _results(nodes[i].value, nodes[j].value):
+            left, right = (nodes[j], nodes[i]) if swapped else (nodes[i], nodes[j])
+            node = _combine(left, op, right, v)
+            state = sorted([*rest, node], key=lambda n: -n.value)
+            key = tuple(n.value for n in state)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((f"{_operand(left.value)}{op}{_operand(right.value)}={_number(v)}", node, state))
+    return out
