@@ -79,7 +79,9 @@ def test_answer_line_tolerance():
         ("Answer: (10-8+1)*8", "wrong_cards", True),
         ("Answer: 3*8", "wrong_cards", True),
         ("Answer: 24", "wrong_cards", True),
-        ("Answer: (13-1)*8/3", "wrong_cards", True),
+        ("Answer: (13-1)*8/3", "wrong_face_value", True),  # K read as 13 under K=10
+        ("Answer: (10-1)*8/4", "wrong_cards", True),  # a number card wrong
+        ("Answer: (10-1)*8/3*1", "wrong_cards", True),  # one literal too many
         ("Answer: 10+8+3+1", "wrong_value", True),
         ("Answer: (10-1)*8/3=25", "wrong_value", True),
         ("Answer: 10+8+3+1=24", "wrong_value", True),
@@ -103,9 +105,9 @@ def test_same_cards_different_rules():
     id_hand = hand(["K", "K", "2", "2"], (10, 10, 10))
     ood_hand = hand(["K", "K", "2", "2"], (11, 12, 13), split="ood")
     assert grade("Answer: 10+10+2+2", id_hand)[3] == "correct"
-    assert grade("Answer: 10+10+2+2", ood_hand)[3] == "wrong_cards"
+    assert grade("Answer: 10+10+2+2", ood_hand)[3] == "wrong_face_value"
     assert grade("Answer: 13*(2-2/13)", ood_hand)[3] == "correct"
-    assert grade("Answer: 13*(2-2/13)", id_hand)[3] == "wrong_cards"
+    assert grade("Answer: 13*(2-2/13)", id_hand)[3] == "wrong_face_value"
 
 
 def test_a_hand_can_be_solvable_under_one_rule_only():
@@ -347,3 +349,13 @@ def test_random_id_faces_state_a_fresh_rule_per_problem_and_keep_the_splits():
     ood = task.sample("ood", 50, seed=0)
     assert all(p.data["face_values"] == [11, 12, 13] for p in ood)
     assert ood == GeneralPoints(GeneralPointsConfig(target=10)).sample("ood", 50, seed=0)
+
+
+def test_a_face_card_valued_by_another_rule_is_wrong_face_value():
+    """The OOD failure the rule shift is about: K written as 10 (the ID rule) under K=13."""
+    ood = hand(["K", "2", "Q", "A"], (11, 12, 13), "ood")  # 13 2 12 1
+    assert TASK.score(ood, "Answer: 13*2-12/1").details["reason"] == "wrong_value"
+    assert TASK.score(ood, "Answer: 10*2+10/1").details["reason"] == "wrong_face_value"
+    assert TASK.score(ood, "Answer: 10*3+10/1").details["reason"] == "wrong_cards"
+    no_faces = hand(["3", "8", "10", "A"], (10, 10, 10))
+    assert TASK.score(no_faces, "Answer: (13-1)*8/3").details["reason"] == "wrong_cards"

@@ -21,17 +21,19 @@ cards 1..min(max_rank, 10) plus J, Q, K whatever max_rank is (the rule shift nee
 and every ood hand holds at least one face card.
 
 Score reasons: "correct", "no_answer" (no `Answer:` line), "syntax_error", "division_by_zero",
-"too_large" (the expression's), "wrong_cards" (the literals are not the card values as a
-multiset), "wrong_value" (uses the cards but does not make the target, or claims `=N` for another N).
+"too_large" (the expression's), "wrong_face_value" (every number card used right, but a
+face card valued otherwise than the prompt's rule: the rule misread, e.g. K=10 under K=13),
+"wrong_cards" (any other literals that are not the card values as a multiset), "wrong_value" (uses the cards but does not make the target, or claims `=N` for another N).
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
-from itertools import combinations
+from itertools import combinations, permutations
 from typing import ClassVar, NamedTuple
 
 from temper.tasks.base import Problem, Score, check_split, split_of
@@ -44,6 +46,7 @@ REASONS = (
     "division_by_zero",
     "too_large",
     "wrong_cards",
+    "wrong_face_value",
     "wrong_value",
 )
 FACES = (11, 12, 13)
@@ -141,7 +144,8 @@ class GeneralPoints:
             return _fail(error.reason, text, parsed=error.reason != "syntax_error")
         details = {"answer": text, "value": str(result.value)}
         if sorted(result.literals) != sorted(problem.data["values"]):
-            return _fail("wrong_cards", text, details=details)
+            misread = _misvalued_faces(problem.data, result.literals)
+            return _fail("wrong_face_value" if misread else "wrong_cards", text, details=details)
         if result.value != target or (claim and (claim.lstrip("0") or "0") != str(target)):
             return _fail("wrong_value", text, details=details)
         return Score(1.0, True, True, {"reason": "correct", **details})
@@ -158,6 +162,21 @@ class GeneralPoints:
         s = solve(d["values"], d["target"])
         hand = " ".join(map(str, d["values"]))
         return f"{hand} to {d['target']}: {', '.join(s.steps)}; {s.expression}={d['target']}"
+
+
+def _misvalued_faces(data: dict, literals: tuple[int, ...]) -> bool:
+    """Whether the literals are the number cards' values plus values for the face cards that some
+    rule could give (each rank one value): every number card used right, the rule misread."""
+    cards, values = data["cards"], data["values"]
+    faces = [c for c in cards if c in ("J", "Q", "K")]
+    left = Counter(literals)
+    left.subtract(v for c, v in zip(cards, values, strict=True) if c not in ("J", "Q", "K"))
+    if not faces or len(literals) != len(values) or min(left.values(), default=0) < 0:
+        return False
+    return any(
+        len({(card, v) for card, v in zip(faces, order, strict=True)}) == len(set(faces))
+        for order in permutations(left.elements())
+    )
 
 
 def _fail(reason: str, answer: str | None, parsed: bool = True, details: dict | None = None) -> Score:
