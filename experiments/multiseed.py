@@ -20,6 +20,12 @@ completion marker (`stage.json`) in every stage folder is finished and skipped b
 starts, so an interrupted sweep resumes where it stopped; an unfinished one goes to the runner,
 whose own stage skipping and checkpoint resume take over inside it.
 
+Shared start. The leading stages that no seed changes (the shipped base, a format SFT) are the
+same for every seed, so they run once per cell into `<cell>/shared/` before the seeds start and
+are copied into each seed's folder, where the runner finds the same stage hash and skips them
+(an SFT start on the small base is a third of a seed's compute). A copy whose hash does not
+match (e.g. `contamination.action: drop`, which hashes the eval sets) is simply rerun.
+
 Workers. `--workers` (default: os.cpu_count()) processes run the (cell, seed) jobs; each gets
 `--threads` torch threads (default cores // workers), and workers x threads may not exceed the
 cores: on 2 cores that is 2 x 1 or 1 x 2. Parallel jobs log to `<seed folder>/run.log`; with
@@ -66,6 +72,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -259,13 +266,70 @@ def run_job(job: Job, base_dir: Path, threads: int, log: bool) -> float:
     return time.perf_counter() - start
 
 
-def run_sweep(jobs: list[Job], base_dir: Path, workers: int, threads: int, run=run_job) -> dict[Job, str]:
+def shared_start(jobs: list[Job], vary: list[str]) -> list[tuple[Job, list[Job]]]:
+    """(start job, the seeds it serves) per cell with two or more unfinished seeds: the recipe cut
+    to its leading stages that no seed changes (the shipped base, a format SFT), to run once into
+    `<cell>/shared/` and copy into each seed's folder, where the runner finds the same stage hash
+    and skips it. Leading stages only: they cannot read a varied stage's model."""
+    by_cell: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_cell.setdefault(job.cell, []).append(job)
+    out = []
+    for cell_jobs in by_cell.values():
+        if len(cell_jobs) < 2:
+            continue
+        data = yaml.safe_load(cell_jobs[0].text)
+        lead = 0
+        for stage in data["stages"]:
+            if stage.get("name", stage["kind"]) in vary or stage["kind"] == "eval":
+                break
+            lead += 1
+        if lead == 0:
+            continue
+        data["stages"] = data["stages"][:lead]
+        first = cell_jobs[0]
+        start = Job(
+            first.cell, first.seed, yaml.safe_dump(data, sort_keys=False), first.run_dir.parent / "shared"
+        )
+        out.append((start, cell_jobs))
+    return out
+
+
+def _copy_start(start: Job, seeds: list[Job]) -> None:
+    """Copy the shared start's finished stage folders into each seed that has none of its own."""
+    for i, stage in enumerate(yaml.safe_load(start.text)["stages"]):
+        source = stage_dir(start.run_dir, i, stage.get("name", stage["kind"]))
+        for job in seeds:
+            target = stage_dir(job.run_dir, i, stage.get("name", stage["kind"]))
+            if (source / "stage.json").exists() and not target.exists():
+                shutil.copytree(source, target)
+
+
+def run_sweep(
+    jobs: list[Job], base_dir: Path, workers: int, threads: int, run=run_job, vary: list[str] | None = None
+) -> dict[Job, str]:
     """Run the unfinished jobs, `workers` at a time; {job: "skipped" | "ran in N s" | "failed: ..."}.
-    A failed job is reported, not fatal: the other cells still run (and rerunning resumes it)."""
+    A failed job is reported, not fatal: the other cells still run (and rerunning resumes it).
+    With `vary`, each cell's shared start runs once first (`shared_start`)."""
     status = {job: "skipped" for job in jobs if finished(job)}
     todo = [job for job in jobs if job not in status]
     for job in status:
         print(f"{job.run_dir}: finished, skipped", flush=True)
+    starts = shared_start(todo, vary) if vary else []
+    if starts:
+        print(
+            f"{len(starts)} shared start(s) first: " + ", ".join(str(s.run_dir) for s, _ in starts),
+            flush=True,
+        )
+        _run_all([s for s, _ in starts if not finished(s)], base_dir, workers, threads, run, {})
+        for start, seeds in starts:
+            _copy_start(start, seeds)
+    return _run_all(todo, base_dir, workers, threads, run, status)
+
+
+def _run_all(
+    todo: list[Job], base_dir: Path, workers: int, threads: int, run, status: dict
+) -> dict[Job, str]:
     if workers == 1:
         for job in todo:
             status[job] = _outcome(lambda job=job: run(job, base_dir, threads, False), job)
@@ -506,7 +570,7 @@ def main() -> None:
         f"{len(jobs)} jobs ({len(cells)} cells x {len(args.seeds)} seeds), {workers} workers x {threads} threads",
         flush=True,
     )
-    status = run_sweep(jobs, base, workers, threads)
+    status = run_sweep(jobs, base, workers, threads, vary=args.vary.split(","))
     done = {}
     for job in jobs:
         if not status[job].startswith("failed"):

@@ -235,3 +235,28 @@ def test_parallel_jobs_run_in_spawned_workers_with_the_thread_budget(tmp_path, m
     records = [json.loads((j.run_dir / "worker.json").read_text()) for j in jobs]
     assert {r["pid"] for r in records}.isdisjoint({os.getpid()})  # not in the test's process
     assert all(r["omp"] == "1" and r["torch"] == 1 and r["threads"] == 1 and r["log"] for r in records)
+
+
+def test_a_shared_start_runs_once_and_each_seed_skips_it(tmp_path, capsys):
+    """The leading stages no seed changes (here the pretrain) run once into `shared/`; every seed
+    gets a copy whose hash the runner accepts, so only the varied stages and the eval run per seed."""
+    text = SWEEP.replace(
+        "splits: [test, ood]", "splits: [test]\n    n_problems: 2\n    k: 1\n    max_new_tokens: 4"
+    )
+    jobs, _ = multiseed.build_jobs(text, tmp_path, [0, 1], ["sft"], [{}])
+    ((start, seeds),) = multiseed.shared_start(jobs, ["sft"])
+    assert start.run_dir == tmp_path / "shared" and seeds == jobs
+    assert [s["kind"] for s in yaml.safe_load(start.text)["stages"]] == ["pretrain"]
+    status = multiseed.run_sweep(jobs, tmp_path, 1, 1, vary=["sft"])
+    assert all(status[j].startswith("ran") for j in jobs) and multiseed.finished(start)
+    shared = json.loads((tmp_path / "shared" / "01-pretrain" / "stage.json").read_text())
+    for job in jobs:
+        assert json.loads((job.run_dir / "01-pretrain" / "stage.json").read_text()) == shared
+        assert multiseed.finished(job)
+    assert " ".join(capsys.readouterr().err.split()).count("pretrain: complete, skipped") == 2
+    assert multiseed.shared_start(jobs, ["pretrain", "sft"]) == []  # nothing leads unchanged
+
+
+def test_a_cell_with_one_seed_or_a_varied_first_stage_has_no_shared_start(tmp_path):
+    jobs, _ = multiseed.build_jobs(SWEEP, tmp_path, [0], ["sft"], [{}])
+    assert multiseed.shared_start(jobs, ["sft"]) == []
