@@ -118,6 +118,7 @@ def test_the_whole_record_by_hand(tokenizer):
         "seed",
         "metrics",
         "reasons",
+        "greedy_correct",
         "graded",
         "verifier_errors",
         "examples",
@@ -130,6 +131,7 @@ def test_the_whole_record_by_hand(tokenizer):
     )  # the fake tokenizer has no specials in the text
     # greedy: right at i = 0, 2, 4, 6; i = 3 raised; i = 5 has no reason
     assert r["reasons"] == {"right": 4, "wrong": 1, "verifier_error": 1, "unknown": 1}
+    assert r["greedy_correct"] == "1010101"
     assert (r["graded"], r["verifier_errors"]) == (7 + 14, 1)
 
     # mean length over (1, 1, 1, 1, 1, 1, 10): m = 16/7, s^2 = (6 (9/7)^2 + (54/7)^2) / 6

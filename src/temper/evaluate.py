@@ -120,7 +120,8 @@ def evaluate(
     A completion whose verifier raised is graded wrong and unparsed with reason "verifier_error"
     (it counts against accuracy and parse rate, as RL gives it no reward); `verifier_errors`
     counts them among the `graded` completions (greedy and sampled), `reasons` among the greedy
-    ones, and the tables show them in a column of their own.
+    ones, and the tables show them in a column of their own. `greedy_correct` is one character per
+    problem, in order ("1" correct): models evaluated on the same problems pair up problem by problem.
 
     `special_tokens` counts, per special token, the completions (greedy and sampled) holding it
     where generation went on past it, and `stop_warning` turns that into one line naming the fix
@@ -225,6 +226,8 @@ def evaluate(
         "seed": seed,
         "metrics": metrics,
         "reasons": dict(reasons.most_common()),
+        # per problem, in order: two models evaluated on the same problems compare pair by pair
+        "greedy_correct": "".join("1" if s.correct else "0" for s in scores),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
         "examples": _with_episodes(
