@@ -43,6 +43,11 @@ class CorpusSpec(Strict):
     tasks: list[str] = []
     """Tasks whose problems and solutions, in plain notation, make the synthetic corpus."""
     problems_per_task: int = Field(20_000, gt=0)
+    chat_share: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of each task's corpus problems written as a whole chat (the prompt and the SFT
+    demonstration through the model's chat template, `Answer:` line included) instead of plain
+    notation: a base that has seen the answer format now and then, as web-trained bases have,
+    which is what RL straight from the base (R1-Zero) needs to get any reward. 0: never."""
     files: list[str] = []
     """Extra text: .txt (one document per line), or any data set with a `text` column (.jsonl,
     .json, .parquet, .arrow, a save_to_disk folder, a hub id; `NAME[split]` picks a split)."""
@@ -74,13 +79,21 @@ class PretrainStage(Strict):
         return self
 
 
-def corpus_examples(stage: PretrainStage, ctx: StageContext) -> list[Example]:
-    """Task lines (train split only, so test problems never leak into the base) plus user files."""
+def corpus_examples(stage: PretrainStage, ctx: StageContext, tokenizer=None) -> list[Example]:
+    """Task lines (train split only, so test problems never leak into the base) plus user files;
+    with `corpus.chat_share`, every problem whose index falls in that share (spread evenly) is a
+    chat transcript rendered by `tokenizer`'s chat template instead."""
     examples: list[Example] = []
+    share = stage.corpus.chat_share
     for name in stage.corpus.tasks:
         task = ctx.tasks[name]
         for i, problem in enumerate(task.sample("train", stage.corpus.problems_per_task, stage.corpus.seed)):
-            examples.append(Example(source=f"task:{name}", line=i + 1, text=task.corpus_text(problem)))
+            if share and int((i + 1) * share) > int(i * share):  # e.g. 0.25: problems 3, 7, 11, ...
+                chat = [*problem.messages(), {"role": "assistant", "content": task.demonstration(problem)}]
+                text = tokenizer.apply_chat_template(chat, tokenize=False)
+            else:
+                text = task.corpus_text(problem)
+            examples.append(Example(source=f"task:{name}", line=i + 1, text=text))
     for path in stage.corpus.files:
         rows, _ = load_rows(path, ctx.base_dir)
         examples += [r for r in rows if r.text is not None] or _no_text(path, len(rows))
@@ -138,7 +151,9 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
     else:
         path = ctx.model_source(spec.path)
         tokenizer, model = load_tokenizer(path), load_model(path)
-    sequences, stats = build_sequences(tokenizer, corpus_examples(stage, ctx), stage.max_len, pack=True)
+    sequences, stats = build_sequences(
+        tokenizer, corpus_examples(stage, ctx, tokenizer), stage.max_len, pack=True
+    )
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
