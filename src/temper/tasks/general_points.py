@@ -23,7 +23,8 @@ and every ood hand holds at least one face card.
 Score reasons: "correct", "no_answer" (no `Answer:` line), "syntax_error", "division_by_zero",
 "too_large" (the expression's), "wrong_face_value" (every number card used right, but a
 face card valued otherwise than the prompt's rule: the rule misread, e.g. K=10 under K=13),
-"wrong_cards" (any other literals that are not the card values as a multiset), "wrong_value" (uses the cards but does not make the target, or claims `=N` for another N).
+"wrong_cards" (any other literals that are not the card values as a multiset), "wrong_value"
+(uses the cards but does not make the target, or claims `=N` for another N).
 """
 
 from __future__ import annotations
