@@ -9,7 +9,9 @@ against the base's parameter count, and how the gap between the branches moves w
         --out results/size_trend.md --plot results/size_trend.png
 
 Per base: each model's greedy accuracy on the ID test split and the OOD split, mean ± sample
-std [min, max] over seeds; the per-seed difference of each RL branch from the SFT branch with
+std [min, max] over seeds, and on the last split (OOD) how often it followed the prompt's rule
+(`rule_followed`: of the answers with every number card right, those that value the face cards
+as the prompt says); the per-seed difference of each RL branch from the SFT branch with
 its 95% t-interval; and a paired comparison on the same problems, pooled over seeds (every model
 of a seed is evaluated on the same problems): the problems only the SFT branch solves against
 those only the RL branch solves, with McNemar's exact two-sided p-value (binomial, p = 1/2).
@@ -61,6 +63,16 @@ def results(runs: dict[int, Path], task: str) -> dict[int, dict]:
     return {seed: json.loads(_eval_json(run).read_text())[task] for seed, run in runs.items()}
 
 
+def rule_followed(reasons: dict[str, int]) -> float | None:
+    """Of the greedy answers that use every number card right, the share whose face cards also
+    take the prompt's values: (correct + wrong_value) / (those + wrong_face_value). GeneralPoints
+    reasons (`wrong_value` is only given once the literals are the card values); None when no
+    answer got the number cards right."""
+    right = reasons.get("correct", 0) + reasons.get("wrong_value", 0)
+    total = right + reasons.get("wrong_face_value", 0)
+    return right / total if total else None
+
+
 def mcnemar(a: list[str], b: list[str]) -> tuple[int, int, float]:
     """(problems only `a` solves, only `b` solves, exact two-sided p) over paired 0/1 strings."""
     only_a = sum(
@@ -86,8 +98,11 @@ def summarize(found, task: str, sft: str, rl: list[str], splits: list[str]) -> s
             for split in splits:
                 values = [r[model][split]["metrics"]["greedy_accuracy"]["value"] for r in res.values()]
                 cells.append(spread(values, 100, 1))
+            followed = [rule_followed(r[model][splits[-1]]["reasons"]) for r in res.values()]
+            cells.append("–" if None in followed else spread(followed, 100, 1))
             rows.append([model, *cells])
-        lines += table(["model", *(f"{s} greedy %" for s in splits)], rows) + [""]
+        header = ["model", *(f"{s} greedy %" for s in splits), f"{splits[-1]} rule followed %"]
+        lines += table(header, rows) + [""]
         rows = []
         for model in rl:
             if model not in models or sft not in models:

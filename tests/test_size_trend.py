@@ -19,6 +19,7 @@ def _run(root: Path, cell: str, seed: int, base: str, accs: dict[str, tuple[str,
         return {
             "metrics": {"greedy_accuracy": {"value": bits.count("1") / len(bits)}},
             "greedy_correct": bits,
+            "reasons": {"correct": bits.count("1"), "wrong_face_value": bits.count("0")},
         }
 
     result = {"gp": {m: {"test": entry(t), "ood": entry(o)} for m, (t, o) in accs.items()}}
@@ -48,7 +49,15 @@ def test_bases_are_ordered_by_size_and_compared_pair_by_pair(tmp_path):
     assert size_trend.mcnemar(["11"], ["11"]) == (0, 0, 1.0)
     text = size_trend.summarize(found, "gp", "sft_branch", ["grpo_branch"], ["test", "ood"])
     assert "## big (8.00M parameters), seeds [0, 1]" in text
-    assert "| grpo_branch | 75.0 ± 0.0 [75.0, 75.0] | 62.5 ± 17.7 [50.0, 75.0] |" in text
+    assert (
+        "| grpo_branch | 75.0 ± 0.0 [75.0, 75.0] | 62.5 ± 17.7 [50.0, 75.0] | 62.5 ± 17.7 [50.0, 75.0] |"
+        in text
+    )
+    assert (
+        size_trend.rule_followed({"correct": 2, "wrong_value": 1, "wrong_face_value": 9, "wrong_cards": 50})
+        == 0.25
+    )
+    assert size_trend.rule_followed({"wrong_cards": 5}) is None
     assert (
         "| grpo_branch - sft_branch | ood | +25.0 (+25.0, +25.0) [+25.0, +25.0] | 2 vs 4, p = 0.688 |" in text
     )
