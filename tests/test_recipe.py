@@ -246,3 +246,17 @@ def test_the_shipped_small_base_matches_its_recipe():
     assert pretrain_hash(recipe.stages[0], recipe.model, ctx) == shipped["hash"]
     assert shipped["shipped_dtype"] == "bfloat16" and shipped["parameters"] == 8_527_616
     assert (root / "checkpoints" / "small-base" / "model" / "model.safetensors").stat().st_size < 20e6
+
+
+def test_the_shipped_nano_base_matches_its_recipe():
+    """checkpoints/nano-base (the small end of the size trend) is a cache hit of recipes/nano_base.yaml."""
+    import json
+
+    from temper.stages.context import StageContext
+    from temper.stages.pretrain import pretrain_hash
+
+    root = Path(__file__).parents[1]
+    shipped = json.loads((root / "checkpoints" / "nano-base" / "pretrain.json").read_text())
+    recipe = load_recipe(root / "recipes" / "nano_base.yaml")
+    ctx = StageContext(run_dir=root, base_dir=root / "recipes", tasks={}, task_options=recipe.tasks)
+    assert pretrain_hash(recipe.stages[0], recipe.model, ctx) == shipped["hash"]
