@@ -60,7 +60,13 @@ def _eval_json(run: Path) -> Path | None:
 
 
 def results(runs: dict[int, Path], task: str) -> dict[int, dict]:
-    return {seed: json.loads(_eval_json(run).read_text())[task] for seed, run in runs.items()}
+    """{seed: {model: {split: result}}}; the starting model (named by its path, which differs per
+    base) is called `base`, so it is one series across bases."""
+    out = {}
+    for seed, run in runs.items():
+        models = json.loads(_eval_json(run).read_text())[task]
+        out[seed] = {("base" if "/" in name else name): r for name, r in models.items()}
+    return out
 
 
 def rule_followed(reasons: dict[str, int]) -> float | None:
