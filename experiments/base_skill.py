@@ -18,6 +18,7 @@ import argparse
 import torch
 
 from temper.models.loading import load_model, load_tokenizer
+from temper.rollout.hf_sampler import HFSampler
 from temper.tasks import Arithmetic, ArithmeticConfig, GeneralPoints, GeneralPointsConfig
 
 
@@ -43,23 +44,13 @@ def graded(task, problem, prefix: str, completion: str) -> bool:
     return task.score(problem, f"Answer: {expression}").correct
 
 
-@torch.no_grad()
-def complete(model, tokenizer, texts: list[str], max_new_tokens: int, batch: int = 64) -> list[str]:
-    tokenizer.padding_side = "left"
-    out = []
-    for i in range(0, len(texts), batch):
-        chunk = texts[i : i + batch]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        for row in ids[:, enc["input_ids"].shape[1] :]:
-            out.append(tokenizer.decode(row, skip_special_tokens=True).split("\n")[0])
-    return out
+def complete(model, tokenizer, texts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy completions through temper's own sampler (what eval and RL decode with), up to the
+    first newline."""
+    sampler = HFSampler(model, tokenizer)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    samples = sampler.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0)
+    return [s[0].text.split("\n")[0] for s in samples]
 
 
 def main() -> None:
