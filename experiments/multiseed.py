@@ -245,6 +245,13 @@ def budget(workers: int | None, threads: int | None, cores: int, jobs: int) -> t
     return workers, threads
 
 
+def start_budget(workers: int, threads: int, starts: int) -> tuple[int, int]:
+    """(workers, threads) for `starts` shared starts: fewer starts than workers (often one) share
+    out the whole core budget, so a lone start runs on every core instead of leaving some idle."""
+    start_workers = max(1, min(workers, starts))
+    return start_workers, workers * threads // start_workers
+
+
 def run_job(job: Job, base_dir: Path, threads: int, log: bool) -> float:
     """Run one job (in this process); with `log`, its output goes to `<run_dir>/run.log`.
     Returns its wall seconds."""
@@ -321,7 +328,9 @@ def run_sweep(
             f"{len(starts)} shared start(s) first: " + ", ".join(str(s.run_dir) for s, _ in starts),
             flush=True,
         )
-        _run_all([s for s, _ in starts if not finished(s)], base_dir, workers, threads, run, {})
+        pending = [s for s, _ in starts if not finished(s)]
+        if pending:
+            _run_all(pending, base_dir, *start_budget(workers, threads, len(pending)), run, {})
         for start, seeds in starts:
             _copy_start(start, seeds)
     return _run_all(todo, base_dir, workers, threads, run, status)

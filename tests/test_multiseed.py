@@ -260,3 +260,10 @@ def test_a_shared_start_runs_once_and_each_seed_skips_it(tmp_path, capsys):
 def test_a_cell_with_one_seed_or_a_varied_first_stage_has_no_shared_start(tmp_path):
     jobs, _ = multiseed.build_jobs(SWEEP, tmp_path, [0], ["sft"], [{}])
     assert multiseed.shared_start(jobs, ["sft"]) == []
+
+
+def test_a_lone_shared_start_gets_every_core_of_the_budget():
+    assert multiseed.start_budget(2, 1, 1) == (1, 2)  # one start: both cores, not one idle
+    assert multiseed.start_budget(4, 2, 2) == (2, 4)
+    assert multiseed.start_budget(2, 1, 3) == (2, 1)  # as many starts as workers: the seeds' budget
+    assert multiseed.start_budget(1, 2, 1) == (1, 2)
