@@ -1,0 +1,152 @@
+"""Summarize R1-Zero vs cold start (recipes/r1_zero_format_aware.yaml) over seeds: does GRPO
+straight from a base that has seen the chat format learn, and how does it compare with a short
+cold-start SFT followed by the same GRPO?
+
+Per arm and seed, from the RL stage's metrics.jsonl: the parse rate, reward and accuracy of the
+sampled training groups in blocks of `--block` steps, and the stage's periodic greedy evals; from
+the eval stage: greedy accuracy and parse rate of every model on the test split. Cells: mean ±
+sample std [min, max] over seeds; paired differences per seed with a 95% t-interval. `--plot`
+draws the training curves, the mean over seeds with the min-max band.
+
+    python experiments/r1_zero.py runs/r1_zero_format_aware --seeds 0 1 2 \
+        --out results/r1_zero_format_aware.md --plot results/r1_zero_format_aware.png
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tables import cli, eval_result, metrics, paired, spread, table
+
+ARMS = {"zero (GRPO from the mid-trained base)": "zero", "cold start SFT + GRPO": "after_cold_start"}
+CURVES = {"parse rate": "parse_rate", "reward": "reward", "accuracy": "accuracy"}
+MODELS = ["midtrain", "zero", "cold_start", "after_cold_start"]
+
+
+def blocks(steps: int, block: int) -> list[tuple[int, int]]:
+    """[start, end) step-index ranges of `block` steps covering `steps` (the last may be shorter)."""
+    return [(i, min(i + block, steps)) for i in range(0, steps, block)]
+
+
+def block_means(values: list[float], ranges: list[tuple[int, int]]) -> list[float]:
+    return [sum(values[a:b]) / (b - a) for a, b in ranges]
+
+
+def evals(rows: list[dict], task: str) -> dict[int, tuple[float, float]]:
+    """{step: (greedy accuracy, parse rate)} of an RL stage's periodic evals."""
+    key = f"eval/{task}/accuracy"
+    return {r["step"]: (r[key], r[f"eval/{task}/parse_rate"]) for r in rows if key in r}
+
+
+def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | None) -> str:
+    runs = [root / f"seed-{s}" for s in seeds]
+    rows = {arm: [metrics(run, name) for run in runs] for arm, name in ARMS.items()}
+    steps = min(len(r) for per in rows.values() for r in per)
+    ranges = blocks(steps, block)
+    lines = [
+        f"# R1-Zero vs cold start on {task}, {len(seeds)} seeds ({', '.join(map(str, seeds))})",
+        "",
+        "Final models, greedy on the test split (the eval stage); mean ± std [min, max] over seeds, %.",
+        "",
+    ]
+    final = {
+        m: [eval_result(run, task, m, "test")["metrics"] for run in runs] for m in MODELS
+    }  # one eval per seed
+    lines += table(
+        ["model", "greedy accuracy %", "parse rate %"],
+        [
+            [
+                m,
+                spread([f["greedy_accuracy"]["value"] for f in final[m]], 100, 1),
+                spread([f["parse_rate"]["value"] for f in final[m]], 100, 1),
+            ]
+            for m in MODELS
+        ],
+    )
+    acc = {m: [f["greedy_accuracy"]["value"] for f in final[m]] for m in MODELS}
+    parse = {m: [f["parse_rate"]["value"] for f in final[m]] for m in MODELS}
+    lines += [
+        "",
+        "Paired per seed (pp, 95% t-interval): "
+        f"zero - midtrain accuracy {paired(acc['midtrain'], acc['zero'], 100, 1)}, "
+        f"parse {paired(parse['midtrain'], parse['zero'], 100, 1)}; "
+        f"cold start + GRPO - zero accuracy {paired(acc['zero'], acc['after_cold_start'], 100, 1)}, "
+        f"parse {paired(parse['zero'], parse['after_cold_start'], 100, 1)}.",
+        "",
+        f"Training groups (sampled at temperature 1), blocks of {block} steps, %:",
+        "",
+    ]
+    for label, key in CURVES.items():
+        lines += table(
+            ["arm", *(f"{label} steps {a + 1}-{b}" for a, b in ranges)],
+            [
+                [
+                    arm,
+                    *(
+                        spread(list(v), 100, 1)
+                        for v in zip(
+                            *(block_means([r[key] for r in run[:steps]], ranges) for run in per), strict=True
+                        )
+                    ),
+                ]
+                for arm, per in rows.items()
+            ],
+        )
+        lines.append("")
+    periodic = {arm: [evals(run, task) for run in per] for arm, per in rows.items()}
+    at = sorted(set.intersection(*(set(e) for per in periodic.values() for e in per)))
+    if at:
+        lines += ["The RL stages' own greedy evals (accuracy / parse rate, %), by step:", ""]
+        lines += table(
+            ["arm", *(f"step {s}" for s in at)],
+            [
+                [
+                    arm,
+                    *(
+                        f"{spread([e[s][0] for e in per], 100, 1)} / {spread([e[s][1] for e in per], 100, 1)}"
+                        for s in at
+                    ),
+                ]
+                for arm, per in periodic.items()
+            ],
+        )
+    if plot:
+        draw(rows, steps, plot, f"R1-Zero vs cold start on {task}, {len(seeds)} seeds")
+    return "\n".join(lines) + "\n"
+
+
+def draw(rows: dict[str, list[list[dict]]], steps: int, path: str, title: str) -> None:
+    """One panel per training curve: the mean over seeds and the min-max band, per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4))
+    x = list(range(1, steps + 1))
+    for ax, (label, key) in zip(axes, CURVES.items(), strict=True):
+        for arm, per in rows.items():
+            series = [[r[key] for r in run[:steps]] for run in per]
+            mean = [sum(v) / len(v) for v in zip(*series, strict=True)]
+            ax.plot(x, mean, label=arm)
+            ax.fill_between(x, [min(v) for v in zip(*series)], [max(v) for v in zip(*series)], alpha=0.2)
+        ax.set_xlabel("RL step")
+        ax.set_title(label)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    cli(
+        __doc__,
+        summarize,
+        {
+            "block": (int, 10, "steps per block of the training curves"),
+            "task": (str, "arithmetic", "the task of the RL stages and the eval"),
+            "plot": (str, None, "PNG of the training curves"),
+        },
+    )
