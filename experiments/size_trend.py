@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 
 import yaml
-from tables import paired, spread, table
+from tables import paired, spread, t_interval, table
 
 from temper.atomic import atomic_write_text
 
@@ -130,9 +130,29 @@ def summarize(found, task: str, sft: str, rl: list[str], splits: list[str]) -> s
     return "\n".join(lines)
 
 
-def plot(found, task: str, splits: list[str], path: Path) -> None:
+def gaps(found, task: str, sft: str, model: str, split: str) -> list[tuple[int, float, float]]:
+    """(parameters, mean, 95% half-width) of `model` - `sft` greedy accuracy on `split`, in
+    points, paired per seed, for each base that has both models."""
+    out = []
+    for _, params, runs in found:
+        res = [r for r in results(runs, task).values() if model in r and sft in r]
+        if res:
+            d = [
+                100
+                * (
+                    r[model][split]["metrics"]["greedy_accuracy"]["value"]
+                    - r[sft][split]["metrics"]["greedy_accuracy"]["value"]
+                )
+                for r in res
+            ]
+            out.append((params, *t_interval(d)))
+    return out
+
+
+def plot(found, task: str, splits: list[str], path: Path, sft: str | None = None, rl: list[str] = ()) -> None:
     """Greedy accuracy against parameters (log scale), one panel per split, one line per model:
-    mean ± sample std over seeds, each seed a dot."""
+    mean ± sample std over seeds, each seed a dot. With `sft` and `rl`, a last panel: the gap
+    RL - SFT on the last split (OOD), paired per seed, with its 95% t-interval."""
     import statistics
 
     import matplotlib
@@ -140,9 +160,10 @@ def plot(found, task: str, splits: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), squeeze=False)
+    panels = len(splits) + bool(sft and rl)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
     models = list(dict.fromkeys(m for _, _, runs in found for r in results(runs, task).values() for m in r))
-    for ax, split in zip(axes[0], splits, strict=True):
+    for ax, split in zip(axes[0][: len(splits)], splits, strict=True):
         for i, model in enumerate(models):
             xs, ms, ss = [], [], []
             for _, params, runs in found:
@@ -164,6 +185,26 @@ def plot(found, task: str, splits: list[str], path: Path) -> None:
         ax.set_ylabel("greedy accuracy %")
         ax.set_title(f"{task} {split}")
         ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    if sft and rl:
+        ax = axes[0][-1]
+        for i, model in enumerate(rl):
+            points = gaps(found, task, sft, model, splits[-1])
+            xs = [p * (1.04 if i else 1 / 1.04) for p, _, _ in points]  # side by side, not on top
+            ax.errorbar(
+                xs,
+                [m for _, m, _ in points],
+                yerr=[h for _, _, h in points],
+                marker="o",
+                capsize=3,
+                color=f"C{models.index(model) if model in models else i}",
+                label=f"{model} - {sft}",
+            )
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("base parameters")
+        ax.set_ylabel("points (95% t-interval over seeds)")
+        ax.set_title(f"{task} {splits[-1]}: RL - SFT gap")
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +231,7 @@ def main() -> None:
     if args.out:
         atomic_write_text(args.out, text + "\n")
     if args.plot:
-        plot(found, args.task, splits, args.plot)
+        plot(found, args.task, splits, args.plot, args.sft, args.rl.split(","))
 
 
 if __name__ == "__main__":

@@ -58,16 +58,23 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     )
 
 
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the two-sided 95% t-interval) over seeds; half-width 0 for one value."""
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return m, 0.0
+    return m, T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+
+
 def paired(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> str:
     """mean of b - a per seed, the per-seed differences, and a 95% t-interval (module docstring)."""
     d = [(y - x) * scale for x, y in zip(a, b, strict=True)]
-    m = statistics.mean(d)
+    m, half = t_interval(d)
     f = f"{{:+.{digits}f}}"
     cells = ", ".join(f.format(x) for x in d)
     if len(d) < 2:
         return f"{f.format(m)} ({cells})"
     shown = round(m, digits) + 0.0  # a mean that rounds to zero shows as +0.0, never -0.0
-    half = T95.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
     return f"{f.format(shown)} ({cells}) [{f.format(m - half)}, {f.format(m + half)}]"
 
 

@@ -61,5 +61,11 @@ def test_bases_are_ordered_by_size_and_compared_pair_by_pair(tmp_path):
     assert (
         "| grpo_branch - sft_branch | ood | +25.0 (+25.0, +25.0) [+25.0, +25.0] | 2 vs 4, p = 0.688 |" in text
     )
-    size_trend.plot(found, "gp", ["test", "ood"], tmp_path / "trend.png")
+    # the gap panel: grpo - sft on ood per seed, big: +25, +25 points (no spread); small: 0
+    assert size_trend.gaps(found, "gp", "sft_branch", "grpo_branch", "ood") == [
+        (100_000, 0.0, 0.0),
+        (8_000_000, 25.0, 0.0),
+    ]
+    assert size_trend.t_interval([1.0, 3.0]) == (2.0, 12.706)  # t(0.975, 1) * sqrt(2) / sqrt(2)
+    size_trend.plot(found, "gp", ["test", "ood"], tmp_path / "trend.png", "sft_branch", ["grpo_branch"])
     assert (tmp_path / "trend.png").stat().st_size > 0
