@@ -19,7 +19,8 @@ from pathlib import Path
 from tables import cli, eval_result, metrics, paired, spread, table
 
 ARMS = {"zero (GRPO from the mid-trained base)": "zero", "cold start SFT + GRPO": "after_cold_start"}
-CURVES = {"parse rate": "parse_rate", "reward": "reward", "accuracy": "accuracy"}
+CURVES = {"parse rate %": "parse_rate", "mean reward": "reward", "accuracy %": "accuracy"}
+SCALE = {"parse_rate": (100, 1), "reward": (1, 3), "accuracy": (100, 1)}  # (factor, digits) per curve
 MODELS = ["midtrain", "zero", "cold_start", "after_cold_start"]
 
 
@@ -73,7 +74,7 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
         f"cold start + GRPO - zero accuracy {paired(acc['zero'], acc['after_cold_start'], 100, 1)}, "
         f"parse {paired(parse['zero'], parse['after_cold_start'], 100, 1)}.",
         "",
-        f"Training groups (sampled at temperature 1), blocks of {block} steps, %:",
+        f"Training groups (sampled at temperature 1), blocks of {block} steps:",
         "",
     ]
     for label, key in CURVES.items():
@@ -83,7 +84,7 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
                 [
                     arm,
                     *(
-                        spread(list(v), 100, 1)
+                        spread(list(v), *SCALE[key])
                         for v in zip(
                             *(block_means([r[key] for r in run[:steps]], ranges) for run in per), strict=True
                         )
@@ -126,13 +127,13 @@ def draw(rows: dict[str, list[list[dict]]], steps: int, path: str, title: str) -
     x = list(range(1, steps + 1))
     for ax, (label, key) in zip(axes, CURVES.items(), strict=True):
         for arm, per in rows.items():
-            series = [[r[key] for r in run[:steps]] for run in per]
+            series = [[r[key] * SCALE[key][0] for r in run[:steps]] for run in per]
             mean = [sum(v) / len(v) for v in zip(*series, strict=True)]
             ax.plot(x, mean, label=arm)
             ax.fill_between(x, [min(v) for v in zip(*series)], [max(v) for v in zip(*series)], alpha=0.2)
         ax.set_xlabel("RL step")
         ax.set_title(label)
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-0.02 * SCALE[key][0], (1.22 if key == "reward" else 1.02) * SCALE[key][0])
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()

@@ -61,6 +61,8 @@ def test_the_summary_has_the_final_table_the_paired_gaps_and_the_curves(tmp_path
         "| zero (GRPO from the mid-trained base) | 37.5 ± 17.7 [25.0, 50.0] | 87.5 ± 17.7 [75.0, 100.0] |"
         in text
     )
+    # zero's reward (0.2 x parse) by block: seed 0 (0.05, 0.2), seed 1 (0.1, 0.15), shown as is
+    assert "| 0.075 ± 0.035 [0.050, 0.100] | 0.175 ± 0.035 [0.150, 0.200] |" in text
     # the stages' own evals at step 2: zero accuracy 0 and 1% / parse 50%
     assert (
         "| zero (GRPO from the mid-trained base) | 0.5 ± 0.7 [0.0, 1.0] / 50.0 ± 0.0 [50.0, 50.0] |" in text
