@@ -14,14 +14,16 @@ draws the training curves, the mean over seeds with the min-max band.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from tables import cli, eval_result, metrics, paired, spread, table
+from tables import cli, eval_result, metrics, paired, spread, stage, table
 
-ARMS = {"zero (GRPO from the mid-trained base)": "zero", "cold start SFT + GRPO": "after_cold_start"}
+LABELS = {"zero": "zero (GRPO from the mid-trained base)", "after_cold_start": "cold start SFT + GRPO"}
 CURVES = {"parse rate %": "parse_rate", "mean reward": "reward", "accuracy %": "accuracy"}
 SCALE = {"parse_rate": (100, 1), "reward": (1, 3), "accuracy": (100, 1)}  # (factor, digits) per curve
-MODELS = ["midtrain", "zero", "cold_start", "after_cold_start"]
+MODELS = ["midtrain", "zero", "cold_start", "after_cold_start"]  # the eval's models, where present
+PAIRS = [("midtrain", "zero"), ("zero", "after_cold_start")]  # (a, b): b - a per seed, where both are
 
 
 def blocks(steps: int, block: int) -> list[tuple[int, int]]:
@@ -39,9 +41,9 @@ def evals(rows: list[dict], task: str) -> dict[int, tuple[float, float]]:
     return {r["step"]: (r[key], r[f"eval/{task}/parse_rate"]) for r in rows if key in r}
 
 
-def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | None) -> str:
+def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | None, arms: str) -> str:
     runs = [root / f"seed-{s}" for s in seeds]
-    rows = {arm: [metrics(run, name) for run in runs] for arm, name in ARMS.items()}
+    rows = {LABELS.get(name, name): [metrics(run, name) for run in runs] for name in arms.split(",")}
     steps = min(len(r) for per in rows.values() for r in per)
     ranges = blocks(steps, block)
     lines = [
@@ -50,9 +52,9 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
         "Final models, greedy on the test split (the eval stage); mean ± std [min, max] over seeds, %.",
         "",
     ]
-    final = {
-        m: [eval_result(run, task, m, "test")["metrics"] for run in runs] for m in MODELS
-    }  # one eval per seed
+    evaluated = json.loads((stage(runs[0], "eval") / "eval.json").read_text())[task]
+    models = [m for m in MODELS if m in evaluated]
+    final = {m: [eval_result(run, task, m, "test")["metrics"] for run in runs] for m in models}
     lines += table(
         ["model", "greedy accuracy %", "parse rate %"],
         [
@@ -61,18 +63,19 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
                 spread([f["greedy_accuracy"]["value"] for f in final[m]], 100, 1),
                 spread([f["parse_rate"]["value"] for f in final[m]], 100, 1),
             ]
-            for m in MODELS
+            for m in models
         ],
     )
-    acc = {m: [f["greedy_accuracy"]["value"] for f in final[m]] for m in MODELS}
-    parse = {m: [f["parse_rate"]["value"] for f in final[m]] for m in MODELS}
+    acc = {m: [f["greedy_accuracy"]["value"] for f in final[m]] for m in models}
+    parse = {m: [f["parse_rate"]["value"] for f in final[m]] for m in models}
+    gaps = [
+        f"{b} - {a} accuracy {paired(acc[a], acc[b], 100, 1)}, parse {paired(parse[a], parse[b], 100, 1)}"
+        for a, b in PAIRS
+        if a in final and b in final
+    ]
     lines += [
         "",
-        "Paired per seed (pp, 95% t-interval): "
-        f"zero - midtrain accuracy {paired(acc['midtrain'], acc['zero'], 100, 1)}, "
-        f"parse {paired(parse['midtrain'], parse['zero'], 100, 1)}; "
-        f"cold start + GRPO - zero accuracy {paired(acc['zero'], acc['after_cold_start'], 100, 1)}, "
-        f"parse {paired(parse['zero'], parse['after_cold_start'], 100, 1)}.",
+        "Paired per seed (pp, 95% t-interval): " + "; ".join(gaps) + ".",
         "",
         f"Training groups (sampled at temperature 1), blocks of {block} steps:",
         "",
@@ -149,5 +152,6 @@ if __name__ == "__main__":
             "block": (int, 10, "steps per block of the training curves"),
             "task": (str, "arithmetic", "the task of the RL stages and the eval"),
             "plot": (str, None, "PNG of the training curves"),
+            "arms": (str, "zero,after_cold_start", "the RL stages to compare, comma-separated"),
         },
     )

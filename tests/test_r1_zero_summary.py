@@ -51,11 +51,13 @@ def test_the_summary_has_the_final_table_the_paired_gaps_and_the_curves(tmp_path
     }
     _seed(tmp_path, 0, [0.0, 0.5, 1.0, 1.0], final0)
     _seed(tmp_path, 1, [0.5, 0.5, 0.5, 1.0], final1)
-    text = r1_zero.summarize(tmp_path, [0, 1], 2, "arithmetic", str(tmp_path / "curves.png"))
+    text = r1_zero.summarize(
+        tmp_path, [0, 1], 2, "arithmetic", str(tmp_path / "curves.png"), "zero,after_cold_start"
+    )
     assert "| zero | 5.0 ± 7.1 [0.0, 10.0] | 75.0 ± 0.0 [75.0, 75.0] |" in text
     # zero - midtrain parse per seed: +25, +50; cold start + GRPO - zero accuracy: +50, +20
-    assert "parse +37.5 (+25.0, +50.0) [" in text
-    assert "cold start + GRPO - zero accuracy +35.0 (+50.0, +20.0) [" in text
+    assert "zero - midtrain accuracy +5.0 (+0.0, +10.0) [-58.5, +68.5], parse +37.5 (+25.0, +50.0) [" in text
+    assert "after_cold_start - zero accuracy +35.0 (+50.0, +20.0) [" in text
     # zero's parse rate by block of 2 steps: seed 0 (0.25, 1.0), seed 1 (0.5, 0.75)
     assert (
         "| zero (GRPO from the mid-trained base) | 37.5 ± 17.7 [25.0, 50.0] | 87.5 ± 17.7 [75.0, 100.0] |"
@@ -68,3 +70,5 @@ def test_the_summary_has_the_final_table_the_paired_gaps_and_the_curves(tmp_path
         "| zero (GRPO from the mid-trained base) | 0.5 ± 0.7 [0.0, 1.0] / 50.0 ± 0.0 [50.0, 50.0] |" in text
     )
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one_arm = r1_zero.summarize(tmp_path, [0, 1], 2, "arithmetic", None, "zero")  # a zero-only sweep
+    assert "cold start SFT + GRPO" not in one_arm and "| zero (GRPO from the mid-trained base) |" in one_arm
