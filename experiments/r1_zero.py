@@ -47,7 +47,7 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
     steps = min(len(r) for per in rows.values() for r in per)
     ranges = blocks(steps, block)
     lines = [
-        f"# R1-Zero vs cold start on {task}, {len(seeds)} seeds ({', '.join(map(str, seeds))})",
+        f"# R1-Zero: {' vs '.join(rows)} on {task}, {len(seeds)} seeds ({', '.join(map(str, seeds))})",
         "",
         "Final models, greedy on the test split (the eval stage); mean ± std [min, max] over seeds, %.",
         "",
@@ -115,7 +115,7 @@ def summarize(root: Path, seeds: list[int], block: int, task: str, plot: str | N
             ],
         )
     if plot:
-        draw(rows, steps, plot, f"R1-Zero vs cold start on {task}, {len(seeds)} seeds")
+        draw(rows, steps, plot, f"R1-Zero on {task}, {len(seeds)} seeds")
     return "\n".join(lines) + "\n"
 
 
