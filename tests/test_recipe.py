@@ -231,32 +231,21 @@ def test_the_shipped_base_matches_the_recipes_that_reuse_it():
         assert stage.cache and pretrain_hash(stage, recipe.model, ctx) == shipped, name
 
 
-def test_the_shipped_small_base_matches_its_recipe():
-    """checkpoints/small-base (issue 13's stronger base) is a cache hit of recipes/small_base.yaml,
-    and its bf16 weights stay under the 20 MB the repository allows a shipped base."""
+@pytest.mark.parametrize("base", ["small-base", "nano-base"])
+def test_the_shipped_size_trend_bases_match_their_recipes(base):
+    """checkpoints/small-base (issue 13's stronger base) and nano-base (the small end of the size
+    trend) are cache hits of recipes/<name>_base.yaml; small ships bf16 under the 20 MB the
+    repository allows a shipped base."""
     import json
 
     from temper.stages.context import StageContext
     from temper.stages.pretrain import pretrain_hash
 
     root = Path(__file__).parents[1]
-    shipped = json.loads((root / "checkpoints" / "small-base" / "pretrain.json").read_text())
-    recipe = load_recipe(root / "recipes" / "small_base.yaml")
+    shipped = json.loads((root / "checkpoints" / base / "pretrain.json").read_text())
+    recipe = load_recipe(root / "recipes" / f"{base.replace('-', '_')}.yaml")
     ctx = StageContext(run_dir=root, base_dir=root / "recipes", tasks={}, task_options=recipe.tasks)
     assert pretrain_hash(recipe.stages[0], recipe.model, ctx) == shipped["hash"]
-    assert shipped["shipped_dtype"] == "bfloat16" and shipped["parameters"] == 8_527_616
-    assert (root / "checkpoints" / "small-base" / "model" / "model.safetensors").stat().st_size < 20e6
-
-
-def test_the_shipped_nano_base_matches_its_recipe():
-    """checkpoints/nano-base (the small end of the size trend) is a cache hit of recipes/nano_base.yaml."""
-    import json
-
-    from temper.stages.context import StageContext
-    from temper.stages.pretrain import pretrain_hash
-
-    root = Path(__file__).parents[1]
-    shipped = json.loads((root / "checkpoints" / "nano-base" / "pretrain.json").read_text())
-    recipe = load_recipe(root / "recipes" / "nano_base.yaml")
-    ctx = StageContext(run_dir=root, base_dir=root / "recipes", tasks={}, task_options=recipe.tasks)
-    assert pretrain_hash(recipe.stages[0], recipe.model, ctx) == shipped["hash"]
+    if base == "small-base":
+        assert shipped["shipped_dtype"] == "bfloat16" and shipped["parameters"] == 8_527_616
+        assert (root / "checkpoints" / base / "model" / "model.safetensors").stat().st_size < 20e6
