@@ -415,3 +415,22 @@ def test_an_mcp_server_costs_and_dependencies_from_the_recipe_drive_an_episode()
         assert sig["dependency_respected"] == 1 and sig["dependency_violation"] == 0
     finally:
         close_connections()
+
+
+def test_closing_a_connection_whose_loop_just_closed_is_quiet():
+    """The race a loaded machine hit: close() sees the serving thread alive, the thread then closes
+    its event loop, and signalling that loop raised 'Event loop is closed' out of close()."""
+    import threading
+
+    from temper.agent.mcp import MCPConnection
+
+    conn = MCPConnection.__new__(MCPConnection)
+    conn.loop = asyncio.new_event_loop()
+    conn.loop.close()  # the serving thread has already closed it ...
+    release = threading.Event()
+    conn._thread = threading.Thread(target=release.wait, daemon=True)
+    conn._thread.start()  # ... but is still alive when close() looks
+    conn._closing = asyncio.Event()
+    threading.Timer(0.05, release.set).start()
+    conn.close()  # must not raise; joins the thread
+    assert not conn._thread.is_alive()

@@ -163,7 +163,10 @@ class MCPConnection:
     def close(self) -> None:
         """End the session and the server process (idempotent; waits for the SDK's shutdown)."""
         if self._closing is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self._closing.set)
+            try:
+                self.loop.call_soon_threadsafe(self._closing.set)
+            except RuntimeError:  # the serving thread closed its loop since is_alive(): nothing to end
+                pass
         if self._thread is not threading.current_thread():
             self._thread.join(CONNECT_TIMEOUT_S)
         atexit.unregister(self.close)
