@@ -10,13 +10,13 @@ import asyncio
 import psutil
 import pytest
 
-from temper.agent.loop import EpisodeLimits, run_episodes
-from temper.agent.registry import PATH_SIGNALS, CostRegistry, ToolServerError
-from temper.agent.tools import ToolDefinitionError
 from temper.data.chat import tokenize_messages
 from temper.envs.multi_tool import MultiToolConfig, MultiToolTask, call_text, close_connections, registry_of
 from temper.envs.shop_tools import world
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.tasks import make_task
+from temper.tools.calls import ToolDefinitionError
+from temper.tools.registry import PATH_SIGNALS, CostRegistry, ToolServerError
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 SERVER = ["-m", "temper.envs.mcp_servers.shop"]
@@ -422,7 +422,7 @@ def test_closing_a_connection_whose_loop_just_closed_is_quiet():
     its event loop, and signalling that loop raised 'Event loop is closed' out of close()."""
     import threading
 
-    from temper.agent.mcp import MCPConnection
+    from temper.tools.mcp import MCPConnection
 
     conn = MCPConnection.__new__(MCPConnection)
     conn.loop = asyncio.new_event_loop()

@@ -8,7 +8,11 @@ from typing import Literal
 
 import pytest
 
-from temper.agent.tools import (
+from temper.data.chat import prompt_ids
+from temper.envs.base import Env, StepResult
+from temper.envs.tool_env import ToolEnv
+from temper.tasks.base import Score
+from temper.tools.calls import (
     Tool,
     ToolCall,
     ToolCallError,
@@ -16,10 +20,6 @@ from temper.agent.tools import (
     ToolRegistry,
     parse_tool_calls,
 )
-from temper.data.chat import prompt_ids
-from temper.envs.base import Env, StepResult
-from temper.envs.tool_env import ToolEnv
-from temper.tasks.base import Score
 
 
 def add(a: int, b: int) -> int:

@@ -7,7 +7,7 @@ import json
 import pytest
 from tests.test_agent_loop import Script
 
-from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.tasks import make_recipe_task
 from temper.tasks.base import TaskOptionError
 

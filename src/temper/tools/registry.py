@@ -9,11 +9,11 @@ has a declared `cost` per call and the tools it `requires`, those whose output i
     @registry.tool(cost=0.02, requires=["rate"])      # needs a rate id that only `rate` gives
     def convert(amount: int, rate_id: str) -> int: ...
 
-    registry.add(mcp.tools(), costs={"search": 0.1})  # an MCP server's tools (temper.agent.mcp)
+    registry.add(mcp.tools(), costs={"search": 0.1})  # an MCP server's tools (temper.tools.mcp)
     episode = registry.episode()                      # one per env episode: what has been called
     messages, signals = episode.step(assistant_text)  # tool messages, and the step's signals
 
-Tools are `temper.agent.tools.Tool`s (a function and its JSON schema, in the HF convention), so a
+Tools are `temper.tools.calls.Tool`s (a function and its JSON schema, in the HF convention), so a
 local function and an MCP server's tool are called, validated and answered the same way.
 
 Rules, per call (in the order of the turn):
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.agent.tools import (
+from temper.tools.calls import (
     MAX_ERROR_CHARS,
     MAX_OUTPUT_CHARS,
     Tool,
