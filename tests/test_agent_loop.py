@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
+from temper.catalog import make_task
 from temper.data.chat import prompt_ids, render_ids
 from temper.envs.base import StepResult, TaskEnv
 from temper.rollout import HFSampler
 from temper.rollout.loop import EpisodeLimits, action_text, run_episodes
 from temper.rollout.sampler import Sample
-from temper.tasks import make_task
 from temper.tasks.base import Score
 
 

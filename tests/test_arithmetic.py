@@ -1,6 +1,7 @@
 import pytest
 
-from temper.tasks import TASKS, Arithmetic, ArithmeticConfig, GeneralPoints, Task, make_task, task_types
+from temper.catalog import TASKS, make_task, task_types
+from temper.tasks import Arithmetic, ArithmeticConfig, GeneralPoints, Task
 from temper.tasks.arithmetic import REASONS
 from temper.tasks.base import Problem
 

@@ -11,6 +11,7 @@ from typing import ClassVar
 import pytest
 import torch
 
+from temper.catalog import TASKS
 from temper.envs.base import StepResult
 from temper.models import build_preset
 from temper.recipe import RecipeError, parse_recipe
@@ -26,7 +27,6 @@ from temper.rewards.path import (
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample
 from temper.rollout.trajectory import Segment, Trajectory
-from temper.tasks import TASKS
 from temper.tasks.base import Problem, Score
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rollouts import grade_episodes, to_batch

@@ -317,7 +317,7 @@ def test_tool_env_a_malformed_call_is_not_an_answer_and_a_grader_bug_is_counted(
 
 
 def test_tool_env_for_a_task_is_graded_by_the_task(tokenizer):
-    from temper.tasks import make_task
+    from temper.catalog import make_task
 
     task = make_task("arithmetic")
     problem = task.sample("test", 1, seed=0)[0]

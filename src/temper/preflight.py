@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from temper.catalog import make_recipe_task
 from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, locate
 from temper.models.chat import ChatTemplateError, template_text
@@ -30,7 +31,6 @@ from temper.recipe import Recipe, RecipeError, _format_error
 from temper.stages import registry
 from temper.stages.base import Loc
 from temper.stages.context import local_model
-from temper.tasks import make_recipe_task
 
 SAMPLE = 3  # problems drawn per (task, split): enough to find an empty split, cheap for any task
 

@@ -18,12 +18,12 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
+from temper.catalog import TASKS, make_recipe_task, task_types
 from temper.data.contamination import ContaminationSpec
 from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, Use, raise_located
-from temper.tasks import TASKS, make_recipe_task, task_types
 
 
 class RecipeError(ValueError):

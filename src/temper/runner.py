@@ -17,12 +17,12 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
+from temper.catalog import make_recipe_task, task_fingerprints
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
 from temper.stages.base import StageRun, folder_digest
 from temper.stages.context import StageContext, settings_hash
 from temper.stages.markers import read_hash, stage_settings
-from temper.tasks import make_recipe_task, task_fingerprints
 
 console = Console(stderr=True)
 

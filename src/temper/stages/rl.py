@@ -165,7 +165,7 @@ def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int,
 def _unknown_component(name: str) -> str:
     """The error for a `rewards` key that is no component; a path signal some task declares (or
     `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    from temper.tasks import task_types
+    from temper.catalog import task_types
 
     signals = {s for cls in task_types().values() for s in (getattr(cls, "path_signals", None) or {})}
     if name == "path" or name in signals:

@@ -77,7 +77,7 @@ class TwoMode:
 
     @classmethod
     def build(cls, config: TwoModeConfig, name: str, base_dir: Path | None = None) -> TwoMode:
-        from temper.tasks import make_task  # the registry imports this module
+        from temper.catalog import make_task  # the registry imports this module
 
         if config.base == cls.name:
             raise TaskOptionError("base", "a two_mode task cannot wrap another two_mode task")
