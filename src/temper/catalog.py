@@ -15,6 +15,7 @@ from temper.envs.code_repair.task import CodeRepairTask
 from temper.envs.multi_tool import MultiToolTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
+from temper.envs.user_env import EnvDataTask
 from temper.tasks.arithmetic import Arithmetic
 from temper.tasks.base import Task
 from temper.tasks.dataset_task import DataTask
@@ -44,22 +45,18 @@ ENVIRONMENT_TASKS: dict[str, type] = {
 
 TASKS.update(ENVIRONMENT_TASKS)
 
-__all__ = ["ENVIRONMENT_TASKS", "TASKS", "make_recipe_task", "make_task", "task_fingerprints", "task_types"]
-
-
-def task_types() -> dict[str, type]:
-    """Every task kind by name: the built-in ones and the environment tasks."""
-    return TASKS
+__all__ = ["ENVIRONMENT_TASKS", "TASKS", "make_recipe_task", "make_task", "task_fingerprints"]
 
 
 def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
     """The task `name` configured by `options` (its config's fields); errors suggest the nearest.
     A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
-    `label` and the folder its relative paths resolve against."""
-    types = task_types()
-    if name not in types:
-        raise ValueError(f"unknown task {name!r}{_hint(name, types)}; valid tasks: {', '.join(types)}")
-    cls = types[name]
+    `label` and the folder its relative paths resolve against; one with a `wrap` classmethod (a
+    task over another: `two_mode`) gets its base task, built here from its `base` and `options`.
+    A `dataset` entry that names an `env:` is played as the user's environment (`EnvDataTask`)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}{_hint(name, TASKS)}; valid tasks: {', '.join(TASKS)}")
+    cls = TASKS[name]
     fields = [f.name for f in dataclasses.fields(cls.config_type)]
     for option in options:
         if option not in fields:
@@ -68,6 +65,12 @@ def make_task(name: str, *, label: str | None = None, base_dir: Path | None = No
                 f"valid options: {', '.join(fields)}"
             )
     config = cls.config_type(**options)
+    if cls is DataTask and config.env:
+        cls = EnvDataTask
+    if hasattr(cls, "wrap"):
+        return cls.wrap(
+            config, label or name, lambda: make_task(config.base, base_dir=base_dir, **config.options)
+        )
     if hasattr(cls, "build"):
         return cls.build(config, name=label or name, base_dir=base_dir)
     return cls(config)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
-from temper.catalog import TASKS, make_recipe_task, task_types
+from temper.catalog import TASKS, make_recipe_task
 from temper.data.contamination import ContaminationSpec
 from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
@@ -242,9 +242,9 @@ def _task_loc(name: str, options: dict[str, Any]) -> Loc:
     """Where a task entry goes wrong: its `task:` (or its name) when the built-in is unknown,
     else the first unknown option, else the entry."""
     base = options.get("task", name)
-    if base not in task_types():
+    if base not in TASKS:
         return ("tasks", name, "task") if "task" in options else ("tasks", name)
-    fields = {f.name for f in dataclasses.fields(task_types()[base].config_type)}
+    fields = {f.name for f in dataclasses.fields(TASKS[base].config_type)}
     unknown = [o for o in options if o != "task" and o not in fields]
     return ("tasks", name, unknown[0]) if unknown else ("tasks", name)
 

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
+from temper.catalog import TASKS
 from temper.data import contamination
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
@@ -165,9 +166,7 @@ def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int,
 def _unknown_component(name: str) -> str:
     """The error for a `rewards` key that is no component; a path signal some task declares (or
     `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    from temper.catalog import task_types
-
-    signals = {s for cls in task_types().values() for s in (getattr(cls, "path_signals", None) or {})}
+    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
     if name == "path" or name in signals:
         return (
             f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "

@@ -187,10 +187,6 @@ class DataTask:
 
     @classmethod
     def build(cls, config: DataTaskConfig, name: str, base_dir: Path | None) -> DataTask:
-        if config.env:  # the user's environment over these rows (imported here: envs import tasks)
-            from temper.envs.user_env import EnvDataTask
-
-            return EnvDataTask(config, name, base_dir)
         return cls(config, name, base_dir)
 
     # ------------------------------------------------------------ building
