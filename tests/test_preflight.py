@@ -10,6 +10,7 @@ import pytest
 
 from temper import preflight
 from temper.cli import main
+from temper.data import sources
 
 # line numbers below refer to this text (edits replace whole lines, so the numbering stays)
 BASE = """\
@@ -223,13 +224,13 @@ def test_the_network_probe_gives_up_within_its_timeout(monkeypatch):
         calls.append(1)
         time.sleep(3)
 
-    monkeypatch.setattr(preflight.urllib.request, "urlopen", hang)
-    monkeypatch.setattr(preflight, "_reachable", None)
+    monkeypatch.setattr(sources.urllib.request, "urlopen", hang)
+    monkeypatch.setattr(sources, "_reachable", None)
     start = time.perf_counter()
-    assert preflight.hub_reachable(timeout=0.3) is False
-    assert preflight.hub_reachable(timeout=0.3) is False
+    assert sources.hub_reachable(timeout=0.3) is False
+    assert sources.hub_reachable(timeout=0.3) is False
     assert time.perf_counter() - start < 1.5 and len(calls) == 1
-    monkeypatch.setattr(preflight, "_reachable", None)
+    monkeypatch.setattr(sources, "_reachable", None)
 
 
 def test_an_eval_only_recipe_evaluates_the_recipe_model(tmp_path, capsys, tokenizer, nano):

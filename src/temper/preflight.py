@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import types
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from pydantic import BaseModel
 
 from temper.catalog import make_recipe_task
 from temper.data.formats import DataError
-from temper.data.sources import check_source, count_rows, locate
+from temper.data.sources import check_source, count_rows, hub_endpoint, hub_reachable, locate
 from temper.models.chat import ChatTemplateError, template_text
 from temper.models.loading import ModelNotFoundError, _check_local
 from temper.recipe import Recipe, RecipeError, _format_error
@@ -120,7 +117,7 @@ def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> st
         errors.append(
             (
                 ("model", "path"),
-                f"{name!r} is not a local directory and the hub ({_endpoint()}) cannot be reached",
+                f"{name!r} is not a local directory and the hub ({hub_endpoint()}) cannot be reached",
             )
         )
     else:
@@ -135,38 +132,6 @@ def _hub_cached(name: str) -> bool:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # an id the hub library refuses (bad characters) is not cached
         return False
-
-
-def _endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-
-
-_reachable: bool | None = None
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Whether the hub answers one HTTP request (any status) within `timeout` seconds; asked once
-    per process. A thread bounds the wait, as name resolution ignores socket timeouts; urllib
-    goes through the same proxy settings (HTTPS_PROXY) the hub client does."""
-    global _reachable
-    if _reachable is None:
-        result: list[bool] = []
-
-        def probe() -> None:
-            request = urllib.request.Request(_endpoint(), method="HEAD")
-            try:
-                urllib.request.urlopen(request, timeout=timeout).close()
-                result.append(True)
-            except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
-                result.append(True)
-            except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint
-                result.append(False)
-
-        thread = threading.Thread(target=probe, daemon=True)
-        thread.start()
-        thread.join(timeout)
-        _reachable = bool(result and result[0])
-    return _reachable
 
 
 def earlier_output(spec: str, recipe: Recipe, index: int, base_dir: Path) -> Path | None:

@@ -31,6 +31,9 @@ import codecs
 import json
 import os
 import re
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -391,11 +394,42 @@ def hub_offline() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def hub_endpoint() -> str:
+    """The hub's address: HF_ENDPOINT, as the hub client reads it, else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+_reachable: bool | None = None
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub answers one HTTP request (any status) within `timeout` seconds; asked once
+    per process. A thread bounds the wait, as name resolution ignores socket timeouts; urllib
+    goes through the same proxy settings (HTTPS_PROXY) the hub client does."""
+    global _reachable
+    if _reachable is None:
+        result: list[bool] = []
+
+        def probe() -> None:
+            request = urllib.request.Request(hub_endpoint(), method="HEAD")
+            try:
+                urllib.request.urlopen(request, timeout=timeout).close()
+                result.append(True)
+            except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
+                result.append(True)
+            except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint
+                result.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        _reachable = bool(result and result[0])
+    return _reachable
+
+
 def check_hub(source: Source) -> str | None:
     """Why a hub data set cannot be loaded now (offline and not cached, or the hub unreachable),
     or None. Asked before any download so that it fails at once, not after retries."""
-    from temper.preflight import _endpoint, hub_reachable  # (preflight imports the stages)
-
     local = f"is not a local file or folder (tried {source.path})"
     if hub_offline():
         try:
@@ -410,7 +444,7 @@ def check_hub(source: Source) -> str | None:
         return None
     if not hub_reachable():
         return (
-            f"{local}, and the hub ({_endpoint()}) cannot be reached to load it "
+            f"{local}, and the hub ({hub_endpoint()}) cannot be reached to load it "
             "as a data set (HF_HUB_OFFLINE=1 uses the local cache)"
         )
     return None
