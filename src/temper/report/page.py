@@ -1,16 +1,15 @@
-"""The page: a header with a row per stage, then each stage's section, chosen by its kind's registry entry."""
+"""The page: a header with a row per stage, then each stage's section, chosen by its kind (`sections.py`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from temper.atomic import atomic_write_text
 from temper.report.common import CSS, Stage, _box, _duration, _esc, _read_json, _table
 from temper.report.models import models_table, precision
-from temper.report.training import training_section
+from temper.report.sections import section_for
 from temper.stages import registry
 
 
@@ -35,23 +34,6 @@ def find_stages(run_dir: Path) -> list[Stage]:
         kind = info.get("kind") or _guess_kind(folder)
         stages.append(Stage(folder, kind, float(seconds) if seconds is not None else None))
     return stages
-
-
-def unknown_section(stage: Stage, plots: Path) -> str:
-    files = ", ".join(sorted(p.name for p in stage.folder.iterdir() if not p.name.startswith(".")))
-    return f"<p>No report section for stage kind '{_esc(stage.kind)}'. Files: {_esc(files) or 'none'}.</p>"
-
-
-Section = Callable[[Stage, Path], str]
-
-
-def section_for(kind: str) -> Section:
-    """The kind's registered section; "training" is a training stage that stopped before stage.json
-    (its curve so far)."""
-    if kind == "training":
-        return training_section
-    found = registry.get(kind)
-    return found.section if found and found.section else unknown_section
 
 
 def _precision(stage: Stage) -> str:

@@ -8,14 +8,14 @@ tying them together. The runner, the recipe schema, the CLI and the report look 
 1. `temper/stages/<kind>.py` with a `Strict` spec (`kind: Literal["<kind>"]`, `name`, and `source`
    or `models` when it reads models), a `run(spec, StageRun)` writing into `StageRun.out` (a model
    stage leaves `out/model`, and a `<kind>.json` summary the report reads), and `KIND`;
-2. its report section, here or in `temper.report` (named through `lazy` when it needs matplotlib);
+2. its report section in `temper.report` (one module, entered in `temper.report.sections`; the
+   stages never import the report, which sits above them and looks kinds up here);
 3. its tests. The recipe schema, `--dry-run`, `temper <kind> --help` and the report pick it up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -294,8 +294,6 @@ class StageKind:
     """Whether the stage leaves `out/model` for later stages to start from or evaluate."""
     help: str
     """One line for `temper --help`."""
-    section: Callable[[Any, Path], str] | None = None
-    """The report section: (temper.report Stage, plots folder) -> HTML."""
     outputs: tuple[str, ...] = ()
     """Files whose presence identifies an unfinished stage of this kind (it has no stage.json yet)."""
     tasks: Callable[[Any], list[str]] = _no_tasks
@@ -320,16 +318,6 @@ class StageKind:
     """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
     order: int = 100
     """Position in listings (CLI help): pipeline order."""
-
-
-def lazy(module: str, name: str) -> Callable[..., Any]:
-    """`module.name`, imported on first call: report sections need matplotlib, slow to import."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    return call
 
 
 def folder_digest(path: Path) -> str:

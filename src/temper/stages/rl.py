@@ -39,7 +39,6 @@ from temper.stages.base import (
     StageKind,
     Strict,
     Use,
-    lazy,
     raise_located,
     rl_rules,
 )
@@ -625,7 +624,6 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
-    section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
     uses=lambda stage: _uses(stage),
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
