@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from temper.report.common import Stage, _esc
+from temper.report.common import Stage, esc
 from temper.report.constitutional import constitutional_section
 from temper.report.evaluation import eval_section
 from temper.report.prompt_distill import prompt_distill_section
@@ -52,7 +52,7 @@ def unregister(kind: str) -> None:
 
 def unknown_section(stage: Stage, plots: Path) -> str:
     files = ", ".join(sorted(p.name for p in stage.folder.iterdir() if not p.name.startswith(".")))
-    return f"<p>No report section for stage kind '{_esc(stage.kind)}'. Files: {_esc(files) or 'none'}.</p>"
+    return f"<p>No report section for stage kind '{esc(stage.kind)}'. Files: {esc(files) or 'none'}.</p>"
 
 
 def section_for(kind: str) -> Section:
