@@ -13,8 +13,7 @@ import pytest
 
 from temper.catalog import make_task
 from temper.envs.code_repair.curriculum import CURRICULUM_REASONS, CurriculumConfig, variant
-from temper.envs.code_repair.generator import RepairTask
-from temper.envs.code_repair.task import task_of
+from temper.envs.code_repair.generator import RepairTask, task_of
 from temper.models import build_preset
 from temper.report.rl import curriculum_table
 from temper.train.rl import RLConfig, grow_curricula, train_rl
