@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from temper.data.formats import DataError, _decode_error
-from temper.jsonl import DuplicateKeyError, _strict_object, iter_jsonl
+from temper.data.errors import DataError, decode_error
+from temper.jsonl import DuplicateKeyError, iter_jsonl, strict_object
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -270,7 +270,7 @@ def _rows(source: Source) -> Iterator[tuple[int, Any]]:
     elif source.kind == "jsonl":
         for line_no, _, row in iter_jsonl(source.path):
             if isinstance(row, (json.JSONDecodeError, UnicodeDecodeError, DuplicateKeyError)):
-                row = _decode_error(label, line_no, row)
+                row = decode_error(label, line_no, row)
             yield line_no, row
     elif source.kind == "json":
         yield from _array_rows(source.path, label)
@@ -289,9 +289,9 @@ def _rows(source: Source) -> Iterator[tuple[int, Any]]:
         import datasets
 
         loaded = datasets.load_from_disk(str(source.path))
-        yield from _dataset_rows(loaded[source.split] if source.split is not None else loaded)
+        yield from dataset_rows(loaded[source.split] if source.split is not None else loaded)
     else:
-        yield from _dataset_rows(_hub_dataset(source))
+        yield from dataset_rows(_hub_dataset(source))
 
 
 def _txt_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
@@ -302,7 +302,7 @@ def _txt_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
         try:
             text = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as err:
-            yield line_no, _decode_error(label, line_no, err)
+            yield line_no, decode_error(label, line_no, err)
             continue
         if text.strip():
             yield line_no, {"text": text}
@@ -320,7 +320,7 @@ def _array_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
     except UnicodeDecodeError as err:  # one array: no row can be read
         line = data.count(b"\n", 0, err.start) + 1
         raise SourceError(label, f"is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
-    strict, loose = json.JSONDecoder(object_pairs_hook=_strict_object), json.JSONDecoder()
+    strict, loose = json.JSONDecoder(object_pairs_hook=strict_object), json.JSONDecoder()
     space = re.compile(r"\s*")
     i = space.match(text, 0).end() + 1  # past the `[` (`_is_array` saw it)
     row = 0
@@ -339,7 +339,7 @@ def _array_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
             value, i = strict.raw_decode(text, i)
         except DuplicateKeyError as err:
             _, i = loose.raw_decode(text, i)
-            value = _decode_error(label, row, err)
+            value = decode_error(label, row, err)
         except json.JSONDecodeError as err:  # where the element ends is unknown: the rest is lost
             raise _json_error(label, row, text, err.pos, err.msg) from None
         yield row, value
@@ -368,7 +368,7 @@ def _arrow_batches(path: Path, label: str) -> Iterator[Any]:
     yield from batches
 
 
-def _dataset_rows(dataset: Any) -> Iterator[tuple[int, Any]]:
+def dataset_rows(dataset: Any) -> Iterator[tuple[int, Any]]:
     """A `datasets.Dataset`'s rows through Arrow, as a parquet file of the same table gives them."""
     return _arrow_rows(dataset.with_format("arrow").iter(batch_size=1024))
 
