@@ -23,8 +23,8 @@ from temper.catalog import make_recipe_task
 from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, hub_endpoint, hub_reachable, locate
 from temper.models.chat import ChatTemplateError, template_text
-from temper.models.loading import ModelNotFoundError, _check_local
-from temper.recipe import Recipe, RecipeError, _format_error
+from temper.models.loading import ModelNotFoundError, check_local_model
+from temper.recipe import Recipe, RecipeError, format_error
 from temper.stages import registry
 from temper.stages.base import Loc
 from temper.stages.context import local_model
@@ -63,7 +63,7 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
     errors += _check_splits(recipe, base_dir)
     if errors:
         lines = [
-            _format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
+            format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
             for loc, msg in errors
         ]
         raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(lines))
@@ -89,7 +89,7 @@ def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> st
             errors.append((("model", "path"), f"model directory {name!r} {what} (tried {local})"))
             return None
         try:
-            _check_local(str(local))  # exists, JSON files parse; weights are checked as they load
+            check_local_model(str(local))  # exists, JSON files parse; weights are checked as they load
         except ModelNotFoundError as err:
             errors.append((("model", "path"), str(err)))
         return None

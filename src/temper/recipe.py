@@ -349,7 +349,9 @@ def expand_errors(errors: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
+def format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
+    """One validation error as the recipe reports it: `source:line: key.path: message`, the line
+    found in the recipe `text` (a `located` error of a plan-time check formats the same way)."""
     loc = tuple(err["loc"])
     if len(loc) > 2 and loc[0] == "stages" and loc[2] in registry.kinds():
         loc = loc[:2] + loc[3:]  # pydantic puts the union tag in the location of a stage
@@ -405,7 +407,7 @@ def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = No
     try:
         return schema().model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
-        lines = [_format_error(e, text, data, source) for e in expand_errors(err.errors())]
+        lines = [format_error(e, text, data, source) for e in expand_errors(err.errors())]
         raise RecipeError("invalid recipe:\n  " + "\n  ".join(lines)) from None
 
 

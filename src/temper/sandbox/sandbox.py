@@ -106,7 +106,8 @@ _LANGS = {"python": None, "sh": ["/bin/sh", "-c"], "bash": ["/bin/bash", "-c"]}
 _MAX_ARG = 100_000  # below Linux's 128 KiB per-argument limit (MAX_ARG_STRLEN)
 
 
-def _default_python() -> str:
+def default_python() -> str:
+    """The interpreter a sandboxed `python` runs: the system's, which the sandbox can see."""
     # The system interpreter: a venv or pyenv interpreter usually lives under a home directory the
     # sandbox does not see (and pyenv's shim adds ~60 ms per call, research note §1).
     for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
@@ -384,7 +385,7 @@ class Sandbox:
                 f"code is {len(code.encode())} bytes, over the {_MAX_ARG}-byte argument limit; "
                 "write it into the workspace and use run_cmd"
             )
-        prefix = [self.python or _default_python(), "-B", "-c"] if lang == "python" else _LANGS[lang]
+        prefix = [self.python or default_python(), "-B", "-c"] if lang == "python" else _LANGS[lang]
         return self.run_cmd([*prefix, code])
 
     def _rlimit_args(self) -> list[str]:

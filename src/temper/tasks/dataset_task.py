@@ -45,11 +45,11 @@ from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw
 from temper.tasks.reward_functions import (
     GRADERS,
     RewardFunction,
-    _strip_end,
     call_all,
     is_conversational,
     load_reward_function,
     make_grader,
+    strip_end_markers,
 )
 
 TEST_LABELS = {"test": "test", "validation": "test", "valid": "test", "dev": "test", "eval": "test"}
@@ -297,7 +297,7 @@ class DataTask:
             total = sum(w * v for w, v in zip(self.weights, values, strict=True) if v is not None)
             answer = first.extract(text) if first.extract is not None else None
             if self.format is not None:
-                parsed = self.format.search(_strip_end(text)) is not None
+                parsed = self.format.search(strip_end_markers(text)) is not None
             else:
                 parsed = answer is not None if first.extract is not None else True
             correct = values[0] is not None and values[0] >= self.config.correct_threshold

@@ -49,9 +49,9 @@ from temper.tools.calls import (
     ToolCall,
     ToolCallError,
     ToolDefinitionError,
-    _as_text,
-    _clip,
+    as_text,
     check_arguments,
+    clip_text,
     parse_tool_calls,
 )
 
@@ -229,11 +229,11 @@ class ToolEpisode:
         except ToolServerError:
             raise
         except Exception as err:  # the tool's failure is an observation; KeyboardInterrupt still stops
-            said = _clip(str(err), reg.max_error_chars)
+            said = clip_text(str(err), reg.max_error_chars)
             return _error(call.name, f"tool {call.name!r} failed" + (f": {said}" if said else ""), t.cost,
                           respected=bool(t.requires))  # fmt: skip
         self.succeeded.add(call.name)
-        content = _clip(_as_text(result), reg.max_output_chars)
+        content = clip_text(as_text(result), reg.max_output_chars)
         message = {"role": "tool", "name": call.name, "content": content}
         return CallOutcome(message, None, t.cost, respected=bool(t.requires))
 
