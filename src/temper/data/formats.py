@@ -305,3 +305,15 @@ def load_hf_dataset(dataset: Any, name: str = "dataset", skip_bad_rows: bool = F
     else:
         rows = ((i + 1, row) for i, row in enumerate(dataset))
     return validate_rows(rows, label, skip_bad_rows)
+
+
+def first_row_is_chat(path: Path) -> bool:
+    """Whether a data file holds conversations (its first row; a file mixing formats is refused
+    when it is read): `messages`, or a prompt given as a list of messages."""
+    try:
+        with path.open("rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        row = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return False  # unreadable: reading it later says where
+    return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))

@@ -239,4 +239,7 @@ KIND = StageKind(
     order=90,
     task_rules=task_rules,
     uses=uses,
+    splits=lambda stage, tasks: [(t, s) for t in stage.tasks or tasks for s in stage.splits],
+    renders_chats=lambda stage, base_dir: True,
+    eval_sets=lambda stage: [(stage.tasks, list(stage.splits), stage.n_problems, stage.seed)],
 )

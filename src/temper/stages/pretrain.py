@@ -21,6 +21,7 @@ from temper.data.dataset import build_sequences
 from temper.data.formats import Example, NoUsableRowsError, load_rows
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
 from temper.stages.base import (
+    EpochRows,
     StageKind,
     Strict,
     epoch_steps,
@@ -213,4 +214,8 @@ KIND = StageKind(
     outputs=("pretrain.json",),
     tasks=lambda stage: stage.corpus.tasks,
     order=10,
+    epoch_rows=lambda stage: EpochRows(
+        stage.corpus.problems_per_task * len(stage.corpus.tasks), tuple(stage.corpus.files), packed=True
+    ),
+    caches=lambda stage: [(("cache",), stage.cache)] if stage.cache else [],
 )

@@ -628,7 +628,15 @@ KIND = StageKind(
     uses=lambda stage: _uses(stage),
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
+    splits=lambda stage, tasks: _splits(stage),
+    renders_chats=lambda stage, base_dir: True,
 )
+
+
+def _splits(stage: RLStage) -> list[tuple[str, str]]:
+    """The train split, and the test split when a gate or periodic evals read it."""
+    held_out = stage.gate is not None or stage.train.eval_every > 0
+    return [(t, s) for t in stage.tasks for s in ("train", "test")[: 2 if held_out else 1]]
 
 
 def _last_turn(trajectory) -> list[int]:
