@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from temper.catalog import make_recipe_task
 from temper.data.formats import DataError
 from temper.data.sources import check_source, count_rows, hub_endpoint, hub_reachable, locate
-from temper.models.chat import ChatTemplateError, template_text
+from temper.models.chat import TEMPLATES, ChatTemplateError, template_text
 from temper.models.loading import ModelNotFoundError, check_local_model
 from temper.recipe import Recipe, RecipeError, format_error
 from temper.stages import registry
@@ -332,8 +332,6 @@ def _no_chat_template(name: str) -> bool:
 
 def _no_template_message(name: str, stages: list[str]) -> str:
     """`require_chat_template`'s refusal, said at plan time, naming the stages that need one."""
-    from temper.models.chat import TEMPLATES
-
     return (
         f"the tokenizer of {name!r} has no chat template; set model.chat_template (a Jinja file, or "
         f"one of {', '.join(TEMPLATES)}; on a stage command --model.chat_template) to say how "

@@ -18,6 +18,7 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
 from temper.catalog import make_recipe_task, task_fingerprints
+from temper.preflight import produced_files
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
 from temper.stages.base import EvalSet, StageRun, folder_digest
@@ -60,8 +61,6 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
         parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in models})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
-    from temper.preflight import produced_files  # (preflight imports the recipe's whole checking side)
-
     if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
         parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
     for _, ref, kind in (u for u in uses if len(u) == 3):  # e.g. a reward model: its files

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from temper.data.formats import DataError
+from temper.data.sources import SourceError, read_rows  # (`datasets` only for tables and hub ids)
 from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of, verifier_error
 from temper.tasks.reward_functions import (
     GRADERS,
@@ -359,8 +360,6 @@ class DataTask:
 def _rows(spec: str, base_dir: Path, split: str | None, option: str = "data") -> list[_Row]:
     """The rows of a data source as (source label, 1-based row, values). A source that cannot be
     read at all is an error of the task option naming it; a bad row stays a DataError at its row."""
-    from temper.data.sources import SourceError
-
     try:
         return [_Row(source, line, values) for source, line, values in _read_rows(spec, base_dir, split)]
     except SourceError as err:
@@ -368,8 +367,6 @@ def _rows(spec: str, base_dir: Path, split: str | None, option: str = "data") ->
 
 
 def _read_rows(spec: str, base_dir: Path, split: str | None):
-    from temper.data.sources import read_rows  # imports `datasets` only for tables and hub ids
-
     for source, line, values in read_rows(spec, base_dir, split):
         if not isinstance(values, dict):
             raise DataError(source, line, "<row>", "must be an object (a mapping of column to value)")
