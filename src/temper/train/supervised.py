@@ -34,6 +34,9 @@ from temper.train.schedule import lr_at
 # in `temper.stages.base.train_rules`.
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
+# the most warm-up steps an unset `warmup_steps` resolves to (it was the flat default before)
+DEFAULT_WARMUP = 20
+
 
 @dataclass
 class TrainConfig:
@@ -52,7 +55,9 @@ class TrainConfig:
     """Peak learning rate."""
     schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
-    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    warmup_steps: Annotated[int, Field(ge=0)] | None = None
+    """Steps of linear warm-up to the peak lr; unset: a tenth of the steps, at most 20 (20 from
+    200 steps on, none below 10). A value given must be below the steps."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Final lr as a fraction of the peak."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
@@ -71,6 +76,12 @@ class TrainConfig:
     """fp32 | bf16 (autocast over fp32 weights) | auto (bf16 only where it measures faster here)."""
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
+
+    def resolved_warmup(self) -> int:
+        """The warm-up steps: the given value, or min(DEFAULT_WARMUP, max_steps // 10)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(DEFAULT_WARMUP, self.max_steps // 10)
 
 
 @dataclass
@@ -181,7 +192,7 @@ def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
         step,
         lr=config.lr,
         max_steps=config.max_steps,
-        warmup_steps=config.warmup_steps,
+        warmup_steps=config.resolved_warmup(),
         schedule=config.schedule,
         min_lr_ratio=config.min_lr_ratio,
     )
