@@ -33,6 +33,7 @@ from temper.algorithms.preference import (
 from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards.reward_model import right_pad, sequence_rewards
 from temper.train.checkpoint import save_checkpoint
@@ -399,7 +400,7 @@ def train_preference(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
+    precision = resolve_precision(config.precision, unwrapped, record=Path(out_dir) / PRECISION_RECORD)
     with precision.applied(unwrapped):  # the reference, from the starting weights (before any resume)
         refs = reference_logps(unwrapped, objective.reference_sequences(items), pad_id, micro, len(items))
         eval_refs = (

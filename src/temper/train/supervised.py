@@ -24,6 +24,7 @@ from pydantic import Field
 from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import Precision, resolve_precision
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
@@ -223,7 +224,7 @@ def train_supervised(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
+    precision = resolve_precision(config.precision, unwrapped, record=out_dir / PRECISION_RECORD)
 
     ckpt_root = out_dir / "checkpoints"
     log, start = resume_or_start(out_dir, config, accelerator)
