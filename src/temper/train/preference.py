@@ -36,6 +36,7 @@ from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
 from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards.reward_model import right_pad, sequence_rewards
+from temper.train import overfitting
 from temper.train.checkpoint import save_checkpoint
 from temper.train.metrics import progress_bar
 from temper.train.rollouts import pack
@@ -470,6 +471,8 @@ def train_preference(
             if config.save_every and done % config.save_every == 0:
                 save_checkpoint(ckpt_root, done, accelerator)
     log.close()
+    if accelerator.is_main_process:
+        overfitting.warn(log.path, out_dir.name)
     return TrainResult(
         config.max_steps,
         loss_value,

@@ -26,6 +26,7 @@ from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
 from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import Precision, resolve_precision
+from temper.train import overfitting
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.schedule import lr_at
@@ -285,6 +286,8 @@ def train_supervised(
                 save_checkpoint(ckpt_root, done, accelerator)  # every process: its RNG is saved too
 
     log.close()
+    if accelerator.is_main_process:
+        overfitting.warn(log.path, out_dir.name)
     seconds = time.perf_counter() - t_start
     return TrainResult(
         config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history, precision.as_dict()
