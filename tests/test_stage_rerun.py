@@ -27,7 +27,7 @@ def sft(tmp_path: Path, tokenizer, nano) -> list[str]:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return [
         "sft", "--model", str(model), "--out", str(tmp_path / "out"), "--data.files", str(data),
-        "--train.max_steps", "2", "--train.warmup_steps", "0", "--train.batch_size", "4",
+        "--train.max_steps", "2", "--train.batch_size", "4",  # the default warm-up fits 2 steps
     ]  # fmt: skip
 
 
@@ -145,3 +145,25 @@ def test_changed_keys_name_nested_added_and_removed_settings():
         'new: (unset) -> "x"',
         "train.betas: [0.9, 0.95] -> [0.9, 0.99]",
     ]
+
+
+def test_an_unset_warmup_is_hashed_as_the_steps_it_resolves_to():
+    """Folders recorded when the default warm-up was a flat 20 keep their hash wherever it still
+    resolves to 20 (200 steps or more); where it resolves lower, the training differs and so does
+    the hash; with epochs the steps are not known yet and the unset value is what is hashed."""
+    from temper.stages.markers import stage_settings
+    from temper.stages.sft import SFTStage
+
+    def settings(**train):
+        spec = SFTStage.model_validate({"kind": "sft", "data": {"tasks": ["arithmetic"]}, "train": train})
+        return stage_settings(spec)
+
+    def warmup(**train):
+        return settings(**train)["train"]["warmup_steps"]
+
+    assert warmup() == warmup(warmup_steps=20) == 20  # max_steps 500: the old default's hash
+    assert warmup(max_steps=200) == 20 and warmup(max_steps=199) == 19
+    assert warmup(max_steps=100) == 10 and warmup(max_steps=9) == 0
+    assert settings(max_steps=100) == settings(max_steps=100, warmup_steps=10)
+    assert settings(max_steps=100) != settings(max_steps=100, warmup_steps=20)
+    assert warmup(epochs=2) is None and warmup(epochs=2, warmup_steps=20) == 20

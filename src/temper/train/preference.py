@@ -33,8 +33,10 @@ from temper.algorithms.preference import (
 from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards.reward_model import right_pad, sequence_rewards
+from temper.train import overfitting
 from temper.train.checkpoint import save_checkpoint
 from temper.train.metrics import progress_bar
 from temper.train.rollouts import pack
@@ -399,7 +401,7 @@ def train_preference(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
+    precision = resolve_precision(config.precision, unwrapped, record=Path(out_dir) / PRECISION_RECORD)
     with precision.applied(unwrapped):  # the reference, from the starting weights (before any resume)
         refs = reference_logps(unwrapped, objective.reference_sequences(items), pad_id, micro, len(items))
         eval_refs = (
@@ -469,6 +471,8 @@ def train_preference(
             if config.save_every and done % config.save_every == 0:
                 save_checkpoint(ckpt_root, done, accelerator)
     log.close()
+    if accelerator.is_main_process:
+        overfitting.warn(log.path, out_dir.name)
     return TrainResult(
         config.max_steps,
         loss_value,

@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from temper import distributed
 from temper.envs.base import make_env
 from temper.jsonl import iter_jsonl
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS, monitors
 from temper.rewards.diagnostics import breakdown
@@ -289,7 +290,11 @@ def train_rl(
         raise ValueError("; ".join(f"train.{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
     kinds = declared_signals(tasks)[0]
     sampler = sampler or HFSampler(
-        model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
+        model,
+        tokenizer,
+        precision=resolve_precision(
+            config.precision, model, "sample", record=Path(out_dir) / PRECISION_RECORD
+        ),
     )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
@@ -298,7 +303,8 @@ def train_rl(
     # parameters are the same tensors, so sampling and evaluation run no collective
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
-    precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    # after the accelerator: rank 0 decides (a resumed run keeps its recorded choice)
+    precision = resolve_precision(config.precision, model, record=Path(out_dir) / PRECISION_RECORD)
     # AdaptThink: the reference accuracy of every prompt the run will train on, from the starting
     # weights (before a checkpoint is loaded; a resumed run reads the file back), and the rollout
     # that forces the first token

@@ -24,7 +24,9 @@ from pydantic import Field
 from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import Precision, resolve_precision
+from temper.train import overfitting
 from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.schedule import lr_at
@@ -33,6 +35,9 @@ from temper.train.schedule import lr_at
 # in plain Python, so tests and benchmarks still construct these directly); cross-field rules are
 # in `temper.stages.base.train_rules`.
 Beta = Annotated[float, Field(ge=0, lt=1)]
+
+# the most warm-up steps an unset `warmup_steps` resolves to (it was the flat default before)
+DEFAULT_WARMUP = 20
 
 
 @dataclass
@@ -52,7 +57,9 @@ class TrainConfig:
     """Peak learning rate."""
     schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
-    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    warmup_steps: Annotated[int, Field(ge=0)] | None = None
+    """Steps of linear warm-up to the peak lr; unset: a tenth of the steps, at most 20 (20 from
+    200 steps on, none below 10). A value given must be below the steps."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Final lr as a fraction of the peak."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
@@ -71,6 +78,12 @@ class TrainConfig:
     """fp32 | bf16 (autocast over fp32 weights) | auto (bf16 only where it measures faster here)."""
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
+
+    def resolved_warmup(self) -> int:
+        """The warm-up steps: the given value, or min(DEFAULT_WARMUP, max_steps // 10)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(DEFAULT_WARMUP, self.max_steps // 10)
 
 
 @dataclass
@@ -181,7 +194,7 @@ def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
         step,
         lr=config.lr,
         max_steps=config.max_steps,
-        warmup_steps=config.warmup_steps,
+        warmup_steps=config.resolved_warmup(),
         schedule=config.schedule,
         min_lr_ratio=config.min_lr_ratio,
     )
@@ -212,7 +225,7 @@ def train_supervised(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
+    precision = resolve_precision(config.precision, unwrapped, record=out_dir / PRECISION_RECORD)
 
     ckpt_root = out_dir / "checkpoints"
     log, start = resume_or_start(out_dir, config, accelerator)
@@ -273,6 +286,8 @@ def train_supervised(
                 save_checkpoint(ckpt_root, done, accelerator)  # every process: its RNG is saved too
 
     log.close()
+    if accelerator.is_main_process:
+        overfitting.warn(log.path, out_dir.name)
     seconds = time.perf_counter() - t_start
     return TrainResult(
         config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history, precision.as_dict()
