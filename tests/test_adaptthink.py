@@ -11,10 +11,10 @@ import torch
 
 from temper.algorithms.adaptthink import adaptthink_advantages, first_token_logprobs
 from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
+from temper.catalog import make_recipe_task
 from temper.models import build_preset
 from temper.rollout.sampler import Sample, derive_seed
 from temper.stages.base import rl_rules
-from temper.tasks import make_recipe_task
 from temper.tasks.base import Problem, Score
 from temper.tasks.two_mode import DIRECT, THINK, marker_ids, mode_of
 from temper.train.adaptthink import REFERENCE_FILE, ForcedFirstToken, direct_flags

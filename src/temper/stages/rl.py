@@ -14,6 +14,7 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json
+from temper.catalog import TASKS
 from temper.data import contamination
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
@@ -38,7 +39,6 @@ from temper.stages.base import (
     StageKind,
     Strict,
     Use,
-    lazy,
     raise_located,
     rl_rules,
 )
@@ -165,9 +165,7 @@ def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int,
 def _unknown_component(name: str) -> str:
     """The error for a `rewards` key that is no component; a path signal some task declares (or
     `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    from temper.tasks import task_types
-
-    signals = {s for cls in task_types().values() for s in (getattr(cls, "path_signals", None) or {})}
+    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
     if name == "path" or name in signals:
         return (
             f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "
@@ -626,12 +624,19 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
-    section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
     uses=lambda stage: _uses(stage),
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
+    splits=lambda stage, tasks: _splits(stage),
+    renders_chats=lambda stage, base_dir: True,
 )
+
+
+def _splits(stage: RLStage) -> list[tuple[str, str]]:
+    """The train split, and the test split when a gate or periodic evals read it."""
+    held_out = stage.gate is not None or stage.train.eval_every > 0
+    return [(t, s) for t in stage.tasks for s in ("train", "test")[: 2 if held_out else 1]]
 
 
 def _last_turn(trajectory) -> list[int]:

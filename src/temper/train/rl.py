@@ -28,8 +28,6 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
-from temper.agent.loop import EpisodeLimits, run_episodes
-from temper.agent.trajectory import mean_signals
 from temper.envs.base import make_env
 from temper.jsonl import iter_jsonl
 from temper.precision import resolve_precision
@@ -39,7 +37,9 @@ from temper.rewards.judge import GroupScorer
 from temper.rewards.path import declared_signals, episode_totals, path_errors, path_metrics, signal_errors
 from temper.rewards.process_reward_model import PRM
 from temper.rollout import HFSampler, Sampler
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import derive_seed
+from temper.rollout.trajectory import mean_signals
 from temper.tasks.base import Problem, Task
 from temper.train import adaptthink
 from temper.train.checkpoint import resume, save_checkpoint
