@@ -3,8 +3,8 @@
 The head goes on the source stage's model: its backbone's weights are loaded into the
 architecture's `AutoModelForSequenceClassification` with one label (a fresh linear `score` head,
 as TRL's RewardTrainer and InstructGPT's RM start from the SFT model), and the pair's rewards
-are trained with `algorithms.preference.bradley_terry_loss`, by the preference trainer
-(`temper.train.preference.BradleyTerry` is one more `Objective` beside DPO and KTO). With `lora`
+are trained with `algorithms.preference.bradley_terry_loss` in the supervised loop
+(`temper.train.preference.BradleyTerry` is one more preference method beside DPO and KTO). With `lora`
 the backbone gets an adapter and the head trains in full (PEFT's SEQ_CLS `modules_to_save`);
 the adapter is merged before saving, so `<out>/reward_model` is always a whole model any
 `AutoModelForSequenceClassification.from_pretrained` (and `temper.rewards.RewardModel.load`) reads.

@@ -226,12 +226,8 @@ def train_supervised(
     history: list[dict[str, Any]] = log.rows()  # the steps before a resume
     losses: list[float] = list(totals.get("losses", []))
     earlier_seconds: float = totals.get("seconds", 0.0)
-    tokens_total, t_start, t_window, tok_window = (
-        totals.get("tokens", 0),
-        time.perf_counter(),
-        time.perf_counter(),
-        0,
-    )
+    tokens_total = totals.get("tokens", 0)  # this process's (resumed: the main process's so far)
+    t_start, t_window, tok_window = time.perf_counter(), time.perf_counter(), 0
     progress = progress_bar(config.progress and accelerator.is_main_process)
     with progress, precision.applied(unwrapped):
         bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
@@ -275,9 +271,8 @@ def train_supervised(
             if config.save_every and done % config.save_every == 0:
                 seconds = earlier_seconds + time.perf_counter() - t_start
                 totals = {"tokens": tokens_total, "seconds": seconds, "losses": losses}
-                save_checkpoint(
-                    ckpt_root, done, accelerator, totals=totals
-                )  # every process: its RNG is saved too
+                # every process saves: its RNG state is in the checkpoint too
+                save_checkpoint(ckpt_root, done, accelerator, totals=totals)
 
     log.close()
     seconds = time.perf_counter() - t_start
