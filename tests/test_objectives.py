@@ -251,3 +251,14 @@ def test_any_split_gives_the_whole_batch_gradient(tokenizer, pairs, labelled, wh
         reference(objective, model, items).backward()
         for a, p in zip(grads[0], model.parameters(), strict=True):
             torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_prompt_distillations_held_out_kl_is_the_whole_sets(tokenizer):
+    """Scored 4 at a time, the held-out KL per completion token is the whole set's, and the model
+    is put back in training mode."""
+    objective, student, items = _distill(tokenizer)
+    with torch.no_grad():
+        whole = _distill_reference(objective, student.eval(), items).item()
+    student.train()
+    got = objective.evaluate(student, items, 4, None)
+    assert got.keys() == {"eval/kl"} and got["eval/kl"] == pytest.approx(whole, rel=1e-6) and student.training
