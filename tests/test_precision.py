@@ -14,7 +14,7 @@ from temper.data import build_sequences, parse_row
 from temper.models import build_preset
 from temper.precision import FP32, PrecisionChoice, resolve_precision
 from temper.rollout import HFSampler
-from temper.train import TrainConfig, train_supervised
+from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.rl import RLConfig, train_rl
 from test_rl import FirstByteTask  # tests/ is on the path (pytest rootdir mode)
 
@@ -43,7 +43,7 @@ def _train(tokenizer, tmp_path, precision):
         max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, progress=False, precision=precision
     )
     return train_supervised(
-        model, _data(tokenizer), config, tmp_path / precision, pad_id=tokenizer.pad_token_id
+        model, _data(tokenizer), config, tmp_path / precision, objective=NextToken(tokenizer.pad_token_id)
     )
 
 

@@ -43,7 +43,7 @@ from temper.rollout.sampler import derive_seed
 from temper.rollout.trajectory import mean_signals
 from temper.tasks.base import Problem, Task
 from temper.train import adaptthink
-from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
 from temper.train.rl_config import RLConfig
@@ -338,9 +338,8 @@ def train_rl(
             train_sampler = adaptthink.ForcedFirstToken(sampler, tokenizer, config.adaptthink.direct_share)
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
-    start = 0
-    if checkpoints := list_checkpoints(out_dir / "checkpoints"):
-        start = load_checkpoint(checkpoints[-1], accelerator)
+    start, totals = resume(out_dir / "checkpoints", accelerator)
+    if start:
         log.truncate_after(start)
         rollouts.truncate_after(start)  # replayed steps are logged again
     elif main:
@@ -362,9 +361,10 @@ def train_rl(
         n for t in tasks for n, kind in getattr(t, "path_signals", {}).items() if kind == "violation"
     ]
 
-    history: list[dict[str, Any]] = []
-    sampled_tokens = trained_tokens = 0
-    t_start = time.perf_counter()
+    # a resumed run's result is the whole run's: its rows and totals before the resume come back
+    history: list[dict[str, Any]] = list(past)
+    sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
+    t_start = time.perf_counter() - totals.get("seconds", 0.0)
     progress = progress_bar(config.progress and main)
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
@@ -481,7 +481,9 @@ def train_rl(
             for cb in callbacks:
                 cb(step + 1, row)
             if config.save_every and (step + 1) % config.save_every == 0:
-                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator)
+                totals = {"sampled_tokens": sampled_tokens, "trained_tokens": trained_tokens}
+                totals["seconds"] = time.perf_counter() - t_start
+                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals)
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start
