@@ -170,9 +170,10 @@ def is_adapter_dir(name: str | os.PathLike) -> bool:
 
 
 def adapter_base(folder: str | os.PathLike) -> str:
-    """The model an adapter folder was trained on: its `base_model_name_or_path`, a local path taken
-    as written when it exists, else relative to the adapter folder (a run folder that was moved
-    with its base inside), else as a hub id."""
+    """The model an adapter folder was trained on: its `base_model_name_or_path`, a relative path
+    taken relative to the adapter folder first (a run folder that was moved with its base inside:
+    a folder of the same name under the working directory must not win), then as written, else
+    as a hub id."""
     folder = Path(folder).expanduser()
     try:
         base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
@@ -184,7 +185,7 @@ def adapter_base(folder: str | os.PathLike) -> str:
         raise ModelNotFoundError(f"{folder / ADAPTER_CONFIG} names no base_model_name_or_path")
     path = Path(base).expanduser()
     inside = (folder / STACKED_BASE,) if path.name == STACKED_BASE else ()  # moved with its folder
-    for candidate in (path, folder / path, *inside):
+    for candidate in (folder / path, path, *inside):  # folder / an absolute path is that path
         if candidate.is_dir():
             return str(candidate.resolve())
     if looks_like_path(base):
