@@ -76,6 +76,13 @@ class _GradedEnv:
         made = f"{type(self.env).__name__} " if self.env is not None else ""
         return f"{made}(env {self.task.factory.name})"
 
+    def describe(self, method: str) -> str:
+        """What a failure's line calls a call of `method` that the agent loop timed: the factory
+        while the env is not made yet (a hung factory), else the env's method; on the problem."""
+        if self.env is None:
+            return f"env factory {self.task.factory.name} on {self.context}"
+        return f"env {self.label}.{method} on {self.context}"
+
     @property
     def tools(self) -> Any:
         """The wrapped env's tool schemas (a ToolEnv's, a TRL environment class's), for the prompt."""

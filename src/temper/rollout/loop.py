@@ -125,14 +125,14 @@ def run_episodes(
         ids: list[int] = []
         if messages is None:
             error = guard.returned(
-                f"env {_label(env)}.reset", f"{type(done.value).__name__}, not a list of messages"
+                _what(env, "reset"), f"{type(done.value).__name__}, not a list of messages"
             ).line
         elif not error:
             try:
                 ids = prompt_ids(tokenizer, messages, getattr(env, "tools", None))
             except Exception as err:  # messages of the env's making that the chat template cannot render
                 error = guard.raised(
-                    err, f"the chat template, on the messages env {_label(env)}.reset returned"
+                    err, f"the chat template, on the messages {_what(env, 'reset')} returned"
                 ).line
         if error:  # the episode ends before it starts: no prompt, nothing sampled
             e = _Episode(env, g, n, Trajectory([Segment([], None, False)]), [], [], live=False)
@@ -160,12 +160,20 @@ def _label(env: Any) -> str:
     return getattr(env, "label", None) or type(env).__name__
 
 
+def _what(env: Any, method: str) -> str:
+    """What a failure's line calls a call of `env.<method>`."""
+    describe = getattr(env, "describe", None)
+    return describe(method) if callable(describe) else f"env {_label(env)}.{method}"
+
+
 def _failure(env: Any, method: str, done: guard.Done, limit: float) -> str:
-    """The line of a call of `env.<method>` that failed ('' when it did not)."""
+    """The line of a call of `env.<method>` that failed ('' when it did not); an env that says
+    what its calls are (`describe(method)`: a user's env names its factory and problem) says so."""
+    what = _what(env, method)
     if done.timed_out:
-        return guard.timed_out(f"env {_label(env)}.{method}", limit).line
+        return guard.timed_out(what, limit).line
     if done.error is not None:
-        return guard.raised(done.error, f"env {_label(env)}.{method}").line
+        return guard.raised(done.error, what).line
     return ""
 
 
@@ -269,7 +277,7 @@ def _step_round(
         if isinstance(result, str):
             continue
         if (bad := _bad_result(result)) is not None:
-            errors[id(e)] = guard.returned(f"env {_label(e.env)}.step", bad).line
+            errors[id(e)] = guard.returned(_what(e.env, "step"), bad).line
             results[id(e)] = "env_error"
     ended = []
     for e in live:
@@ -345,7 +353,7 @@ def _apply(
             full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
         except Exception as err:  # messages of the env's making that the chat template cannot render
             line = guard.raised(
-                err, f"the chat template, on the messages env {_label(e.env)}.step returned"
+                err, f"the chat template, on the messages {_what(e.env, 'step')} returned"
             ).line
             return _end(e, "env_error", "", line)
         if full[: len(e.ids)] != e.ids:

@@ -196,8 +196,9 @@ class MCPConnection:
                 pass
         if self._thread is not threading.current_thread():
             self._thread.join(CONNECT_TIMEOUT_S)
-            if not self._thread.is_alive():
-                self._errlog.close()
+            errlog = getattr(self, "_errlog", None)
+            if errlog is not None and not self._thread.is_alive():
+                errlog.close()
         atexit.unregister(self.close)
 
     def __enter__(self) -> MCPConnection:

@@ -358,7 +358,10 @@ def train_rl(
     ]
 
     # failures of user code and steps without a learning signal: counted, printed, a stop
-    policy = user_code.Policy(config.user_code, config.steps, console.print if main else None, start)
+    policy = user_code.Policy(
+        config.user_code, config.steps, console.print if main else None, start,
+        user_code.equal_rewards_teach_nothing(config),
+    )  # fmt: skip
     history: list[dict[str, Any]] = []
     sampled_tokens = trained_tokens = 0
     t_start = time.perf_counter()

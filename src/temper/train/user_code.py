@@ -13,8 +13,9 @@ policy, `Policy`, decides for the format gate, the reachability probe and every 
 - each step with failures prints a count, and the first failure of each kind its line, on the
   console (not only in a json);
 - `zero_variance_steps` steps in a row in which no group can teach anything (every group's
-  rewards are all equal, or it failed) stop the run naming the cause (`on_zero_variance: warn`:
-  one loud warning instead), so a run never ends "complete" having trained on nothing.
+  rewards are all equal, or it failed, under an estimator for which equal rewards mean zero
+  advantage) stop the run naming the cause (`on_zero_variance: warn`: one loud warning
+  instead), so a run never ends "complete" having trained on nothing.
 
 A stop is a `UserCodeError` (one line, and a hint the CLI prints below it; exit 2), raised before
 the step trains, so no model is saved; `before_training` tells the stage that nothing was trained.
@@ -36,6 +37,10 @@ from temper.tasks.base import VERIFIER_ERROR
 
 FAILED = ("verifier_error", "env_error", "timeout")
 """How a sample fails in user code: its grader failed, its env failed, or either ran past its limit."""
+ZERO_FOR_EQUAL_REWARDS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+"""The estimators that give a group whose rewards are all equal zero advantage, so that a step
+of such groups trains on nothing (gae's values, the turn estimators' per-turn returns,
+distillation's teacher and AdaptThink's reference accuracy give them a signal of their own)."""
 LEFT_OUT = (*FAILED, "not_prefix")
 """Every reason a group is left out of training: a failure, or a chat template that re-rendered
 the history differently from what was sampled (not user code: left out, printed, not counted)."""
@@ -89,6 +94,15 @@ def sample_failure(rollout: Any) -> tuple[str, str] | None:
     return None
 
 
+def equal_rewards_teach_nothing(config: Any) -> bool:
+    """Whether a step whose groups' rewards are all equal trains on nothing under `config` (an
+    `RLConfig`): an estimator of `ZERO_FOR_EQUAL_REWARDS` without a KL penalty in the reward
+    (which differs sample by sample)."""
+    return config.advantage in ZERO_FOR_EQUAL_REWARDS and not (
+        config.kl_mode == "reward" and config.kl_coef > 0
+    )
+
+
 def group_failure(group: Any, first_round: bool = True) -> GroupFailure | None:
     """The failure of a graded group (`train.rollouts.Group`), or None when every sample is sound."""
     found = [f for f in (sample_failure(r) for r in group.rollouts) if f is not None]
@@ -101,7 +115,9 @@ def group_failure(group: Any, first_round: bool = True) -> GroupFailure | None:
 
 class Policy:
     """The run's policy on failures and empty steps (module docstring). `say` prints a console
-    line (rich markup; the main process's), `start` is the step a resumed run starts from."""
+    line (rich markup; the main process's), `start` is the step a resumed run starts from, and
+    `empty_streaks` whether steps of equal-reward groups train on nothing (the zero-variance
+    rule applies only then: `equal_rewards_teach_nothing`)."""
 
     def __init__(
         self,
@@ -109,8 +125,9 @@ class Policy:
         steps: int,
         say: Callable[[str], None] | None = None,
         start: int = 0,
+        empty_streaks: bool = True,
     ):
-        self.config, self.steps, self.start = config, steps, start
+        self.config, self.steps, self.start, self.empty_streaks = config, steps, start, empty_streaks
         self.say = say or (lambda line: None)
         self.shown: set[str] = set()
         self.streak: list[Counter[str]] = []  # the causes of each step of the current empty streak
@@ -175,7 +192,7 @@ class Policy:
         return row
 
     def _empty_streak(self, step: int, causes: Sequence[str | None], failed_groups: int) -> None:
-        n = self.config.zero_variance_steps
+        n = self.config.zero_variance_steps if self.empty_streaks else 0
         if causes and any(c is None for c in causes):
             self.streak, self.warned = [], False
             return

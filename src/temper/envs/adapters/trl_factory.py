@@ -102,7 +102,7 @@ class TRLEnvironment:
         if len(self.weights) != len(self.rewards):
             raise ValueError(f"{len(self.rewards)} reward functions but {len(self.weights)} weights")
         if callable(getattr(self.instance, "get_reward", None)):  # TRL: an extra source of weight 1
-            self.rewards.append(_env_reward(f"{type(self.instance).__name__}.get_reward", self.instance.get_reward))
+            self.rewards.append(_env_reward(type(self.instance).__name__, self.instance.get_reward))
             self.weights.append(1.0)
         if not self.rewards:
             raise ValueError("no reward source: give reward_funcs, or an environment class with get_reward()")
