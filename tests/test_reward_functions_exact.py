@@ -164,7 +164,7 @@ def test_call_all_passes_trl_arguments_and_columns():
     assert seen[0][2] == [[1, 2], [3]]
 
 
-def test_a_failing_batch_is_retried_one_completion_at_a_time():
+def test_a_raising_batch_is_retried_one_completion_at_a_time_a_miscounted_one_is_not():
     calls = []
 
     def picky(completions, **kw):
@@ -189,8 +189,18 @@ def test_a_failing_batch_is_retried_one_completion_at_a_time():
     assert isinstance(out.errors[1].error, ZeroDivisionError)  # the first function's failure is kept
     at = f"test_reward_functions_exact.py:{picky.__code__.co_firstlineno + 3}"
     assert out.errors[1].line == f"reward function picky raised: ZeroDivisionError: bad one (at {at})"
-    assert (
-        out.errors[0].line == "reward function short returned str 'x' for completion 1, not a float or None"
+    assert [e.line for e in out.errors[::2]] == [  # short's answer to the batch fails every completion
+        "reward function short returned 2 rewards, but 3 were expected (one per prompt-completion pair)"
+    ] * 2
+
+    def always(completions, **kw):
+        raise ValueError("never")
+
+    [every] = call_all([RewardFunction("always", always)], ["p"] * 2, ["a", "b"], None, [{}] * 2,
+                       labels=["problem q"] * 2).errors[:1]  # fmt: skip
+    # it fails on each completion alone too: the line of its failure on the batch is kept
+    assert every.line.startswith(
+        "reward function always raised on problem q (2 completions): ValueError: never"
     )
     labelled = call_all(
         [RewardFunction("rw.py:picky", picky)], ["p"], ["bad"], None, [{}], labels=["problem d:3"]
@@ -219,15 +229,19 @@ def test_checked_messages_nan_and_inf():
         rf._checked(f, _done("1.0"), 1).line
         == "reward function m.py:f returned str, not a list of floats or None"
     )
-    for bad in (float("nan"), float("inf"), float("-inf")):
-        assert rf._checked(f, _done([2, bad, None]), 3, "problem a:1").line == (
-            f"reward function m.py:f returned a non-finite reward ({bad}) for completion 2: return None where "
-            "it does not apply on problem a:1"
+    for bad in (float("nan"), float("inf"), float("-inf")):  # only that completion fails
+        rewards, failures = rf._checked(
+            f, _done([2, bad, None]), 3, "", ["problem a:1", "problem a:2", "problem a:3"]
         )
-    assert rf._checked(f, _done(["0.5"]), 1).line == (
+        assert rewards == [2.0, None, None] and failures[0] is None is failures[2]
+        assert failures[1].line == (
+            f"reward function m.py:f returned a non-finite reward ({bad}) for completion 2: return None where "
+            "it does not apply on problem a:2"
+        )
+    assert rf._checked(f, _done(["0.5"]), 1)[1][0].line == (
         "reward function m.py:f returned str '0.5' for completion 1, not a float or None"
     )
-    assert rf._checked(f, _done([True, 2, None]), 3) == [1.0, 2.0, None]
+    assert rf._checked(f, _done([True, 2, None]), 3) == ([1.0, 2.0, None], [None] * 3)
     boom = KeyError("k")
     failed = rf._checked(f, Done(error=boom), 1, "problem a:1")
     assert isinstance(failed, UserCodeFailure) and failed.error is boom and failed.kind == "raised"
@@ -435,7 +449,7 @@ def test_make_grader_refusals():
 
 
 def test_checked_keeps_none_without_nan():
-    assert rf._checked(RewardFunction("f", None), Done(value=[None, 1.0]), 2) == [None, 1.0]
+    assert rf._checked(RewardFunction("f", None), Done(value=[None, 1.0]), 2) == ([None, 1.0], [None, None])
 
 
 @pytest.fixture

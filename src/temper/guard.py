@@ -121,13 +121,13 @@ def returned(what: str, detail: str, context: str = "") -> UserCodeFailure:
 
 
 def last_line(err: BaseException) -> str:
-    """What a traceback's last line says of `err` (`ValueError: my reward blew up`), as one line;
-    an exception group's leaves, each so, joined by '; '."""
+    """What a traceback's last line says of `err` (`ValueError: my reward blew up`), as one line
+    and without the class's module; an exception group's leaves, each so, joined by '; '."""
     leaves = getattr(err, "exceptions", None)
     if isinstance(err, _GROUPS) and leaves:
         return "; ".join(dict.fromkeys(last_line(e) for e in leaves))
-    text = "".join(traceback.format_exception_only(type(err), err)).strip()
-    text = " ".join(text.split())
+    said = str(err)  # the class by its own name: a user module's is loaded under a generated one
+    text = " ".join(f"{type(err).__name__}: {said}".split()) if said.strip() else type(err).__name__
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
 
 

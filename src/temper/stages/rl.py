@@ -470,13 +470,14 @@ class _AdapterDisabled(torch.nn.Module):
 
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     """The stage (module docstring), every call of user code under `train.user_code.timeout`. A
-    run its policy stops before it trained leaves nothing of its own behind (its probe.json): the
-    folder is then as a refused stage leaves it."""
+    run that user code stops before any step trained (no metrics logged, no checkpoint) leaves
+    nothing of its own behind (its probe.json): the folder is then as a refused stage leaves it."""
     with guard.time_limit(stage.train.user_code.timeout):
         try:
             return _run_rl(stage, ctx, source, out)
-        except user_code.RunStopped as err:
-            if err.before_training and distributed.is_main():
+        except guard.UserCodeError:
+            trained = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+            if not trained and distributed.is_main():
                 (out / "probe.json").unlink(missing_ok=True)
             raise
 

@@ -174,12 +174,13 @@ def call_all(
     labels: Sequence[str] | None = None,
 ) -> Outcome:
     """Every function on the whole batch, TRL's way (async ones awaited together). A function
-    that raises on the batch, or returns what it must not, is called again one completion at a
-    time, so only the completions it cannot grade fail; one that runs past its time limit is not
-    (each call would wait the limit again): every completion fails. `completions` replaces the
-    ones made from `texts` where TRL passes more than one message per completion (a tool-calling
-    episode: assistant turns and tool results). `labels` say what each completion is (e.g.
-    "problem rows.jsonl:3"), for the failures' lines."""
+    that raises on the batch is called again one completion at a time, so only the completions it
+    cannot grade fail; one whose answer is not one reward per completion, or that runs past its
+    time limit, fails the whole batch (a time-out is not retried: each call would wait the limit
+    again); a reward that is not a finite float or None fails its own completion. `completions`
+    replaces the ones made from `texts` where TRL passes more than one message per completion (a
+    tool-calling episode: assistant turns and tool results). `labels` say what each completion is
+    (e.g. "problem rows.jsonl:3"), for the failures' lines."""
     n = len(texts)
     labels = list(labels) if labels is not None else [""] * n
     completions = completions_as_trl(prompts, texts) if completions is None else list(completions)
@@ -191,25 +192,26 @@ def call_all(
     values: list[list[float | None]] = []
     errors: list[UserCodeFailure | None] = [None] * n
     for f, result in zip(functions, results, strict=True):
-        checked = _checked(f, result, n, _batch_label(labels))
-        if isinstance(checked, UserCodeFailure) and checked.kind == "timeout":
-            errors = [e or checked for e in errors]
-            checked = [None] * n
-        elif isinstance(checked, UserCodeFailure):  # one at a time, to find the completions it fails on
-            checked = []
+        checked = _checked(f, result, n, _batch_label(labels), labels)
+        if isinstance(checked, UserCodeFailure) and checked.kind == "raised":  # one at a time, to find
+            each = []  # the completions it fails on
             for i in range(n):
                 [single] = _run([f], [{k: v[i : i + 1] for k, v in batch.items()}])
-                value = _checked(f, single, 1, labels[i])
-                if isinstance(value, UserCodeFailure):
-                    errors[i] = errors[i] or value
-                    if value.kind == "timeout":  # the rest would wait the limit each: they fail too
-                        errors[i + 1 :] = [e or value for e in errors[i + 1 :]]
-                        checked += [None] * (n - i)
-                        break
-                    checked.append(None)
-                else:
-                    checked.append(value[0])
-        values.append(checked)
+                each.append(_checked(f, single, 1, labels[i]))
+                if isinstance(each[-1], UserCodeFailure) and each[-1].kind == "timeout":
+                    each += [each[-1]] * (n - i - 1)  # the rest would wait the limit each: they fail too
+                    break
+            if all(isinstance(e, UserCodeFailure) for e in each):  # it fails on each alone too: what
+                each = [checked] * n  # it did with the batch (TRL's call) says more
+            checked = (
+                [None if isinstance(e, UserCodeFailure) else e[0][0] for e in each],
+                [e if isinstance(e, UserCodeFailure) else e[1][0] for e in each],
+            )
+        elif isinstance(checked, UserCodeFailure):
+            checked = ([None] * n, [checked] * n)
+        rewards, failures = checked
+        errors = [e or failure for e, failure in zip(errors, failures, strict=True)]
+        values.append(rewards)
     return Outcome(values, errors)
 
 
@@ -224,11 +226,13 @@ def _batch_label(labels: Sequence[str]) -> str:
 
 
 def _checked(
-    f: RewardFunction, done: Done, n: int, context: str = ""
-) -> list[float | None] | UserCodeFailure:
-    """The rewards of one call, or its failure: it raised, ran past its time limit, or returned
-    anything but n finite floats or None (TRL's message for a wrong count)."""
+    f: RewardFunction, done: Done, n: int, context: str = "", labels: Sequence[str] | None = None
+) -> tuple[list[float | None], list[UserCodeFailure | None]] | UserCodeFailure:
+    """One call's rewards and the failure of each completion whose reward is not a finite float
+    or None (`labels[i]` says which it is), or the failure of the whole call: it raised, ran past
+    its time limit, or did not return one reward per completion (TRL's message for a wrong count)."""
     what = f"reward function {f.name}"
+    labels = list(labels) if labels is not None else [context] * n
     if done.timed_out:
         return guard.timed_out(what, done.seconds, context)
     if done.error is not None:
@@ -236,24 +240,26 @@ def _checked(
     result = done.value
     if isinstance(result, str | bytes | dict) or not hasattr(result, "__iter__"):
         return guard.returned(what, f"{type(result).__name__}, not a list of floats or None", context)
+    result = list(result)
+    if len(result) != n:  # TRL's message
+        return guard.returned(
+            what, f"{len(result)} rewards, but {n} were expected (one per prompt-completion pair)", context
+        )
     out: list[float | None] = []
+    failures: list[UserCodeFailure | None] = []
     for i, r in enumerate(result):
         value = None if r is None else _number(r)
-        if value is not None and not math.isfinite(value):
-            return guard.returned(
-                what, f"a non-finite reward ({value}) for completion {i + 1}: return None where it does not apply",
-                context,
-            )  # fmt: skip
+        failure = None
         if r is not None and value is None:
-            return guard.returned(
-                what, f"{type(r).__name__} {r!r:.40} for completion {i + 1}, not a float or None", context
-            )
-        out.append(value)
-    if len(out) != n:  # TRL's message
-        return guard.returned(
-            what, f"{len(out)} rewards, but {n} were expected (one per prompt-completion pair)", context
-        )
-    return out
+            failure = guard.returned(what, f"{type(r).__name__} {r!r:.40} for completion {i + 1}, not a float or None", labels[i])  # fmt: skip
+        elif value is not None and not math.isfinite(value):
+            failure = guard.returned(
+                what, f"a non-finite reward ({value}) for completion {i + 1}: return None where it does not apply",
+                labels[i],
+            )  # fmt: skip
+        out.append(None if failure else value)
+        failures.append(failure)
+    return out, failures
 
 
 def _number(r: Any) -> float | None:

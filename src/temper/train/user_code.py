@@ -17,8 +17,8 @@ policy, `Policy`, decides for the format gate, the reachability probe and every 
   advantage) stop the run naming the cause (`on_zero_variance: warn`: one loud warning
   instead), so a run never ends "complete" having trained on nothing.
 
-A stop is a `UserCodeError` (one line, and a hint the CLI prints below it; exit 2), raised before
-the step trains, so no model is saved; `before_training` tells the stage that nothing was trained.
+A stop is a `RunStopped` (a `UserCodeError`: one line, and a hint the CLI prints below it; exit 2),
+raised before the step trains, so no model is saved.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class Policy:
             "warn (or zero_variance_steps: 0) to go on anyway"
         )
         if self.config.on_zero_variance == "stop":
-            raise RunStopped(message, hint, before_training=False)
+            raise RunStopped(message, hint)
         self.warned = True
         self.say(f"[bold red]warning[/]: {escape(message)} (train.user_code.on_zero_variance: warn)")
 
@@ -243,7 +243,6 @@ class Policy:
                 f"{where}: {first[kind]}",
                 "the run stopped before training on it: fix that code, or set "
                 "train.user_code.first_step: count to count such failures instead",
-                before_training=True,
             )
         share = (failed if in_batch is None else in_batch) / max(samples, 1)
         if share > self.config.max_failed_share:
@@ -251,7 +250,6 @@ class Policy:
                 f"{where}: {failed} of {samples} samples failed in user code ({100 * share:.0f}%, more than "
                 f"train.user_code.max_failed_share {self.config.max_failed_share:g}); the first: {first[kind]}",
                 "fix that code, or raise train.user_code.max_failed_share (their groups are left out either way)",
-                before_training=before,
             )
         self._show(where, counts, first, samples)
 
@@ -268,12 +266,4 @@ class Policy:
 
 
 class RunStopped(UserCodeError):
-    """The policy stopped the run (`UserCodeError`: one line and a hint). `before_training`: no
-    step has trained (the stage then removes what it wrote, so the folder holds no half run)."""
-
-    def __init__(self, message: str, hint: str | None = None, before_training: bool = False):
-        super().__init__(message, hint)
-        self.before_training = before_training
-
-    def __reduce__(self) -> Any:
-        return type(self), (str(self), self.hint, self.before_training)
+    """The policy stopped the run (a `UserCodeError`: one line and a hint), before the step trained."""
