@@ -633,6 +633,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     from temper.data import DataError
     from temper.guard import UserCodeError
     from temper.models import ChatTemplateError, ModelNotFoundError
+    from temper.precision import PrecisionRecordError
     from temper.train.checkpoint import CheckpointError
 
     if isinstance(err, UserCodeError):  # user code failed (a reward function, an env...): one line, a hint
@@ -660,6 +661,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
         | DataError
         | StageError
         | CheckpointError
+        | PrecisionRecordError
         | FileNotFoundError
         | ImportError,
     ):

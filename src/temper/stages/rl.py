@@ -19,6 +19,7 @@ from temper.data import contamination
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
@@ -495,7 +496,8 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
 
         sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
     else:
-        sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
+        chosen = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
+        sampler = HFSampler(model, tokenizer, precision=chosen)
     scorers = {}
     if config.reward_model is not None:
         from temper.rewards.reward_model import RewardModel  # only runs with a learned reward

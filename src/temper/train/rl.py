@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from temper import distributed
 from temper.envs.base import make_env
 from temper.jsonl import iter_jsonl
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS, monitors
 from temper.rewards.diagnostics import breakdown
@@ -42,7 +43,7 @@ from temper.rollout.sampler import derive_seed
 from temper.rollout.trajectory import mean_signals
 from temper.tasks.base import Problem, Task
 from temper.train import adaptthink, user_code
-from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
 from temper.train.rl_config import RLConfig
@@ -290,7 +291,11 @@ def train_rl(
         raise ValueError("; ".join(f"train.{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
     kinds = declared_signals(tasks)[0]
     sampler = sampler or HFSampler(
-        model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
+        model,
+        tokenizer,
+        precision=resolve_precision(
+            config.precision, model, "sample", record=Path(out_dir) / PRECISION_RECORD
+        ),
     )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
@@ -299,7 +304,8 @@ def train_rl(
     # parameters are the same tensors, so sampling and evaluation run no collective
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
 
-    precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    # after the accelerator: rank 0 decides (a resumed run keeps its recorded choice)
+    precision = resolve_precision(config.precision, model, record=Path(out_dir) / PRECISION_RECORD)
     # AdaptThink: the reference accuracy of every prompt the run will train on, from the starting
     # weights (before a checkpoint is loaded; a resumed run reads the file back), and the rollout
     # that forces the first token
@@ -333,9 +339,8 @@ def train_rl(
             train_sampler = adaptthink.ForcedFirstToken(sampler, tokenizer, config.adaptthink.direct_share)
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
-    start = 0
-    if checkpoints := list_checkpoints(out_dir / "checkpoints"):
-        start = load_checkpoint(checkpoints[-1], accelerator)
+    start, totals = resume(out_dir / "checkpoints", accelerator)
+    if start:
         log.truncate_after(start)
         rollouts.truncate_after(start)  # replayed steps are logged again
     elif main:
@@ -362,9 +367,10 @@ def train_rl(
         config.user_code, config.steps, console.print if main else None, start,
         user_code.equal_rewards_teach_nothing(config),
     )  # fmt: skip
-    history: list[dict[str, Any]] = []
-    sampled_tokens = trained_tokens = 0
-    t_start = time.perf_counter()
+    # a resumed run's result is the whole run's: its rows and totals before the resume come back
+    history: list[dict[str, Any]] = list(past)
+    sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
+    t_start = time.perf_counter() - totals.get("seconds", 0.0)
     progress = progress_bar(config.progress and main)
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
@@ -477,7 +483,9 @@ def train_rl(
             for cb in callbacks:
                 cb(step + 1, row)
             if config.save_every and (step + 1) % config.save_every == 0:
-                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator)
+                totals = {"sampled_tokens": sampled_tokens, "trained_tokens": trained_tokens}
+                totals["seconds"] = time.perf_counter() - t_start
+                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals)
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start
