@@ -1386,6 +1386,24 @@ def _(w: World) -> Bad:
     )
 
 
+@case("code/eval-says-which-reward-function-failed")
+def _(w: World) -> Bad:
+    """`temper eval` counts a failing reward function's completions as wrong and says, on the
+    console, which function failed and how (not only in eval.json)."""
+    _code_recipe(w, "rewards: []")  # (writes rows.jsonl and rewards.py)
+    argv = ["eval", "--model", str(w.saved), "--out", str(w.out), "--task-data", str(w.tmp / "rows.jsonl"),
+            "--reward", f"{w.tmp / 'rewards.py'}:raises", "--task-option", "rows.split_column=split",
+            "--n_problems", "2", "--k", "1", "--max_new_tokens", "4", "--splits", "test"]  # fmt: skip
+
+    def said() -> None:
+        said = f"first verifier_error: reward function {w.tmp / 'rewards.py'}:raises raised on 2 completions (problem rows.jsonl:5, problem rows.jsonl:6): ValueError: my reward blew up"
+        assert "user code failed (verifier_error 4); counted as wrong answers" in w.said and said in w.said, (
+            w.said
+        )
+
+    return Bad(argv, [], code=0, quiet=True, limit=60, then=said)
+
+
 def _unfinished(stage: Path) -> None:
     """A stage stopped after it trained: no model, not marked complete, no scratch."""
     assert stage.is_dir() and not (stage / "model").exists() and not (stage / "stage.json").exists()

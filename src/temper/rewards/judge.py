@@ -320,7 +320,9 @@ class EndpointJudge:
         timeout but may never finish)."""
         if not chats:
             return []
-        limit = (self.retries + 1) * self.timeout + self.backoff * (2**self.retries - 1) + 5.0
+        limit = (self.retries + 2) * self.timeout + self.backoff * (
+            2**self.retries - 1
+        )  # (a timeout to spare)
         what = f"judge endpoint {self.endpoint}"
         done = guard.run_all([lambda m=m: self.one(m) for m in chats], limit, self.concurrency, "judge")
         for d in done:

@@ -176,9 +176,11 @@ def say_failures(where: str, result: dict[str, Any]) -> None:
     if not found:
         return
     said = ", ".join(f"{kind} {entry['count']}" for kind, entry in found.items())
-    console.print(f"[yellow]{escape(where)}[/]: user code failed ({said}); counted as wrong answers")
+    console.print(
+        f"[yellow]{escape(where)}[/]: user code failed ({said}); counted as wrong answers", soft_wrap=True
+    )
     for kind, entry in found.items():
-        console.print(f"  first {kind}: {escape(str(entry['first']))}")
+        console.print(f"  first {kind}: {escape(str(entry['first']))}", soft_wrap=True)
 
 
 def eval_table(results: dict[str, dict[str, Any]]) -> str:

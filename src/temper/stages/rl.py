@@ -521,7 +521,9 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
-    policy = user_code.Policy(config.user_code, config.steps, console.print)  # (prints on the main process)
+    policy = user_code.Policy(
+        config.user_code, config.steps, user_code.console_line(console)
+    )  # (main process)
     if stage.gate:
         summary["gate"] = distributed.on_main(
             format_gate, stage.gate, sampler, tokenizer, tasks, config.max_new_tokens, policy

@@ -364,7 +364,7 @@ def train_rl(
 
     # failures of user code and steps without a learning signal: counted, printed, a stop
     policy = user_code.Policy(
-        config.user_code, config.steps, console.print if main else None, start,
+        config.user_code, config.steps, user_code.console_line(console) if main else None, start,
         user_code.equal_rewards_teach_nothing(config),
     )  # fmt: skip
     # a resumed run's result is the whole run's: its rows and totals before the resume come back

@@ -113,6 +113,12 @@ def group_failure(group: Any, first_round: bool = True) -> GroupFailure | None:
     return GroupFailure(kind, error, failed, len(group.rollouts), first_round)
 
 
+def console_line(console: Any) -> Callable[[str], None]:
+    """A `say` for `Policy`: each line printed whole on a rich console (never wrapped, so a
+    failure's line stays one line to read and to search for)."""
+    return lambda line: console.print(line, soft_wrap=True)
+
+
 class Policy:
     """The run's policy on failures and empty steps (module docstring). `say` prints a console
     line (rich markup; the main process's), `start` is the step a resumed run starts from, and
