@@ -49,7 +49,7 @@ from transformers import PreTrainedTokenizerBase
 
 from temper import guard
 from temper.data.chat import check_tool_template, prompt_ids
-from temper.envs.base import Env, StepResult
+from temper.envs.base import Env, StepResult, TaskEnv
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 from temper.rollout.trajectory import Segment, StopReason, Trajectory
 from temper.tasks.base import Score
@@ -114,7 +114,7 @@ def run_episodes(
     if len(seeds) != len(envs_G_N):
         raise ValueError(f"got {len(seeds)} seeds for {len(envs_G_N)} groups")
     flat = [(g, n, env) for g, envs in enumerate(envs_G_N) for n, env in enumerate(envs)]
-    resets = guard.run_all([env.reset for _, _, env in flat], workers=workers, name="reset")
+    resets = _resets([env for _, _, env in flat], workers)
     if any(getattr(env, "tools", None) for (_, _, env), r in zip(flat, resets, strict=True) if r.ok):
         check_tool_template(tokenizer)  # a template without tool support fails here, not mid-batch
     episodes: list[_Episode] = []
@@ -153,6 +153,17 @@ def run_episodes(
     for e in episodes:
         out[e.group].append(e.trajectory)
     return out
+
+
+def _resets(envs: list[Env], workers: int) -> list[guard.Done]:
+    """Every env's `reset`: as user code (guarded, in parallel), but temper's own one-step
+    `TaskEnv`, whose reset only renders its problem, here (a thread per sample would cost more
+    than the reset)."""
+    own = [isinstance(env, TaskEnv) for env in envs]
+    guarded = iter(
+        guard.run_all([e.reset for e, mine in zip(envs, own) if not mine], workers=workers, name="reset")
+    )
+    return [guard.Done(value=e.reset()) if mine else next(guarded) for e, mine in zip(envs, own)]
 
 
 def _label(env: Any) -> str:
