@@ -296,7 +296,15 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
         k: v
         for k, v in plain.model_dump(
             # the train block's late fields (RLConfig.HASHED_WHEN_SET) are left out at their defaults too
-            exclude={"train": {"progress", "process_reward_model", "process_reward_model_mode", "adaptthink"}}
+            exclude={
+                "train": {
+                    "progress",
+                    "process_reward_model",
+                    "process_reward_model_mode",
+                    "adaptthink",
+                    "user_code",
+                }
+            }
         ).items()
         if k != "task_options"
     }

@@ -42,7 +42,7 @@ from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import derive_seed
 from temper.rollout.trajectory import mean_signals
 from temper.tasks.base import Problem, Task
-from temper.train import adaptthink
+from temper.train import adaptthink, user_code
 from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.privileged import check_no_leak, privileged_text, teacher_prompts
@@ -50,6 +50,7 @@ from temper.train.rl_config import RLConfig
 from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, grade_episodes, rollout_record, to_batch
 from temper.train.schedule import lr_at
+from temper.train.user_code import GroupFailure, group_failure
 
 __all__ = [
     "RLConfig",
@@ -102,10 +103,10 @@ def sample_share(
     world: int = 1,
     graded: list[Group] | None = None,
     scorers: dict[str, GroupScorer] | None = None,
-) -> tuple[list[Group], list[str | None], int, list[str]]:
+) -> tuple[list[Group], list[str | None], int, list[GroupFailure]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
-    cause of every first-round group, sampling rounds, the error of each group left out because
-    an environment failed or hung).
+    cause of every first-round group, sampling rounds, each group left out because user code (an
+    environment, the grader) failed or hung, or the template rewrote the history).
 
     Round 0 is the step's global batch of `prompts_per_step` problems; process `rank` takes its
     contiguous share, and prompt i of the global batch is sampled with the seed of its global
@@ -121,7 +122,7 @@ def sample_share(
     want = share.stop - share.start
     kept: list[Group] = []
     causes: list[str | None] = []
-    failed: list[str] = []
+    failed: list[GroupFailure] = []
     rounds, keep_rate = 0, 1.0
     while len(kept) < want and rounds < (config.max_sampling_rounds if config.dynamic_sampling else 1):
         need = want - len(kept)
@@ -154,11 +155,10 @@ def sample_share(
                 config.path,
                 parts,
             )
-            if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
-                # an environment that failed or hung is not the policy's doing: a reward of 0 would
-                # teach it something false, so the group is left out (and counted)
-                failed.append(next(t.signals[-1].get("error", t.stop_reason) for t in trajectories
-                                   if t.stop_reason in INFRA_ERRORS))  # fmt: skip
+            if (failure := group_failure(group, rounds == 0)) is not None:
+                # user code that failed or hung (an env, the grader) is not the policy's doing: a
+                # reward of 0 would teach it something false, so the group is left out (and counted)
+                failed.append(failure)
                 continue
             if graded is not None:
                 graded.append(group)
@@ -203,13 +203,10 @@ def episode_limits(config: RLConfig) -> EpisodeLimits:
     )
 
 
-INFRA_ERRORS = ("env_error", "timeout", "not_prefix")
-"""Stop reasons that are not the policy's doing (the environment failed or hung; the chat template
-re-rendered the history differently from what was sampled): their groups are not trained on.
-Splitting a not_prefix episode into a second training row is not implemented."""
-
-
-def _failed_stats(failed: list[str]) -> dict[str, float]:
+def _failed_stats(failed: list[GroupFailure]) -> dict[str, float]:
+    """env_failed_groups: the groups left out because user code failed or hung (an env, the
+    grader: `user_code.LEFT_OUT`) or the chat template re-rendered the history differently from
+    what was sampled (splitting such an episode into a second training row is not implemented)."""
     return {"env_failed_groups": len(failed)} if failed else {}
 
 
@@ -227,10 +224,14 @@ def collect_groups(
     config: RLConfig,
     step: int,
     scorers: dict[str, GroupScorer] | None = None,
+    failed: list[GroupFailure] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
-    """All `prompts_per_step` groups of a step in this process (the reachability probe, tests)."""
-    kept, causes, rounds, failed = sample_share(sampler, tokenizer, tasks, config, step, scorers=scorers)
-    return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(failed)
+    """All `prompts_per_step` groups of a step in this process (the reachability probe, tests);
+    `failed`, when given, receives the groups left out (`user_code.GroupFailure`)."""
+    kept, causes, rounds, left_out = sample_share(sampler, tokenizer, tasks, config, step, scorers=scorers)
+    if failed is not None:
+        failed += left_out
+    return kept, sampling_stats(causes, rounds, len(kept), config) | _failed_stats(left_out)
 
 
 def train_rl(
@@ -361,6 +362,11 @@ def train_rl(
         n for t in tasks for n, kind in getattr(t, "path_signals", {}).items() if kind == "violation"
     ]
 
+    # failures of user code and steps without a learning signal: counted, printed, a stop
+    policy = user_code.Policy(
+        config.user_code, config.steps, user_code.console_line(console) if main else None, start,
+        user_code.equal_rewards_teach_nothing(config),
+    )  # fmt: skip
     # a resumed run's result is the whole run's: its rows and totals before the resume come back
     history: list[dict[str, Any]] = list(past)
     sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
@@ -387,13 +393,9 @@ def train_rl(
                 | sampling_stats(causes, rounds, len(groups), config)
                 | _failed_stats(failed)
             )
+            row |= policy.after_sampling(step + 1, causes, failed, config.group_size)
             if curricula:
                 row |= grow_curricula(curricula, graded, step + 1)
-            if failed and main:
-                console.print(
-                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "
-                    f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
-                )
             if groups:
                 row |= rollout_metrics(groups, config, t1 - t0, kinds)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))

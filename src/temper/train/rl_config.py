@@ -14,6 +14,7 @@ from temper.rewards.monitors import MonitorConfig
 from temper.rewards.path import PathSpec
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
+from temper.train.user_code import UserCodeConfig
 
 Advantage = Literal[
     "grpo",
@@ -60,6 +61,7 @@ class RLConfig:
         "process_reward_model",
         "process_reward_model_mode",
         "adaptthink",
+        "user_code",
     )
     """Fields added after runs were recorded: left out of the stage hash while at their defaults
     (`stages.markers.stage_settings`), so those runs stay complete."""
@@ -180,3 +182,8 @@ class RLConfig:
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
     """Reward-hacking monitors (`temper.rewards.monitors`): length correlation, train vs gold
     divergence, component trends, violation rate; logged as monitor/<name> and monitor/<name>/flag."""
+    user_code: UserCodeConfig = field(default_factory=UserCodeConfig)
+    """What the run does when user code (reward functions, env factories and envs, MCP servers,
+    judge endpoints) fails or hangs, and when it learns nothing (`temper.train.user_code`):
+    {timeout, first_step: stop | count, max_failed_share, zero_variance_steps, on_zero_variance:
+    stop | warn}."""
