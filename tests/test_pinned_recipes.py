@@ -40,7 +40,9 @@ def _selected() -> list[str]:
 def test_the_suite_names_pinned_recipes():
     every = {p.stem for p in pinned_recipes()}
     assert set(SUITE) <= every, set(SUITE) - every
-    assert every == {p.stem for p in PINS.glob("*.json")}, "a pinned recipe without its record, or the reverse"
+    assert every == {p.stem for p in PINS.glob("*.json")}, (
+        "a pinned recipe without its record, or the reverse"
+    )
 
 
 @pytest.mark.slow
@@ -48,4 +50,6 @@ def test_the_suite_names_pinned_recipes():
 def test_a_shrunk_recipe_reproduces_its_pinned_metrics(name, tmp_path):
     pinned = json.loads((PINS / f"{name}.json").read_text())
     got = run_pinned(next(p for p in pinned_recipes() if p.stem == name), tmp_path)
-    assert not differences(pinned, got, rel=1e-4, abs_=1e-6), "\n".join(differences(pinned, got, 1e-4, 1e-6)[:30])
+    assert not differences(pinned, got, rel=1e-4, abs_=1e-6), "\n".join(
+        differences(pinned, got, 1e-4, 1e-6)[:30]
+    )
