@@ -256,7 +256,7 @@ def test_daemon_dies_with_the_episode(base, tier, cgroup, monkeypatch):
     sbx = Sandbox(base / "ws", dataclasses.replace(FAST, procs=256), tier=tier)
     if cgroup and not sbx.cgroups:
         pytest.skip("no writable cgroup v1 hierarchy here (or not root)")
-    marker = "31337.271828"
+    marker = f"31337.{os.getpid():07d}1"  # per run: another run of this test on the host has its own
     code = (
         "import subprocess\n"
         "for _ in range(20):\n"  # many, so a teardown still in progress when run returns shows
@@ -586,7 +586,7 @@ def test_tier_b_as_a_non_root_caller(tmp_path):
     if os.geteuid() != 0 or setpriv is None or not Path(py).exists() or "landlock" not in HOST.tiers:
         pytest.skip("needs root (to become uid 10002), setpriv, /usr/bin/python3 and tier B")
     src = Path(sandbox_mod.__file__).parents[2]
-    marker = "31337.314159"
+    marker = f"31337.{os.getpid():07d}3"  # per run, as above
     script = (
         f"import sys\nsys.path.insert(0, {str(src)!r})\n"
         "from temper.sandbox import Limits, Sandbox\n"
