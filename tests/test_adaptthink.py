@@ -264,7 +264,11 @@ def test_rules_tie_the_block_to_the_advantage():
     assert rl_rules(_config(advantage="grpo"))[0][0] == ("train", "adaptthink")
     assert rl_rules(_config(group_size=1))[0][0] == ("train", "adaptthink", "direct_share")
     assert rl_rules(_config(dynamic_sampling=DynamicSampling()))[0][0] == ("train", "dynamic_sampling")
-    assert rl_rules(_config(rewards={"outcome": 1.0, "process": 0.5}))[0][0] == ("train", "rewards", "process")
+    assert rl_rules(_config(rewards={"outcome": 1.0, "process": 0.5}))[0][0] == (
+        "train",
+        "rewards",
+        "process",
+    )
     assert rl_rules(_config(group_size=1, adaptthink=AdaptThinkConfig(direct_share=None))) == []
 
 

@@ -102,9 +102,13 @@ class Estimator:
         if self.needs_values and x.values_R_T is None:
             raise ValueError(f"the {self.name} estimator needs values (a value head)")
         if self.needs_reference and x.ref_kl_R_T is None:
-            raise ValueError(f"the {self.name} estimator needs the reference's logprobs (a teacher and kl_coef > 0)")
+            raise ValueError(
+                f"the {self.name} estimator needs the reference's logprobs (a teacher and kl_coef > 0)"
+            )
         if missing := [k for k in self.inputs if x.extra.get(k) is None]:
-            raise ValueError(f"the {self.name} estimator needs {', '.join(missing)} (its feature supplies them)")
+            raise ValueError(
+                f"the {self.name} estimator needs {', '.join(missing)} (its feature supplies them)"
+            )
         return self.fn(x)
 
 

@@ -114,7 +114,13 @@ def sample_share(
         given = given_parts(scorers or {}, [p for _, p in drawn], episodes)
         for (_, problem), trajectories, parts in zip(drawn, episodes, given, strict=True):
             group = grade_episodes(
-                problem, trajectories, config.rewards, config.max_new_tokens, config.overlong_buffer, parts, shape
+                problem,
+                trajectories,
+                config.rewards,
+                config.max_new_tokens,
+                config.overlong_buffer,
+                parts,
+                shape,
             )
             if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
                 # an environment that failed or hung is not the policy's doing: a reward of 0 would

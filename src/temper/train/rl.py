@@ -89,6 +89,30 @@ def require(
         raise ValueError(f"prompts_per_step {config.prompts_per_step} is not divisible by {world} processes")
 
 
+def _resume_point(
+    out_dir: Path, main: bool, log: MetricsLog, rollouts: MetricsLog
+) -> tuple[Path | None, int, list[dict[str, Any]]]:
+    """(the newest checkpoint or None, the step the run resumes from, the metrics rows logged
+    before it). The logs are cut back to that step (replayed steps are logged again); a fresh
+    run's are removed."""
+    checkpoints = list_checkpoints(out_dir / "checkpoints")
+    if not checkpoints:
+        if main:
+            for path in (log.path, rollouts.path):
+                path.unlink(missing_ok=True)
+        return None, 0, []
+    start = step_of(checkpoints[-1])
+    log.truncate_after(start)
+    rollouts.truncate_after(start)
+    past = [r for _, _, r in iter_jsonl(log.path) if isinstance(r, dict)] if log.path.exists() else []
+    return checkpoints[-1], start, past
+
+
+def _eval_due(config: RLConfig, step: int) -> bool:
+    """Every `eval_every` steps (1-based `step`) and at the last."""
+    return bool(config.eval_every) and (step % config.eval_every == 0 or step == config.steps)
+
+
 def train_rl(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -138,15 +162,7 @@ def train_rl(
     precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
-    checkpoints = list_checkpoints(out_dir / "checkpoints")
-    start = step_of(checkpoints[-1]) if checkpoints else 0
-    if checkpoints:
-        log.truncate_after(start)
-        rollouts.truncate_after(start)  # replayed steps are logged again
-    elif main:
-        for path in (log.path, rollouts.path):
-            path.unlink(missing_ok=True)
-    past = [r for _, _, r in iter_jsonl(log.path) if isinstance(r, dict)] if start and log.path.exists() else []
+    checkpoint, start, past = _resume_point(out_dir, main, log, rollouts)
     # the features start from the starting weights (AdaptThink's reference accuracy), then a
     # resumed run's checkpoint is loaded
     features = rl_features.start(config, RunStart(
@@ -154,8 +170,8 @@ def train_rl(
         lambda step: problems_for_step(tasks, config.prompts_per_step, config.seed, step), episode_limits(config),
     ))  # fmt: skip
     train_sampler = features.sampler(sampler)
-    if checkpoints:
-        load_checkpoint(checkpoints[-1], accelerator)
+    if checkpoint is not None:
+        load_checkpoint(checkpoint, accelerator)
     accelerator.wait_for_everyone()
 
     history: list[dict[str, Any]] = []
@@ -221,11 +237,7 @@ def train_rl(
             elif main:
                 console.print(f"[yellow]rl[/]: step {step + 1} kept no group with a learning signal")
             # 6. eval, the features' metrics of the whole row (the monitors), log
-            if (
-                evaluate is not None
-                and config.eval_every
-                and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps)
-            ):
+            if evaluate is not None and _eval_due(config, step + 1):
                 model.eval()
                 row |= {f"eval/{k}": v for k, v in distributed.on_main(evaluate, step + 1).items()}
             row |= features.after_step(now, row)

@@ -61,11 +61,15 @@ def episode_metrics(trajectories: list) -> dict[str, float]:
     return row | {f"signal/{k}": v for k, v in mean_signals(trajectories).items()}
 
 
-def update_metrics(stats: dict[str, list[float]], prepared: Any, accelerator: Accelerator) -> dict[str, float]:
+def update_metrics(
+    stats: dict[str, list[float]], prepared: Any, accelerator: Accelerator
+) -> dict[str, float]:
     """The update's statistics (means of its lists) averaged over processes, and the KL to the
     reference per token (`kl_ref`) and per sequence (`kl_ref_seq`: the KL of Gao et al.'s
     over-optimization axis, sqrt KL), summed over every process's completion tokens."""
-    row = _mean_over_processes({k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator)
+    row = _mean_over_processes(
+        {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator
+    )
     if "kl_ref/sum" in row:
         total = row.pop("kl_ref/sum")
         row["kl_ref"] = total / max(row.pop("kl_ref/tokens"), 1)

@@ -59,6 +59,7 @@ class AdaptThinkConfig:
     """Thinking-mode samples of the starting model per training prompt, drawn before the first
     update, whose mean accuracy is Rbar_ref(x) (the paper: 16)."""
 
+
 REFERENCE_FILE = "adaptthink_reference.json"
 """Under the stage's out folder: problem id -> the reference accuracy (read back on resume)."""
 
@@ -234,7 +235,10 @@ def rules(config: Any, stage: StageView) -> list[Error]:
             )
         ]
     out: list[Error] = []
-    if at_.direct_share is not None and not 1 <= round(config.group_size * at_.direct_share) < config.group_size:
+    if (
+        at_.direct_share is not None
+        and not 1 <= round(config.group_size * at_.direct_share) < config.group_size
+    ):
         out.append(
             (
                 ("adaptthink", "direct_share"),
@@ -253,7 +257,9 @@ def rules(config: Any, stage: StageView) -> list[Error]:
     if config.kl_coef and config.kl_mode == "reward":
         out.append((("kl_mode",), "adaptthink takes no KL in the reward; use kl_mode: loss"))
     if config.rewards.get("process"):
-        out.append((("rewards", "process"), "adaptthink takes no process rewards: its advantage is per sample"))
+        out.append(
+            (("rewards", "process"), "adaptthink takes no process rewards: its advantage is per sample")
+        )
     return at(("train",), out)
 
 
@@ -261,7 +267,9 @@ class AdaptThinkRun(Hooks):
     """AdaptThink in one run, given the reference accuracy of every prompt it trains on: the
     rollout that forces the first token; each step's mode metrics and the estimator's inputs."""
 
-    def __init__(self, block: AdaptThinkConfig, tokenizer, model, temperature: float, ref_accuracy: dict[str, float]):
+    def __init__(
+        self, block: AdaptThinkConfig, tokenizer, model, temperature: float, ref_accuracy: dict[str, float]
+    ):
         self.block, self.tokenizer, self.model = block, tokenizer, model
         self.temperature, self.ref_accuracy = temperature, ref_accuracy
 
@@ -275,7 +283,10 @@ class AdaptThinkRun(Hooks):
             return {}
         row = step_metrics(step.groups, self.tokenizer, self.ref_accuracy)
         row["adaptthink/p_direct"] = direct_probability(
-            self.model, [g.rollouts[0].trajectory.prompt_ids for g in step.local], self.tokenizer, self.temperature
+            self.model,
+            [g.rollouts[0].trajectory.prompt_ids for g in step.local],
+            self.tokenizer,
+            self.temperature,
         )
         return row
 
@@ -284,7 +295,9 @@ class AdaptThinkRun(Hooks):
         return BatchExtras(
             {
                 "direct_R": direct_flags([first_token(r.trajectory) for r in rollouts], self.tokenizer),
-                "ref_accuracy_G": torch.tensor([self.ref_accuracy[g.rollouts[0].problem.id] for g in step.local]),
+                "ref_accuracy_G": torch.tensor(
+                    [self.ref_accuracy[g.rollouts[0].problem.id] for g in step.local]
+                ),
                 "delta": self.block.delta,
             }
         )

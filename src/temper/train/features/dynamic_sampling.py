@@ -45,7 +45,10 @@ class Refill(Hooks):
 
 def hashed(config: Any) -> dict[str, Any]:
     block = config.dynamic_sampling
-    return {"dynamic_sampling": block is not None, "max_sampling_rounds": block.max_rounds if block else OLD_ROUNDS}
+    return {
+        "dynamic_sampling": block is not None,
+        "max_sampling_rounds": block.max_rounds if block else OLD_ROUNDS,
+    }
 
 
 def moved(train: dict[str, Any]) -> list[Error]:

@@ -62,7 +62,9 @@ def start(config: Any, run: RunStart) -> PathMetrics | None:
 
 def _describe(config: Any) -> str:
     p = config.path
-    return f", path reward beta {p.beta:g} ({len(p.rules)} rules, {len(p.milestones)} milestones)" if p else ""
+    return (
+        f", path reward beta {p.beta:g} ({len(p.rules)} rules, {len(p.milestones)} milestones)" if p else ""
+    )
 
 
 FEATURE = RLFeature(

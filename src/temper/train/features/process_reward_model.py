@@ -123,7 +123,12 @@ def moved(train: dict[str, Any]) -> list[Error]:
             )
         ]
     if isinstance(name := train.get(PRM), str):
-        return [(("train", PRM), f"is a block: process_reward_model: {{model: {name}, mode: dense | min | product}}")]
+        return [
+            (
+                ("train", PRM),
+                f"is a block: process_reward_model: {{model: {name}, mode: dense | min | product}}",
+            )
+        ]
     return []
 
 
