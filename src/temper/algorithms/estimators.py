@@ -40,8 +40,9 @@ class AdvantageInputs:
     """What any estimator may read. Per-token tensors are (R, T) over completion tokens."""
 
     rewards_G_N: torch.Tensor
-    """One scalar reward per sample: G prompts x N samples. In a multi-turn episode, the outcome
-    (plus format etc.): the process rewards are `step_rewards_R_K`."""
+    """One scalar reward per sample: G prompts x N samples, the reward at the episode's end (the
+    outcome, format etc.); the process rewards are `step_rewards_R_K` and the token rewards
+    `token_rewards_R_T`, which the estimators add where each is credited."""
     mask_R_T: torch.Tensor
     """True at the completion tokens (the actions)."""
     values_R_T: torch.Tensor | None = None

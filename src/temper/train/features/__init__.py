@@ -31,8 +31,17 @@ from temper.train.features.base import (
 )
 
 __all__ = [
+    "BLOCKS",
     "FEATURES",
+    "BatchExtras",
     "Features",
+    "Hooks",
+    "RLFeature",
+    "RunStart",
+    "ScorerSetup",
+    "StageView",
+    "Step",
+    "at",
     "describe",
     "hashed",
     "moved",
@@ -113,9 +122,9 @@ def summary(config: Any, folder: Any) -> dict[str, Any]:
 
 
 def hashed(config: Any) -> tuple[set[str], dict[str, Any]]:
-    """(the feature keys the stage hash leaves as they dump, the keys it covers instead): the
-    blocks with a `hashed` form are replaced by it, and a `hashed_when_set` block at its default
-    is left out."""
+    """(the feature blocks the stage hash leaves out of the dump, the `train:` keys it covers
+    instead): a block with a `hashed` form is replaced by that form, and a `hashed_when_set` block
+    at its default is left out."""
     replaced: dict[str, Any] = {}
     dropped: set[str] = set()
     for f in BLOCKS:
@@ -184,7 +193,3 @@ def _union(rows: typing.Iterable[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         out |= row
     return out
-
-
-# re-exported for the feature modules' users
-__all__ += ["BatchExtras", "Hooks", "RLFeature", "RunStart", "ScorerSetup", "StageView", "Step", "at"]
