@@ -189,23 +189,22 @@ def core_rules(config: RLConfig, stage: StageView | None = None) -> list[Error]:
                 f"{config.advantage!r} it would have no effect",
             )
         )
-    if config.advantage == "on_policy_distill":
-        if config.kl_coef <= 0:
-            out.append(
-                (
-                    ("kl_coef",),
-                    "must be > 0 with advantage 'on_policy_distill': it scales the teacher's per-token "
-                    "advantage (1.0 is the plain reverse KL)",
-                )
+    if estimator.needs_reference and config.kl_coef <= 0:
+        out.append(
+            (
+                ("kl_coef",),
+                f"must be > 0 with advantage {config.advantage!r}: it scales the teacher's per-token "
+                "advantage (1.0 is the plain reverse KL)",
             )
-        if config.kl_mode != "reward":
-            out.append(
-                (
-                    ("kl_mode",),
-                    "must be 'reward' with advantage 'on_policy_distill': the teacher's KL is the advantage; "
-                    "as a loss term it would be counted twice",
-                )
+        )
+    if estimator.needs_reference and config.kl_mode != "reward":
+        out.append(
+            (
+                ("kl_mode",),
+                f"must be 'reward' with advantage {config.advantage!r}: the teacher's KL is the advantage; "
+                "as a loss term it would be counted twice",
             )
+        )
     return at(("train",), out) + _teacher_rules(config, stage)
 
 
@@ -226,8 +225,8 @@ def _unknown_component(name: str) -> str:
 
 def _teacher_rules(config: RLConfig, stage: StageView) -> list[Error]:
     out: list[Error] = []
-    if config.advantage == "on_policy_distill" and not stage.teacher:
-        out.append((("teacher",), "advantage 'on_policy_distill' needs a teacher model to learn from"))
+    if ESTIMATORS[config.advantage].needs_reference and not stage.teacher:
+        out.append((("teacher",), f"advantage {config.advantage!r} needs a teacher model to learn from"))
     if stage.teacher and config.kl_coef <= 0:
         out.append(
             (
