@@ -133,7 +133,7 @@ def test_teacher_context_turns_on_the_teacher_prompts_only_with_solution():
 
 def _setup(folders, judged=None):
     return ScorerSetup(
-        tokenizer="the policy's tokenizer", sampler=None, device="cpu", seed=3,
+        tokenizer="the policy's tokenizer", device="cpu",
         folder=lambda ref, kind: folders.append((ref, kind)) or Path("/models") / kind / ref,
         judge=lambda spec: judged.append(spec) or _Judge(spec),
     )  # fmt: skip

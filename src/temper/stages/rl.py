@@ -322,9 +322,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
     setup = ScorerSetup(
         tokenizer,
-        sampler,
         next(model.parameters()).device,
-        config.seed,
         folder=lambda ref, kind: _export(ctx, ref, kind),
         judge=lambda spec: load_judge(spec, ctx, sampler, tokenizer, config.seed),
     )

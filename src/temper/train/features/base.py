@@ -58,9 +58,8 @@ class ScorerSetup:
     """What building a batch reward scorer may use; the stage fills it."""
 
     tokenizer: Any
-    sampler: Sampler
+    """The policy's (a scorer that reads the policy's token ids must share it)."""
     device: Any
-    seed: int
     folder: Callable[[str, str], Path]
     """(a stage name or a folder, the stage kind that exports it) -> the folder it names."""
     judge: Callable[[Any], Any]
