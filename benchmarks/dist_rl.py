@@ -50,9 +50,9 @@ def worker(args) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import NoEos
     from temper import distributed
+    from temper.catalog import make_task
     from temper.models import build_preset, build_tokenizer
     from temper.rollout import HFSampler
-    from temper.tasks import make_task
     from temper.train.rl import RLConfig, train_rl
 
     try:

@@ -44,10 +44,10 @@ import torch  # noqa: E402
 
 from benchmarks.common import NoEos, best_time, median  # noqa: E402
 from benchmarks.sampler_speed import hf_generate  # noqa: E402
+from temper.catalog import make_task  # noqa: E402
 from temper.data.chat import prompt_ids  # noqa: E402
 from temper.models import PRESETS, build_preset, build_tokenizer, load_model, load_tokenizer  # noqa: E402
 from temper.rollout import HFSampler  # noqa: E402
-from temper.tasks import make_task  # noqa: E402
 from temper.tasks.base import Problem  # noqa: E402
 from temper.train.rl import RLConfig, problems_for_step, train_rl  # noqa: E402
 

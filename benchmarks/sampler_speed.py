@@ -32,10 +32,10 @@ import torch  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from benchmarks.common import NoEos, matmul_params, matmul_peak_gflops  # noqa: E402
+from temper.catalog import make_task  # noqa: E402
 from temper.data.chat import prompt_ids  # noqa: E402
 from temper.models import build_preset, build_tokenizer  # noqa: E402
 from temper.rollout import HFSampler  # noqa: E402
-from temper.tasks import make_task  # noqa: E402
 
 # (name, prompts, samples per prompt, new tokens, prompt kind, stop at eos)
 CONFIGS = [

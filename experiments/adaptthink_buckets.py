@@ -24,12 +24,12 @@ from pathlib import Path
 from tables import spread
 
 from temper.atomic import atomic_write_text
+from temper.catalog import make_recipe_task
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer
 from temper.recipe import parse_recipe
 from temper.rollout import HFSampler
 from temper.runner import stage_dir
-from temper.tasks import make_recipe_task
 from temper.tasks.two_mode import mode_of
 from temper.train.features.adaptthink import ForcedFirstToken
 

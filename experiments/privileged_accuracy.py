@@ -21,10 +21,10 @@ from typing import Any
 from tables import table
 
 from temper.atomic import atomic_write_text
+from temper.catalog import make_recipe_task
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer
 from temper.rollout import HFSampler
-from temper.tasks import make_recipe_task
 from temper.tasks.base import Problem, Task
 from temper.train.features.privileged import teacher_messages
 

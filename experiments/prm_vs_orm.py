@@ -34,13 +34,13 @@ from pathlib import Path
 import yaml
 
 from temper.atomic import atomic_write_text
+from temper.catalog import make_recipe_task
 from temper.data.chat import prompt_ids
 from temper.models import load_model, load_tokenizer
 from temper.recipe import parse_recipe
 from temper.rewards.process_reward_model import ProcessRewardModel, step_token_ends
 from temper.rollout import HFSampler
 from temper.runner import run_recipe, stage_dir
-from temper.tasks import make_recipe_task
 from temper.tasks.steps import segment
 
 NS = (1, 2, 4, 8, 16)

@@ -37,12 +37,12 @@ from pathlib import Path
 import yaml
 
 from temper.atomic import atomic_write_text
+from temper.catalog import make_recipe_task
 from temper.envs.gym_treasure_hunt import GymTreasureHunt
 from temper.envs.q_learning import evaluate as q_evaluate
 from temper.envs.q_learning import train as q_train
 from temper.envs.treasure_hunt import GridMap
 from temper.stats import wilson_interval
-from temper.tasks import make_recipe_task
 
 MAP_SEED = 1234  # which problems of each split (the eval stage's default seed)
 

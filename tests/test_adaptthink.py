@@ -11,9 +11,9 @@ import torch
 
 from temper.algorithms.adaptthink import adaptthink_advantages, first_token_logprobs
 from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
+from temper.catalog import make_recipe_task
 from temper.models import build_preset
 from temper.rollout.sampler import Sample, derive_seed
-from temper.tasks import make_recipe_task
 from temper.tasks.base import Problem, Score
 from temper.tasks.two_mode import DIRECT, THINK, marker_ids, mode_of
 from temper.train.features import BatchExtras, Step

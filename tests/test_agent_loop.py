@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from temper.agent.loop import EpisodeLimits, action_text, run_episodes
+from temper.catalog import make_task
 from temper.data.chat import prompt_ids, render_ids
 from temper.envs.base import StepResult, TaskEnv
 from temper.rollout import HFSampler
+from temper.rollout.loop import EpisodeLimits, action_text, run_episodes
 from temper.rollout.sampler import Sample
-from temper.tasks import make_task
 from temper.tasks.base import Score
 
 
@@ -368,8 +368,8 @@ def test_environment_time_is_each_episodes_own(tokenizer):
 def test_a_chat_tool_call_episode_renders_tools_and_never_trains_on_the_result(tokenizer):
     """ToolEnv through the loop: the tools are in the prompt (the template's system part), the
     call is the policy's, the `tool` turn is the environment's, the answer is graded."""
-    from temper.agent.tools import ToolRegistry
     from temper.envs.tool_env import ToolEnv
+    from temper.tools.calls import ToolRegistry
 
     def add(a: int, b: int) -> int:
         """Add two integers.
@@ -434,7 +434,7 @@ def test_a_turn_with_a_stray_special_token_is_the_policys_failure_not_the_templa
 
 
 def test_mean_signals_sums_each_episode_then_averages_and_skips_strings():
-    from temper.agent.trajectory import Segment, Trajectory, mean_signals
+    from temper.rollout.trajectory import Segment, Trajectory, mean_signals
 
     a = Trajectory(
         [Segment([1], None, False)],

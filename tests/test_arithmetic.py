@@ -1,6 +1,7 @@
 import pytest
 
-from temper.tasks import TASKS, Arithmetic, ArithmeticConfig, GeneralPoints, Task, make_task, task_types
+from temper.catalog import TASKS, make_task
+from temper.tasks import Arithmetic, ArithmeticConfig, GeneralPoints, Task
 from temper.tasks.arithmetic import REASONS
 from temper.tasks.base import Problem
 
@@ -182,7 +183,7 @@ def test_invalid_config(options):
 def test_registry():
     assert {"arithmetic": Arithmetic, "general_points": GeneralPoints}.items() <= TASKS.items()
     assert set(TASKS) >= {"arithmetic", "general_points", "dataset", "reasoning_gym"}
-    assert set(task_types()) == {
+    assert set(TASKS) == {
         "arithmetic", "general_points", "dataset", "reasoning_gym", "calculator_arithmetic", "treasure_hunt",
         "code_repair",
         "multi_tool",

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.catalog import make_task
 from temper.data.chat import IGNORE, TemplateError, mask_untrained, tokenize_example
 from temper.data.formats import Example
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.sandbox import probe
-from temper.tasks import make_task
 
 needs_sandbox = pytest.mark.skipif(
     probe().tier is None, reason=f"no sandbox tier on this host: {probe().reason}"

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from temper.catalog import make_task
 from temper.cli import main
 from temper.data.chat import prompt_ids
 from temper.evaluate import evaluate
@@ -22,7 +23,6 @@ from temper.models import (
 from temper.models.chat import TEMPLATES, template_warning, turn_end_token
 from temper.rollout import HFSampler
 from temper.rollout.hf_sampler import stop_ids
-from temper.tasks import make_task
 from tiny_qwen import ENDOFTEXT, IM_END, IM_START, always_emit, build_model, build_tokenizer
 
 CHATML = ChatOptions(chat_template="chatml")
@@ -201,10 +201,10 @@ stages:
 
 
 def _hashes(tmp_path, extra):
+    from temper.catalog import make_recipe_task
     from temper.recipe import parse_recipe
     from temper.runner import _stage_hash
     from temper.stages.context import StageContext
-    from temper.tasks import make_recipe_task
 
     recipe = parse_recipe(HASHED.format(extra=extra))
     ctx = StageContext(

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.catalog import make_task
 from temper.envs.code_repair.admission import REASONS, admit, check
 from temper.envs.code_repair.env import PATH_SIGNALS, CodeRepairEnv
 from temper.envs.code_repair.generator import RepairTask, generate
 from temper.envs.code_repair.task import CodeRepairConfig, CodeRepairTask
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.stages.sft import demonstrations
-from temper.tasks import make_task
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 FIXED = "def f(a, b):\n    # a * 3 + b\n    return a * 3 + b\n"

@@ -11,12 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from temper.catalog import make_task
 from temper.envs.code_repair.curriculum import CURRICULUM_REASONS, CurriculumConfig, variant
-from temper.envs.code_repair.generator import RepairTask
-from temper.envs.code_repair.task import task_of
+from temper.envs.code_repair.generator import RepairTask, task_of
 from temper.models import build_preset
 from temper.report.rl import curriculum_table
-from temper.tasks import make_task
 from temper.train.features.curriculum import grow_curricula
 from temper.train.rl import RLConfig, train_rl
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
@@ -217,9 +216,9 @@ stages:
 
 
 def test_a_stage_turns_the_curriculum_on_for_its_arm_only_with_the_same_pools():
+    from temper.catalog import make_recipe_task
     from temper.recipe import parse_recipe
     from temper.stages.rl import stage_tasks
-    from temper.tasks import make_recipe_task
 
     recipe = parse_recipe(STAGE_RECIPE)
     base = {"code_repair": make_recipe_task("code_repair", recipe.tasks["code_repair"])}

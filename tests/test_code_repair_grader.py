@@ -137,7 +137,7 @@ def test_a_sitecustomize_or_module_next_to_sol_py_is_not_imported():
     # results if the runner imported it), -I -S and loading sol.py by path ignore them
     from temper.envs.code_repair import grader
     from temper.sandbox import Sandbox, workspace_root
-    from temper.sandbox.sandbox import _default_python
+    from temper.sandbox.sandbox import default_python
 
     ws = Path(tempfile.mkdtemp(dir=workspace_root()))
     try:
@@ -145,7 +145,7 @@ def test_a_sitecustomize_or_module_next_to_sol_py_is_not_imported():
         for name, text in PLANTS.items():
             (ws / name).write_text(text)
         box = Sandbox(ws)
-        argv = grader.oracle_argv(_default_python(), "N0NCE", [list(a) for a, _ in HIDDEN])
+        argv = grader.oracle_argv(default_python(), "N0NCE", [list(a) for a, _ in HIDDEN])
         out = box.run_cmd(argv).stdout
         box.close()
     finally:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from temper.catalog import make_recipe_task
 from temper.data.contamination import HELD_OUT_SEED, ContaminationSpec, Index, check, row_texts, screen
 from temper.data.formats import Example
 from temper.models import build_preset, save_model
 from temper.stages import rl
 from temper.stages.context import StageContext
 from temper.stages.sft import SFTStage, run_sft
-from temper.tasks import make_recipe_task
 
 
 @pytest.fixture(scope="module")

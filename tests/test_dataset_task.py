@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from temper.catalog import make_recipe_task, task_fingerprints
 from temper.cli import main
 from temper.data import DataError
 from temper.models import build_preset, save_model
 from temper.recipe import RecipeError, load_recipe
-from temper.tasks import make_recipe_task, task_fingerprints
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "word_problems"
 

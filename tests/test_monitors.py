@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from temper.catalog import make_recipe_task
 from temper.cli import main
 from temper.models import build_preset, save_model
 from temper.recipe import RecipeError, parse_recipe
@@ -34,7 +35,6 @@ from temper.rewards.monitors import (
     violations_per_episode,
 )
 from temper.stages.rl import RLStage
-from temper.tasks import make_recipe_task
 from temper.train.rl import RLConfig, train_rl
 
 R_HAND = 11 / math.sqrt(130)  # r of x = 1, 2, 3, 4 and y = 2, 4, 5, 9: Σdxdy 11, Σdx² 5, Σdy² 26

@@ -10,13 +10,13 @@ import asyncio
 import psutil
 import pytest
 
-from temper.agent.loop import EpisodeLimits, run_episodes
-from temper.agent.registry import PATH_SIGNALS, CostRegistry, ToolServerError
-from temper.agent.tools import ToolDefinitionError
+from temper.catalog import make_task
 from temper.data.chat import tokenize_messages
 from temper.envs.multi_tool import MultiToolConfig, MultiToolTask, call_text, close_connections, registry_of
 from temper.envs.shop_tools import world
-from temper.tasks import make_task
+from temper.rollout.loop import EpisodeLimits, run_episodes
+from temper.tools.calls import ToolDefinitionError
+from temper.tools.registry import PATH_SIGNALS, CostRegistry, ToolServerError
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 SERVER = ["-m", "temper.envs.mcp_servers.shop"]
@@ -369,8 +369,8 @@ def test_bad_tool_options_are_recipe_errors_at_their_key(options, located):
 def test_an_mcp_server_costs_and_dependencies_from_the_recipe_drive_an_episode():
     """The recipe's server (the shipped shop, over stdio), its costs and a new dependency: an
     episode's rewards and signals follow them, and a tool the server does not list is refused."""
+    from temper.catalog import make_recipe_task
     from temper.recipe import parse_recipe
-    from temper.tasks import make_recipe_task
 
     options = (
         "    mcp: {command: [python, -m, temper.envs.mcp_servers.shop], args: [--seed, 0], timeout_s: 20}\n"
@@ -422,7 +422,7 @@ def test_closing_a_connection_whose_loop_just_closed_is_quiet():
     its event loop, and signalling that loop raised 'Event loop is closed' out of close()."""
     import threading
 
-    from temper.agent.mcp import MCPConnection
+    from temper.tools.mcp import MCPConnection
 
     conn = MCPConnection.__new__(MCPConnection)
     conn.loop = asyncio.new_event_loop()

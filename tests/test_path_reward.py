@@ -11,8 +11,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from temper.agent.loop import EpisodeLimits, run_episodes
-from temper.agent.trajectory import Segment, Trajectory
+from temper.catalog import TASKS
 from temper.envs.base import StepResult
 from temper.models import build_preset
 from temper.recipe import RecipeError, parse_recipe
@@ -25,8 +24,9 @@ from temper.rewards.path import (
     path_metrics,
     phi,
 )
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample
-from temper.tasks import TASKS
+from temper.rollout.trajectory import Segment, Trajectory
 from temper.tasks.base import Problem, Score
 from temper.train.features.path import path_shaper
 from temper.train.rl import RLConfig, train_rl

@@ -10,6 +10,7 @@ import pytest
 
 from temper import preflight
 from temper.cli import main
+from temper.data import sources
 
 # line numbers below refer to this text (edits replace whole lines, so the numbering stays)
 BASE = """\
@@ -223,13 +224,13 @@ def test_the_network_probe_gives_up_within_its_timeout(monkeypatch):
         calls.append(1)
         time.sleep(3)
 
-    monkeypatch.setattr(preflight.urllib.request, "urlopen", hang)
-    monkeypatch.setattr(preflight, "_reachable", None)
+    monkeypatch.setattr(sources.urllib.request, "urlopen", hang)
+    monkeypatch.setattr(sources, "_reachable", None)
     start = time.perf_counter()
-    assert preflight.hub_reachable(timeout=0.3) is False
-    assert preflight.hub_reachable(timeout=0.3) is False
+    assert sources.hub_reachable(timeout=0.3) is False
+    assert sources.hub_reachable(timeout=0.3) is False
     assert time.perf_counter() - start < 1.5 and len(calls) == 1
-    monkeypatch.setattr(preflight, "_reachable", None)
+    monkeypatch.setattr(sources, "_reachable", None)
 
 
 def test_an_eval_only_recipe_evaluates_the_recipe_model(tmp_path, capsys, tokenizer, nano):
@@ -245,3 +246,55 @@ def test_an_eval_only_recipe_evaluates_the_recipe_model(tmp_path, capsys, tokeni
     results = json.loads((tmp_path / "run" / "01-eval" / "eval.json").read_text())
     assert list(results["arithmetic"]) == ["./mine"]
     assert results["arithmetic"]["./mine"]["test"]
+
+
+HOOKS = """\
+name: hooks
+model: {preset: nano}
+tasks: {arithmetic: {max_digits: 2}, general_points: {}}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [arithmetic], problems_per_task: 10, files: [corpus.txt]}
+    train: {epochs: 1, batch_size: 4, warmup_steps: 0}
+  - kind: sft
+    data: {tasks: [], files: [FILE], eval_problems: 0}
+    train: {epochs: 2, batch_size: 4, warmup_steps: 0}
+  - kind: rl
+    tasks: [arithmetic]
+    train: {steps: 2, eval_every: 0}
+  - {kind: eval, splits: [test, ood], n_problems: 4, seed: 3}
+"""
+
+
+@pytest.mark.parametrize("file, chats", [("text.jsonl", False), ("chat.jsonl", True)])
+def test_the_plan_asks_each_kind_what_it_reads(tmp_path, file, chats):
+    """The splits a stage draws, whether it renders chats, its epoch bound, its caches and its eval
+    sets come from its kind's hooks (`StageKind`), never from `stage.kind == ...` in the plan."""
+    from temper.recipe import parse_recipe
+    from temper.runner import eval_specs
+    from temper.stages import registry
+
+    (tmp_path / "corpus.txt").write_text("one line\nanother\n")
+    (tmp_path / "text.jsonl").write_text('{"text": "a"}\n' * 6)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    recipe = parse_recipe(HOOKS.replace("FILE", file), base_dir=tmp_path)
+    pretrain, sft, rl, ev = recipe.stages
+    assert [preflight.stage_splits(s, recipe) for s in recipe.stages] == [
+        [("arithmetic", "train")],
+        [],
+        [("arithmetic", "train")],  # no gate and no periodic evals: the test split is not read
+        [(t, s) for t in ("arithmetic", "general_points") for s in ("test", "ood")],  # every task
+    ]
+    renders = [registry.get(s.kind).renders_chats(s, tmp_path) for s in recipe.stages]
+    assert renders == [False, chats, True, True]
+    assert preflight._epoch_notes(pretrain, tmp_path) == [
+        "pretrain: 1 epochs of 12 rows at batch_size 4 = at most 3 steps (exact once tokenized; packing makes fewer)"
+    ]
+    rows = 6 if file == "text.jsonl" else 1
+    steps = -(-2 * rows // 4)
+    assert preflight._epoch_notes(sft, tmp_path) == [
+        f"sft: 2 epochs of {rows} rows at batch_size 4 = at most {steps} steps (exact once tokenized)"
+    ]
+    assert preflight._epoch_notes(rl, tmp_path) == []
+    assert registry.get("pretrain").caches(pretrain) == []
+    assert eval_specs(recipe) == [([], ["test", "ood"], 4, 3)]

@@ -187,7 +187,7 @@ def test_the_rules_refuse_dense_step_rewards_without_gae():
 
 
 def test_a_multi_turn_episode_is_refused(tokenizer):
-    from temper.agent.trajectory import Segment, Trajectory
+    from temper.rollout.trajectory import Segment, Trajectory
 
     t = Trajectory(
         [Segment([1, 2], None, False), Segment([3], [0.0], True, 0), Segment([4], None, False),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from temper.algorithms.distill import forward_kl_loss
+from temper.catalog import make_task
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example
 from temper.models import build_preset, build_tokenizer, save_model
@@ -23,7 +24,6 @@ from temper.stages.prompt_distill import (
     run_prompt_distill,
     with_system,
 )
-from temper.tasks import make_task
 from temper.tasks.base import Problem, Score
 from temper.train.supervised import TrainConfig, train_supervised
 

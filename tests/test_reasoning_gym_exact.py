@@ -9,7 +9,7 @@ pytest.importorskip("reasoning_gym")
 
 import reasoning_gym  # noqa: E402
 
-from temper.tasks import make_task  # noqa: E402
+from temper.catalog import make_task  # noqa: E402
 from temper.tasks.base import Score, TaskOptionError, split_of  # noqa: E402
 from temper.tasks.reasoning_gym_task import INSTRUCTION, ReasoningGym, ReasoningGymConfig  # noqa: E402
 

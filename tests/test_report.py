@@ -377,11 +377,11 @@ def saved_nano(tmp_path_factory) -> Path:
 def test_eval_stage_evaluates_the_starting_model_once_and_first(
     tmp_path, monkeypatch, saved_nano, model, stage_models, expected
 ):
+    from temper.catalog import make_recipe_task
     from temper.recipe import ModelSpec
     from temper.stages import evaluation
     from temper.stages.base import StageRun
     from temper.stages.context import StageContext
-    from temper.tasks import make_recipe_task
 
     loads = []
     real_load = evaluation.load_model
@@ -439,10 +439,10 @@ def test_rl_section_with_metrics_but_no_curve_draws_no_empty_figure(run: Path):
 
 
 def test_gate_advice_never_suggests_the_setting_already_in_force(tokenizer, capsys, tmp_path):
+    from temper.catalog import make_task
     from temper.models import build_preset
     from temper.rollout import HFSampler
     from temper.stages.rl import GateError, GateSpec, format_gate
-    from temper.tasks import make_task
 
     sampler = HFSampler(build_preset("nano", tokenizer, seed=1), tokenizer)  # untrained: never parses
     tasks = {"arithmetic": make_task("arithmetic")}

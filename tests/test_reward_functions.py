@@ -8,8 +8,8 @@ import types
 
 import pytest
 
+from temper.catalog import make_recipe_task
 from temper.recipe import RecipeError, load_recipe
-from temper.tasks import make_recipe_task
 from temper.tasks.base import VERIFIER_ERROR, grade_batch
 from temper.tasks.reward_functions import Grader, load_reward_function, make_grader, parse_number
 

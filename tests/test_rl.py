@@ -165,8 +165,8 @@ def test_rollout_batch_masks_only_completion_tokens(tokenizer):
 
 
 def test_format_gate_stops_a_policy_that_cannot_answer(tokenizer):
+    from temper.catalog import make_task
     from temper.stages.rl import GateError, GateSpec, format_gate
-    from temper.tasks import make_task
 
     model = build_preset("nano", tokenizer, seed=1)  # untrained: never writes "Answer: ..."
     sampler = HFSampler(model, tokenizer)

@@ -148,8 +148,7 @@ class _Judge:
 
 
 def test_the_scorer_blocks_reach_their_models(monkeypatch):
-    from temper.rewards import reward_model
-    from temper.train.features import process_reward_model
+    from temper.train.features import process_reward_model, reward_model
 
     loaded = []
     monkeypatch.setattr(

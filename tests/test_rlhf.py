@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from temper.agent.trajectory import Segment, Trajectory
 from temper.algorithms.policy import kl_penalized_rewards
 from temper.models import build_preset
 from temper.models.presets import preset_config
 from temper.rewards import monitors
 from temper.rewards.reward_model import RewardModel
+from temper.rollout.trajectory import Segment, Trajectory
 from temper.tasks.base import Problem, Score
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_update import policy_with_value, prepare

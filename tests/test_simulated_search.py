@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.catalog import make_task
 from temper.envs.simulated_search import (
     NoiseCurriculum,
     SimulatedSearchConfig,
@@ -23,8 +23,8 @@ from temper.envs.simulated_search import (
     world,
 )
 from temper.models import build_preset
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample
-from temper.tasks import make_task
 from temper.train.rl import RLConfig, problems_for_step, train_rl
 
 

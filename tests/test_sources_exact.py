@@ -377,8 +377,6 @@ def test_hub_offline(monkeypatch, env, offline):
 
 
 def test_check_hub_offline_and_online(monkeypatch, tmp_path):
-    import temper.preflight as preflight
-
     source = locate("org/name:cfg", tmp_path)
     calls = []
 
@@ -398,12 +396,12 @@ def test_check_hub_offline_and_online(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
-    monkeypatch.setattr(preflight, "hub_reachable", lambda: False)
+    monkeypatch.setattr(sources, "hub_reachable", lambda: False)
     assert check_hub(source) == (
         f"is not a local file or folder (tried {tmp_path / 'org/name:cfg'}), and the hub "
         "(http://hub.invalid) cannot be reached to load it as a data set (HF_HUB_OFFLINE=1 uses the local cache)"
     )
-    monkeypatch.setattr(preflight, "hub_reachable", lambda: True)
+    monkeypatch.setattr(sources, "hub_reachable", lambda: True)
     assert check_hub(source) is None
 
 

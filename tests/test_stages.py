@@ -1,5 +1,6 @@
-"""Adding a stage kind is one module: a toy kind defined in this file, registered, and taken
-through parse -> plan -> run -> report -> CLI without touching any other file."""
+"""Adding a stage kind is one module: a toy kind defined in this file, registered (its kind with
+the stages, its section with the report), and taken through parse -> plan -> run -> report -> CLI
+without touching any other file."""
 
 import html
 import json
@@ -13,7 +14,7 @@ from pydantic import Field
 from temper.atomic import atomic_write_json
 from temper.cli import build_parser, main
 from temper.recipe import RecipeError, parse_recipe
-from temper.report import find_stages, write_report
+from temper.report import find_stages, sections, write_report
 from temper.runner import plan, run_recipe
 from temper.stages import registry
 from temper.stages.base import StageKind, StageRun, Strict
@@ -49,7 +50,6 @@ ECHO = StageKind(
     reads="model",
     produces_model=True,
     help="a toy stage that copies its model",
-    section=echo_section,
     outputs=("echo.json",),
     summary=lambda out: "echo summary: " + json.loads((out / "echo.json").read_text())["text"],
 )
@@ -58,8 +58,10 @@ ECHO = StageKind(
 @pytest.fixture
 def echo():
     registry.register(ECHO)
+    sections.register("echo", echo_section)
     yield ECHO
     registry.unregister("echo")
+    sections.unregister("echo")
 
 
 def _recipe(model: Path) -> str:
@@ -156,4 +158,4 @@ def test_every_kind_keeps_the_contract():
         fields = kind.spec.model_fields
         assert fields["kind"].annotation == Literal[name] and "name" in fields
         assert {"model": "source", "models": "models"}.get(kind.reads, "kind") in fields
-        assert kind.section is not None and kind.outputs
+        assert name in sections.SECTIONS and kind.outputs

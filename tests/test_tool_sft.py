@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from temper.agent.tools import ToolRegistry, parse_tool_calls
 from temper.data.chat import IGNORE, TemplateError, check_tool_template, prompt_ids, tokenize_example
 from temper.data.formats import DataError, load_rows, parse_row
 from temper.envs.tool_env import ToolEnv
 from temper.models.chat import TEMPLATES
 from temper.models.tokenizer import CHAT_TEMPLATE, CHAT_TEMPLATE_V1
+from temper.tools.calls import ToolRegistry, parse_tool_calls
 
 ROOT = Path(__file__).parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny-base" / "model"

@@ -8,7 +8,11 @@ from typing import Literal
 
 import pytest
 
-from temper.agent.tools import (
+from temper.data.chat import prompt_ids
+from temper.envs.base import Env, StepResult
+from temper.envs.tool_env import ToolEnv
+from temper.tasks.base import Score
+from temper.tools.calls import (
     Tool,
     ToolCall,
     ToolCallError,
@@ -16,10 +20,6 @@ from temper.agent.tools import (
     ToolRegistry,
     parse_tool_calls,
 )
-from temper.data.chat import prompt_ids
-from temper.envs.base import Env, StepResult
-from temper.envs.tool_env import ToolEnv
-from temper.tasks.base import Score
 
 
 def add(a: int, b: int) -> int:
@@ -317,7 +317,7 @@ def test_tool_env_a_malformed_call_is_not_an_answer_and_a_grader_bug_is_counted(
 
 
 def test_tool_env_for_a_task_is_graded_by_the_task(tokenizer):
-    from temper.tasks import make_task
+    from temper.catalog import make_task
 
     task = make_task("arithmetic")
     problem = task.sample("test", 1, seed=0)[0]

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from temper.agent.loop import EpisodeLimits, run_episodes
+from temper.catalog import make_task
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.formats import Example
 from temper.envs.treasure_hunt import GridMap
 from temper.envs.treasure_task import INSTRUCTIONS, TreasureConfig, TreasureHuntTask, offset_text
 from temper.models import build_preset
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.stages.sft import demonstrations
-from temper.tasks import make_task
 from temper.train.rl import RLConfig, train_rl
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from tests.test_agent_loop import Script
 
-from temper.agent.loop import EpisodeLimits, run_episodes
-from temper.tasks import make_recipe_task
+from temper.catalog import make_recipe_task
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.tasks.base import TaskOptionError
 
 ENV_SOURCE = '''

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from temper.tasks import make_task
+from temper.catalog import make_task
 
 HERE = Path(__file__).resolve().parent
 TASK = {"max_digits": 2, "ood_digits": 3}  # as the recipe's `tasks: arithmetic`

@@ -234,8 +234,9 @@ def _data_task(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
 
 
 def _context(out: Path, tasks: list[str], options: dict[str, dict[str, Any]], tasks_flag: str):
+    from temper.catalog import make_recipe_task
     from temper.stages.context import StageContext
-    from temper.tasks import TaskOptionError, make_recipe_task
+    from temper.tasks import TaskOptionError
 
     names = list(dict.fromkeys(tasks + list(options)))
     task_options = {n: options.get(n, {}) for n in names}
@@ -362,9 +363,9 @@ def cmd_stage(kind: StageKind, args: argparse.Namespace) -> None:
     complete folder do nothing, other settings into a started or complete one are refused (naming
     the changed keys) unless --overwrite, and the same settings into an unfinished one resume."""
     from temper import distributed  # under torchrun: main-only stages run once, output printed once
+    from temper.catalog import task_fingerprints
     from temper.preflight import check_stage_inputs
     from temper.stages.markers import COMPLETE, STARTED, as_json, read_marker, stage_settings
-    from temper.tasks import task_fingerprints
 
     options = _task_options(args.task_option)
     fixed: dict[str, Any] = {"kind": kind.name}

@@ -26,8 +26,8 @@ from temper.tasks.base import VERIFIER_ERROR, Problem, Score, Task, grade_batch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from temper.agent.trajectory import Trajectory
     from temper.rollout.sampler import Sample, Sampler
+    from temper.rollout.trajectory import Trajectory
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -140,9 +140,9 @@ def evaluate(
     `result["judge"]` holds `judge_metrics` (the mean verdict, its agreement with the verifier and
     Cohen's kappa, the unparseable verdicts counted, never read as 0).
     """
-    from temper.agent.loop import EpisodeLimits, run_episodes
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
     from temper.models.chat import stop_warning, unstopped_specials
+    from temper.rollout.loop import EpisodeLimits, run_episodes
     from temper.rollout.sampler import sampler_stop_ids
 
     if k < 0 or n_problems < 1:
@@ -379,7 +379,7 @@ def graded_episode(t: Trajectory) -> Score:
 def episode_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """Means per episode (greedy and sampled together): turns, policy tokens, environment seconds,
     every numeric step signal summed over the episode (tool calls, tool errors...), and the stop reasons."""
-    from temper.agent.trajectory import mean_signals
+    from temper.rollout.trajectory import mean_signals
 
     n = len(trajectories)
     return {

@@ -26,7 +26,8 @@ class DuplicateKeyError(ValueError):
         super().__init__(f"duplicate key {key!r}")
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json`'s `object_pairs_hook` that refuses a key named twice (`DuplicateKeyError`)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -53,7 +54,7 @@ def iter_jsonl(
             continue
         text = line.rstrip("\r")
         try:
-            yield line_no, text, json.loads(text, object_pairs_hook=_strict_object)
+            yield line_no, text, json.loads(text, object_pairs_hook=strict_object)
         except (json.JSONDecodeError, DuplicateKeyError) as err:
             yield line_no, text, err
         except RecursionError:  # json's C decoder recurses once per nested `[` or `{`

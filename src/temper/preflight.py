@@ -13,24 +13,21 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import types
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from temper.catalog import make_recipe_task
 from temper.data.formats import DataError
-from temper.data.sources import check_source, count_rows, locate
-from temper.models.chat import ChatTemplateError, template_text
-from temper.models.loading import ModelNotFoundError, _check_local
-from temper.recipe import Recipe, RecipeError, _format_error
+from temper.data.sources import check_source, count_rows, hub_endpoint, hub_reachable, locate
+from temper.models.chat import TEMPLATES, ChatTemplateError, template_text
+from temper.models.loading import ModelNotFoundError, check_local_model
+from temper.recipe import Recipe, RecipeError, format_error
 from temper.stages import registry
 from temper.stages.base import Loc
-from temper.stages.context import local_model
-from temper.tasks import make_recipe_task
+from temper.stages.context import local_model, recipe_path
 
 SAMPLE = 3  # problems drawn per (task, split): enough to find an empty split, cheap for any task
 
@@ -44,7 +41,9 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
         note = _check_model(recipe.model.path, errors, base_dir)
         if note:
             notes.append(note)
-        chats = [stage.name for stage in recipe.stages if _renders_chats(stage, base_dir)]
+        chats = [
+            stage.name for stage in recipe.stages if registry.get(stage.kind).renders_chats(stage, base_dir)
+        ]
         if chats and not errors and not recipe.model.chat_template:
             local = local_model(recipe.model.path, base_dir)
             if local is not None and _no_chat_template(str(local)):
@@ -60,23 +59,16 @@ def check_inputs(recipe: Recipe, text: str, source: str, base_dir: Path) -> list
             errors += [(("stages", i, *loc), problem)] if problem else []
         errors += [(("stages", i, *loc), msg) for loc, msg in _world_rules(stage) + _tracker_rules(stage)]
         notes += _epoch_notes(stage, base_dir)
-        cache = getattr(stage, "cache", None)
-        if stage.kind == "pretrain" and cache:
-            errors += [(("stages", i, "cache"), msg) for msg in _check_cache(_resolve(base_dir, cache))]
+        for loc, cache in registry.get(stage.kind).caches(stage):
+            errors += [(("stages", i, *loc), msg) for msg in _check_cache(recipe_path(base_dir, cache))]
     errors += _check_splits(recipe, base_dir)
     if errors:
         lines = [
-            _format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
+            format_error({"type": "located", "loc": loc, "msg": msg}, text, None, source)
             for loc, msg in errors
         ]
         raise RecipeError("inputs that cannot be used:\n  " + "\n  ".join(lines))
     return notes
-
-
-def _resolve(base_dir: Path, path: str) -> Path:
-    """As `StageContext.resolve`: relative to the recipe's folder."""
-    p = Path(path).expanduser()  # (not .resolve(): it raises on a loop of symbolic links)
-    return p if p.is_absolute() else Path(os.path.normpath(base_dir / p))
 
 
 def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> str | None:
@@ -92,7 +84,7 @@ def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> st
             errors.append((("model", "path"), f"model directory {name!r} {what} (tried {local})"))
             return None
         try:
-            _check_local(str(local))  # exists, JSON files parse; weights are checked as they load
+            check_local_model(str(local))  # exists, JSON files parse; weights are checked as they load
         except ModelNotFoundError as err:
             errors.append((("model", "path"), str(err)))
         return None
@@ -120,7 +112,7 @@ def _check_model(name: str, errors: list[tuple[Loc, str]], base_dir: Path) -> st
         errors.append(
             (
                 ("model", "path"),
-                f"{name!r} is not a local directory and the hub ({_endpoint()}) cannot be reached",
+                f"{name!r} is not a local directory and the hub ({hub_endpoint()}) cannot be reached",
             )
         )
     else:
@@ -137,42 +129,10 @@ def _hub_cached(name: str) -> bool:
         return False
 
 
-def _endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-
-
-_reachable: bool | None = None
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Whether the hub answers one HTTP request (any status) within `timeout` seconds; asked once
-    per process. A thread bounds the wait, as name resolution ignores socket timeouts; urllib
-    goes through the same proxy settings (HTTPS_PROXY) the hub client does."""
-    global _reachable
-    if _reachable is None:
-        result: list[bool] = []
-
-        def probe() -> None:
-            request = urllib.request.Request(_endpoint(), method="HEAD")
-            try:
-                urllib.request.urlopen(request, timeout=timeout).close()
-                result.append(True)
-            except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
-                result.append(True)
-            except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint
-                result.append(False)
-
-        thread = threading.Thread(target=probe, daemon=True)
-        thread.start()
-        thread.join(timeout)
-        _reachable = bool(result and result[0])
-    return _reachable
-
-
 def earlier_output(spec: str, recipe: Recipe, index: int, base_dir: Path) -> Path | None:
     """The file `spec` names when it is an output of a stage before `index` in its run folder
     (`.../NN-<stage name>/<one of its kind's outputs>`), not yet written at plan time; else None."""
-    path = _resolve(base_dir, spec)
+    path = recipe_path(base_dir, spec)
     for j, stage in enumerate(recipe.stages[:index]):
         if path.parent.name == f"{j + 1:02d}-{stage.name}" and path.name in registry.get(stage.kind).outputs:
             return path
@@ -202,24 +162,17 @@ def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
 
 
 def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
-    """The plan's bound on the steps `train.epochs` gives, from the rows: the stage counts them
-    exactly once tokenized (packing, rows too long or skipped make fewer)."""
+    """The plan's bound on the steps `train.epochs` gives, from the rows its kind names
+    (`StageKind.epoch_rows`): the stage counts them exactly once tokenized (packing, rows too long
+    or skipped make fewer)."""
     train = getattr(stage, "train", None)
-    if getattr(train, "epochs", None) is None:
+    rows_of = registry.get(stage.kind).epoch_rows
+    if getattr(train, "epochs", None) is None or rows_of is None or (of := rows_of(stage)) is None:
         return []
-    rows = 0
-    if stage.kind == "sft" and stage.data.pairs:  # how many prompts give a pair is known only then
-        return [f"{stage.name}: {train.epochs:g} epochs; steps counted once the pairs are generated"]
-    if stage.kind == "sft":
-        counts, tasks = stage.data.problems_per_task, stage.data.tasks
-        rows += sum(counts.get(t, 0) for t in tasks) if isinstance(counts, dict) else counts * len(tasks)
-        specs = stage.data.files
-    elif stage.kind == "pretrain":
-        rows += stage.corpus.problems_per_task * len(stage.corpus.tasks)
-        specs = stage.corpus.files
-    else:
-        return []
-    for spec in specs:
+    if of.pending:  # how many rows there are is known only then
+        return [f"{stage.name}: {train.epochs:g} epochs; steps counted once {of.pending}"]
+    rows = of.problems
+    for spec in of.files:
         try:
             n = count_rows(locate(spec, base_dir))
         except DataError:  # reported by the source check above, or when the stage reads it
@@ -228,7 +181,7 @@ def _epoch_notes(stage: Any, base_dir: Path) -> list[str]:
             return [f"{stage.name}: {train.epochs:g} epochs; steps counted once {spec!r} is loaded"]
         rows += n
     steps = max(1, math.ceil(train.epochs * rows / train.batch_size))
-    packed = "; packing makes fewer" if stage.kind == "pretrain" or getattr(stage, "pack", False) else ""
+    packed = "; packing makes fewer" if of.packed else ""
     return [
         f"{stage.name}: {train.epochs:g} epochs of {rows} rows at batch_size {train.batch_size} "
         f"= at most {steps} steps (exact once tokenized{packed})"
@@ -249,16 +202,12 @@ def _check_cache(path: Path) -> list[str]:
 
 
 def stage_splits(stage: Any, recipe: Recipe) -> list[tuple[str, str]]:
-    """(task, split) pairs a stage draws problems from."""
-    if stage.kind == "eval":
-        return [(t, s) for t in stage.tasks or list(recipe.tasks) for s in stage.splits]
-    if stage.kind == "rl":
-        held_out = stage.gate is not None or stage.train.eval_every > 0  # gate and periodic evals
-        return [(t, s) for t in stage.tasks for s in ("train", "test")[: 2 if held_out else 1]]
-    if stage.kind == "sft":
-        splits = ("train", "test") if stage.data.eval_problems else ("train",)
-        return [(t, s) for t in stage.data.tasks for s in splits]
-    return [(t, "train") for t in registry.get(stage.kind).tasks(stage)]  # pretrain, plugins
+    """(task, split) pairs a stage draws problems from (`StageKind.splits`; by default the train
+    split of each of its tasks)."""
+    kind = registry.get(stage.kind)
+    if kind.splits is not None:
+        return kind.splits(stage, list(recipe.tasks))
+    return [(t, "train") for t in kind.tasks(stage)]
 
 
 def _check_splits(recipe: Recipe, base_dir: Path | None = None) -> list[tuple[Loc, str]]:
@@ -305,7 +254,7 @@ def check_stage_inputs(
     for name in models:
         _check_model(name, found, cwd)
         local = local_model(name, cwd)
-        chats = not chat_template and _renders_chats(stage, cwd)
+        chats = not chat_template and registry.get(stage.kind).renders_chats(stage, cwd)
         if not found and chats and local is not None and _no_chat_template(str(local)):
             found.append((("model",), _no_template_message(name, [stage.kind])))
     errors = [f"--{'.'.join(map(str, loc))}: {msg}" for loc, msg in found]
@@ -348,28 +297,6 @@ def _flag(loc: Loc) -> str:
     return "--" + ".".join(str(k) for k in loc if not isinstance(k, int))
 
 
-def _renders_chats(stage: Any, base_dir: Path) -> bool:
-    """Whether a stage renders prompts through the model's chat template: task prompts (RL,
-    eval) and SFT demonstrations of tasks do (a file of plain `text` rows need not)."""
-    if stage.kind in ("rl", "eval"):
-        return True
-    if stage.kind != "sft":
-        return False
-    return bool(stage.data.tasks) or any(_chat_rows(_resolve(base_dir, f)) for f in stage.data.files)
-
-
-def _chat_rows(path: Path) -> bool:
-    """Whether a data file holds conversations (its first row; a file mixing formats is refused
-    when it is read): `messages`, or a prompt given as a list of messages."""
-    try:
-        with path.open("rb") as f:
-            first = next((line for line in f if line.strip()), b"")
-        row = json.loads(first.decode("utf-8-sig"))
-    except (OSError, ValueError, RecursionError):
-        return False  # unreadable: reading it later says where
-    return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))
-
-
 def _template_problem(value: str, base_dir: Path) -> str | None:
     """Why a `chat_template` option cannot be used (no such name or file, or Jinja that does not
     parse, which would otherwise surface as a traceback at the first rendered prompt), or None."""
@@ -405,8 +332,6 @@ def _no_chat_template(name: str) -> bool:
 
 def _no_template_message(name: str, stages: list[str]) -> str:
     """`require_chat_template`'s refusal, said at plan time, naming the stages that need one."""
-    from temper.models.chat import TEMPLATES
-
     return (
         f"the tokenizer of {name!r} has no chat template; set model.chat_template (a Jinja file, or "
         f"one of {', '.join(TEMPLATES)}; on a stage command --model.chat_template) to say how "

@@ -18,12 +18,12 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, model_validator
 
+from temper.catalog import TASKS, make_recipe_task
 from temper.data.contamination import ContaminationSpec
 from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, Use, raise_located
-from temper.tasks import TASKS, make_recipe_task, task_types
 
 
 class RecipeError(ValueError):
@@ -242,9 +242,9 @@ def _task_loc(name: str, options: dict[str, Any]) -> Loc:
     """Where a task entry goes wrong: its `task:` (or its name) when the built-in is unknown,
     else the first unknown option, else the entry."""
     base = options.get("task", name)
-    if base not in task_types():
+    if base not in TASKS:
         return ("tasks", name, "task") if "task" in options else ("tasks", name)
-    fields = {f.name for f in dataclasses.fields(task_types()[base].config_type)}
+    fields = {f.name for f in dataclasses.fields(TASKS[base].config_type)}
     unknown = [o for o in options if o != "task" and o not in fields]
     return ("tasks", name, unknown[0]) if unknown else ("tasks", name)
 
@@ -349,7 +349,9 @@ def expand_errors(errors: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
+def format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
+    """One validation error as the recipe reports it: `source:line: key.path: message`, the line
+    found in the recipe `text` (a `located` error of a plan-time check formats the same way)."""
     loc = tuple(err["loc"])
     if len(loc) > 2 and loc[0] == "stages" and loc[2] in registry.kinds():
         loc = loc[:2] + loc[3:]  # pydantic puts the union tag in the location of a stage
@@ -405,7 +407,7 @@ def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = No
     try:
         return schema().model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
-        lines = [_format_error(e, text, data, source) for e in expand_errors(err.errors())]
+        lines = [format_error(e, text, data, source) for e in expand_errors(err.errors())]
         raise RecipeError("invalid recipe:\n  " + "\n  ".join(lines)) from None
 
 

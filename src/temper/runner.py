@@ -17,12 +17,13 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text, remove_stale
+from temper.catalog import make_recipe_task, task_fingerprints
+from temper.preflight import produced_files
 from temper.recipe import Recipe, model_refs
 from temper.stages import registry
-from temper.stages.base import StageRun, folder_digest
+from temper.stages.base import EvalSet, StageRun, folder_digest
 from temper.stages.context import StageContext, settings_hash
 from temper.stages.markers import read_hash, stage_settings
-from temper.tasks import make_recipe_task, task_fingerprints
 
 console = Console(stderr=True)
 
@@ -43,9 +44,10 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
     return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.weights()
 
 
-def eval_specs(recipe: Recipe) -> list[tuple[list[str], list[str], int, int]]:
-    """(tasks, splits, n_problems, seed) of each eval stage: the eval sets training data is checked against."""
-    return [(s.tasks, list(s.splits), s.n_problems, s.seed) for s in recipe.stages if s.kind == "eval"]
+def eval_specs(recipe: Recipe) -> list[EvalSet]:
+    """(tasks, splits, n_problems, seed) of each eval set the stages contribute (`StageKind.eval_sets`):
+    the eval sets training data is checked against."""
+    return [e for s in recipe.stages for e in registry.get(s.kind).eval_sets(s)]
 
 
 def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
@@ -59,8 +61,6 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
         parts.append({ref: ctx.output_hashes.get(ref, ref) for _, ref in models})
     if ctx.chat and registry.get(stage.kind).reads != "base":  # only the stages that render chats
         parts.append(ctx.chat.hashed(ctx.base_dir))
-    from temper.preflight import produced_files  # (preflight imports the recipe's whole checking side)
-
     if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
         parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
     for _, ref, kind in (u for u in uses if len(u) == 3):  # e.g. a reward model: its files

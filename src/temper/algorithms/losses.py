@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from temper.data.chat import IGNORE  # the label the data layer gives tokens that are not trained on
+from temper.labels import IGNORE
 
 
 def sft_loss(

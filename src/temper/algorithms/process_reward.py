@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100
+from temper.labels import IGNORE
 
 
 def step_bce_loss(

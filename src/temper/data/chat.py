@@ -22,8 +22,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from temper.data.formats import DataError, Example
-
-IGNORE = -100
+from temper.labels import IGNORE
 
 
 class TemplateError(ValueError):

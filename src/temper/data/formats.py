@@ -25,21 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temper.jsonl import DuplicateKeyError
+from temper.data.errors import DataError
+from temper.data.sources import SourceLabel, dataset_rows, locate, read_rows
 
 ROLES = ("system", "user", "assistant", "tool")
 """The chat roles a row may use; the built-in tokenizer has a special token and template case for each."""
-
-
-class DataError(ValueError):
-    """A row that cannot be used, located by source, line (or row) and field: `file.jsonl:17: ...`
-    for a text file, `file.parquet: row 17: ...` for a source numbered by row (a label with
-    `by_row`, see `temper.data.sources.SourceLabel`)."""
-
-    def __init__(self, source: str, line: int, field: str, problem: str):
-        self.source, self.line, self.field, self.problem = source, line, field, problem
-        at = f"{source}: row {line}" if getattr(source, "by_row", False) else f"{source}:{line}"
-        super().__init__(f"{at}: field {field!r}: {problem}")
 
 
 class NoUsableRowsError(DataError):
@@ -258,19 +248,6 @@ def _format(row: Any) -> str | None:
     return "text" if "text" in row else None
 
 
-def _decode_error(source: str, line: int, err: Exception) -> DataError:
-    if isinstance(err, UnicodeDecodeError):
-        return DataError(
-            source, line, "<bytes>", f"not UTF-8: byte {err.object[err.start]:#04x} at column {err.start + 1}"
-        )
-    if isinstance(err, DuplicateKeyError):
-        return DataError(
-            source, line, err.key, "appears twice in the object; the last value would silently win"
-        )
-    assert isinstance(err, json.JSONDecodeError)
-    return DataError(source, line, "<json>", f"invalid JSON: {err.msg} at column {err.colno}")
-
-
 def validate_rows(
     rows: Iterable[tuple[int, Any]], source: str, skip_bad_rows: bool = False
 ) -> tuple[list[Example], LoadReport]:
@@ -307,8 +284,6 @@ def load_rows(
 ) -> tuple[list[Example], LoadReport]:
     """Validated rows of any data source `temper.data.sources.read_rows` reads (JSONL, JSON array,
     parquet, arrow, a `save_to_disk` folder, a hub id); relative paths resolve against `base_dir`."""
-    from temper.data.sources import locate, read_rows  # (sources imports this module)
-
     source = locate(spec, base_dir, split)
     rows = ((n, row) for _, n, row in read_rows(source, errors="yield"))
     return validate_rows(rows, source.label, skip_bad_rows)
@@ -324,11 +299,21 @@ def load_hf_dataset(dataset: Any, name: str = "dataset", skip_bad_rows: bool = F
     """Rows of an in-memory HF `datasets.Dataset` (numbered by row from 1), read through Arrow as
     a parquet or `save_to_disk` source is, so they validate and normalize the same way. A plain
     iterable of row dicts is read as it is."""
-    from temper.data.sources import SourceLabel, _dataset_rows
-
     label = SourceLabel(name, by_row=True)
     if hasattr(dataset, "with_format"):
-        rows: Iterable[tuple[int, Any]] = _dataset_rows(dataset)
+        rows: Iterable[tuple[int, Any]] = dataset_rows(dataset)
     else:
         rows = ((i + 1, row) for i, row in enumerate(dataset))
     return validate_rows(rows, label, skip_bad_rows)
+
+
+def first_row_is_chat(path: Path) -> bool:
+    """Whether a data file holds conversations (its first row; a file mixing formats is refused
+    when it is read): `messages`, or a prompt given as a list of messages."""
+    try:
+        with path.open("rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        row = json.loads(first.decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return False  # unreadable: reading it later says where
+    return isinstance(row, dict) and ("messages" in row or isinstance(row.get("prompt"), list))

@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.dataset import Sequence
 from temper.data.formats import DataError, Example, LoadReport, parse_row
+from temper.data.sources import locate, read_rows
 
 Text = str | list[dict[str, Any]]
 
@@ -157,8 +158,6 @@ def load_preferences(
 ) -> tuple[list[Pair | Labelled], LoadReport]:
     """Validated rows of any source `temper.data.sources.read_rows` reads; relative paths resolve
     against `base_dir`. One format per source (paired or unpaired, text or messages)."""
-    from temper.data.sources import locate, read_rows
-
     source = locate(spec, base_dir)
     out: list[Pair | Labelled] = []
     report = LoadReport()

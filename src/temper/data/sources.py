@@ -31,13 +31,16 @@ import codecs
 import json
 import os
 import re
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from temper.data.formats import DataError, _decode_error
-from temper.jsonl import DuplicateKeyError, _strict_object, iter_jsonl
+from temper.data.errors import DataError, decode_error
+from temper.jsonl import DuplicateKeyError, iter_jsonl, strict_object
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -267,7 +270,7 @@ def _rows(source: Source) -> Iterator[tuple[int, Any]]:
     elif source.kind == "jsonl":
         for line_no, _, row in iter_jsonl(source.path):
             if isinstance(row, (json.JSONDecodeError, UnicodeDecodeError, DuplicateKeyError)):
-                row = _decode_error(label, line_no, row)
+                row = decode_error(label, line_no, row)
             yield line_no, row
     elif source.kind == "json":
         yield from _array_rows(source.path, label)
@@ -286,9 +289,9 @@ def _rows(source: Source) -> Iterator[tuple[int, Any]]:
         import datasets
 
         loaded = datasets.load_from_disk(str(source.path))
-        yield from _dataset_rows(loaded[source.split] if source.split is not None else loaded)
+        yield from dataset_rows(loaded[source.split] if source.split is not None else loaded)
     else:
-        yield from _dataset_rows(_hub_dataset(source))
+        yield from dataset_rows(_hub_dataset(source))
 
 
 def _txt_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
@@ -299,7 +302,7 @@ def _txt_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
         try:
             text = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as err:
-            yield line_no, _decode_error(label, line_no, err)
+            yield line_no, decode_error(label, line_no, err)
             continue
         if text.strip():
             yield line_no, {"text": text}
@@ -317,7 +320,7 @@ def _array_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
     except UnicodeDecodeError as err:  # one array: no row can be read
         line = data.count(b"\n", 0, err.start) + 1
         raise SourceError(label, f"is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
-    strict, loose = json.JSONDecoder(object_pairs_hook=_strict_object), json.JSONDecoder()
+    strict, loose = json.JSONDecoder(object_pairs_hook=strict_object), json.JSONDecoder()
     space = re.compile(r"\s*")
     i = space.match(text, 0).end() + 1  # past the `[` (`_is_array` saw it)
     row = 0
@@ -336,7 +339,7 @@ def _array_rows(path: Path, label: str) -> Iterator[tuple[int, Any]]:
             value, i = strict.raw_decode(text, i)
         except DuplicateKeyError as err:
             _, i = loose.raw_decode(text, i)
-            value = _decode_error(label, row, err)
+            value = decode_error(label, row, err)
         except json.JSONDecodeError as err:  # where the element ends is unknown: the rest is lost
             raise _json_error(label, row, text, err.pos, err.msg) from None
         yield row, value
@@ -365,7 +368,7 @@ def _arrow_batches(path: Path, label: str) -> Iterator[Any]:
     yield from batches
 
 
-def _dataset_rows(dataset: Any) -> Iterator[tuple[int, Any]]:
+def dataset_rows(dataset: Any) -> Iterator[tuple[int, Any]]:
     """A `datasets.Dataset`'s rows through Arrow, as a parquet file of the same table gives them."""
     return _arrow_rows(dataset.with_format("arrow").iter(batch_size=1024))
 
@@ -391,11 +394,42 @@ def hub_offline() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def hub_endpoint() -> str:
+    """The hub's address: HF_ENDPOINT, as the hub client reads it, else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+_reachable: bool | None = None
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub answers one HTTP request (any status) within `timeout` seconds; asked once
+    per process. A thread bounds the wait, as name resolution ignores socket timeouts; urllib
+    goes through the same proxy settings (HTTPS_PROXY) the hub client does."""
+    global _reachable
+    if _reachable is None:
+        result: list[bool] = []
+
+        def probe() -> None:
+            request = urllib.request.Request(hub_endpoint(), method="HEAD")
+            try:
+                urllib.request.urlopen(request, timeout=timeout).close()
+                result.append(True)
+            except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
+                result.append(True)
+            except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint
+                result.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        _reachable = bool(result and result[0])
+    return _reachable
+
+
 def check_hub(source: Source) -> str | None:
     """Why a hub data set cannot be loaded now (offline and not cached, or the hub unreachable),
     or None. Asked before any download so that it fails at once, not after retries."""
-    from temper.preflight import _endpoint, hub_reachable  # (preflight imports the stages)
-
     local = f"is not a local file or folder (tried {source.path})"
     if hub_offline():
         try:
@@ -410,7 +444,7 @@ def check_hub(source: Source) -> str | None:
         return None
     if not hub_reachable():
         return (
-            f"{local}, and the hub ({_endpoint()}) cannot be reached to load it "
+            f"{local}, and the hub ({hub_endpoint()}) cannot be reached to load it "
             "as a data set (HF_HUB_OFFLINE=1 uses the local cache)"
         )
     return None

@@ -32,10 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # no import-time dependency on temper.tasks: its package registers env tasks
-    from temper.tasks.base import Problem, Score, Task
+from temper.tasks.base import Problem, Score, Task, grade, grade_batch
 
 
 @dataclass
@@ -93,8 +92,6 @@ class TaskEnv:
         return self.problem.messages()
 
     def step(self, action: str) -> StepResult:
-        from temper.tasks.base import grade
-
         return StepResult(done=True, score=grade(self.task, self.problem, action))
 
     @staticmethod
@@ -103,8 +100,6 @@ class TaskEnv:
     ) -> list[StepResult]:
         """Step many TaskEnvs of one task at once: one `grade_batch` call, so reward functions that
         take a batch (a data task's, as TRL calls them) get the whole group."""
-        from temper.tasks.base import grade_batch
-
         scores = grade_batch(envs[0].task, [e.problem for e in envs], list(actions), list(ids))
         return [StepResult(done=True, score=s) for s in scores]
 

@@ -26,7 +26,6 @@ and ends the episode as "env_error", never a zero reward for the model.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -183,5 +182,5 @@ class CalculatorEnv:
 
     def close(self) -> None:
         if self._sandbox is not None:
-            shutil.rmtree(self._sandbox.workspace, ignore_errors=True)
+            self._sandbox.close()  # its default workspace goes with its private scratch
             self._sandbox = None

@@ -15,7 +15,7 @@ rate id, `convert(amount, rate_id)` applies the hidden factor and `requires` bot
 `rate` (it needs their outputs), `quote(item, currency)` does it all in one call at a much higher
 cost. An item asked for in its home currency needs only `price`. Tools are called in the HF
 convention (`<tool_call>` blocks, one `tool` message per call) through a `CostRegistry`
-(`temper.agent.registry`), whose rules (a call pays its tool's cost; a dependency counts only when
+(`temper.tools.registry`), whose rules (a call pays its tool's cost; a dependency counts only when
 met in an earlier turn) and signals this env passes on.
 
 Rewards: the outcome is 1 for the right integer on a final `Answer: N` line; each step's process
@@ -29,7 +29,7 @@ questions over the first `items` items; ood asks about `ood_items` further items
 training (their names must be copied into calls the policy never made).
 
 MCP, costs and dependencies from the recipe: with `mcp` the tools come from that server over
-stdio (`temper.agent.mcp`); `costs` and `requires` set any listed tool's cost per call and the
+stdio (`temper.tools.mcp`); `costs` and `requires` set any listed tool's cost per call and the
 tools whose output it needs (MCP has no fields for either), e.g.
 
     multi_tool:
@@ -56,11 +56,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from temper.agent.registry import PATH_SIGNALS, CostRegistry, ToolServerError
-from temper.agent.tools import Tool, ToolDefinitionError
 from temper.envs.base import StepResult
 from temper.envs.shop_tools import CURRENCIES, world
 from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of
+from temper.tools.calls import Tool, ToolDefinitionError
+from temper.tools.registry import PATH_SIGNALS, CostRegistry, ToolServerError
 
 _ANSWER = re.compile(r"Answer:\s*(-?\d+)\s*$")
 REQUIRES = {"convert": ("price", "rate")}
@@ -122,7 +122,7 @@ class MultiToolConfig:
 
 @dataclass(frozen=True)
 class MCPServerSpec:
-    """An MCP server to start over stdio (`temper.agent.mcp.MCPConnection`'s arguments)."""
+    """An MCP server to start over stdio (`temper.tools.mcp.MCPConnection`'s arguments)."""
 
     command: str
     args: tuple[str, ...] = ()
@@ -131,7 +131,7 @@ class MCPServerSpec:
     timeout_s: float = 30.0
 
     def connect(self):
-        from temper.agent.mcp import MCPConnection
+        from temper.tools.mcp import MCPConnection
 
         return MCPConnection(self.command, self.args, dict(self.env), self.cwd, timeout_s=self.timeout_s)
 

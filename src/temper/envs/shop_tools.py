@@ -61,7 +61,7 @@ class ShopWorld:
         it = self.items[item]
         return it.price if it.currency == currency else it.price * self.factors[(it.currency, currency)]
 
-    # The tools. Their docstrings and type hints are their schemas (`temper.agent.tools`); their
+    # The tools. Their docstrings and type hints are their schemas (`temper.tools.calls`); their
     # exceptions are the model's mistakes, shown to it as error observations.
 
     def price(self, item: str) -> str:

@@ -1,5 +1,5 @@
 """`ToolEnv`: an episode in which the policy may call the user's tools (chat tool calls in the
-Hugging Face convention, `temper.agent.tools`) before it answers.
+Hugging Face convention, `temper.tools.calls`) before it answers.
 
     registry = ToolRegistry([add, lookup])
     env = ToolEnv(problem.messages(), registry, grader=lambda answer: task.score(problem, answer))
@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from temper.agent.tools import ToolRegistry, parse_tool_calls
 from temper.envs.base import StepResult
 from temper.tasks.base import Problem, Score, Task, grade, verifier_error
+from temper.tools.calls import ToolRegistry, parse_tool_calls
 
 
 class ToolEnv:

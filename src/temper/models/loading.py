@@ -123,7 +123,7 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
 
 
-def _check_local(name: str, weights: bool = False, tokenizer: bool = False) -> None:
+def check_local_model(name: str, weights: bool = False, tokenizer: bool = False) -> None:
     """A name that is clearly a path must exist: do not send it to the hub (and wait on retries);
     a local directory must hold readable files."""
     folder = Path(name).expanduser()
@@ -143,7 +143,7 @@ def _check_local(name: str, weights: bool = False, tokenizer: bool = False) -> N
 
 
 def load_tokenizer(name: str | os.PathLike) -> PreTrainedTokenizerBase:
-    _check_local(str(name), tokenizer=True)
+    check_local_model(str(name), tokenizer=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name))
     except Exception as err:  # any failure to read a local folder is the folder's (see load_model)
@@ -199,7 +199,7 @@ def load_model(
     device = device or default_device()
     if is_adapter_dir(name):
         return _load_adapter(Path(name).expanduser(), device, dtype)
-    _check_local(str(name), weights=True)
+    check_local_model(str(name), weights=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(_absolute(name), dtype=dtype or default_dtype(device))
     except Exception as err:

@@ -24,7 +24,7 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
 # `apply_chat_template(messages, tools=[json schemas])` lists the tools in the system turn, an
 # assistant message's `tool_calls` ({"type": "function", "function": {"name", "arguments"}}) are
 # written after its content as Hermes/Qwen2.5 write them, `<tool_call>{"name": ..., "arguments":
-# {...}}</tool_call>` (what `temper.agent.tools.parse_tool_calls` reads back), and a `tool` result
+# {...}}</tool_call>` (what `temper.tools.calls.parse_tool_calls` reads back), and a `tool` result
 # is its own `<|tool|>...<|end|>` turn. Without `tools` and `tool_calls` a conversation renders
 # exactly as `CHAT_TEMPLATE_V1` (the template before tool support) rendered it, token for token.
 _TOOLS_SYSTEM = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from temper.report.common import _esc, _number, _pct, _table
+from temper.report.common import esc, html_table, number, percent
 
 LEGEND = (
     "<p><small>Episodes: <span class='episode'><span class='pol'>policy tokens (trained on)</span> "
@@ -18,7 +18,7 @@ LEGEND = (
 def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
     """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour."""
     spans = "".join(
-        f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{_esc(s.get('text', ''))}</span>"
+        f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
         for s in segments
     )
     return f"<pre class='episode'>{spans}</pre>"
@@ -43,11 +43,13 @@ def rl_episode_table(rows: list[dict[str, Any]]) -> str:
         if not vs:
             return "–"
         v = sum(vs) / len(vs)
-        return _pct(v) if "/stop_" in key else _number(round(v, 3))
+        return percent(v) if "/stop_" in key else number(round(v, 3))
 
     table = [[_label(k)] + [mean(rs, k) for rs in spans.values()] for k in keys]
     head = ["per episode", *(f"{name} ({len(rs)})" for name, rs in spans.items())]
-    return _table(table, head, caption="agent episodes: means per episode (signals summed over its steps)")
+    return html_table(
+        table, head, caption="agent episodes: means per episode (signals summed over its steps)"
+    )
 
 
 def eval_episode_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
@@ -75,12 +77,12 @@ def eval_episode_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
                     model,
                     split,
                     e["episodes"],
-                    _number(round(e["turns"], 2)),
-                    _number(round(e["policy_tokens"], 1)),
+                    number(round(e["turns"], 2)),
+                    number(round(e["policy_tokens"], 1)),
                 ]
-                + [_number(round(e["signals"].get(s, 0.0), 3)) for s in signals]
+                + [number(round(e["signals"].get(s, 0.0), 3)) for s in signals]
                 + [f"{e['env_seconds']:.3g}s", stops]
             )
     head = ["model", "split", "episodes", "turns", "policy tokens", *(s.replace("_", " ") for s in signals)]
     head += ["env time", "stop reasons"]
-    return _table(rows, head, caption="episodes (greedy and sampled): means per episode")
+    return html_table(rows, head, caption="episodes (greedy and sampled): means per episode")

@@ -46,11 +46,12 @@ class Stage:
     seconds: float | None  # None until stage.json marks the stage complete
 
 
-def _esc(x: Any) -> str:
+def esc(x: Any) -> str:
+    """`x` as text safe inside HTML."""
     return html.escape(str(x))
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     """The parsed file, or None when it does not exist; a broken file is an error naming it."""
     if not path.exists():
         return None
@@ -60,7 +61,8 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON ({e})") from e
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
+    """A stage's time as people read it (12.3s, 4m 05s, 1h 02m); – when unknown."""
     if seconds is None:
         return "–"
     if seconds < 60:
@@ -87,41 +89,45 @@ def read_metrics(path: Path, what: str = "metrics row") -> tuple[list[dict[str, 
     return rows, bad
 
 
-def _box(messages: list[str]) -> str:
-    return "".join(f'<div class="box">{_esc(m)}</div>' for m in messages)
+def boxes(messages: list[str]) -> str:
+    """Each message in a highlighted box (warnings, notes a reader must not miss)."""
+    return "".join(f'<div class="box">{esc(m)}</div>' for m in messages)
 
 
-def _embed(fig: Figure, png: Path, alt: str) -> str:
+def embed_figure(fig: Figure, png: Path, alt: str) -> str:
     """Write the figure to `png` and return an <img> carrying the same bytes as a data URI."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     png.write_bytes(buf.getvalue())
-    return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
 
-def _table(
+def html_table(
     rows: list[list[Any]],
     head: Sequence[str] = (),
     flagged: AbstractSet[int] = frozenset(),
     caption: str = "",
 ) -> str:
     """A table of plain-text (escaped) cells; rows whose index is in `flagged` are highlighted."""
-    th = "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>" if head else ""
-    tds = ["".join(f"<td>{_esc(c)}</td>" for c in row) for row in rows]
+    th = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>" if head else ""
+    tds = ["".join(f"<td>{esc(c)}</td>" for c in row) for row in rows]
     trs = "".join(
         f"<tr class='warn'>{t}</tr>" if i in flagged else f"<tr>{t}</tr>" for i, t in enumerate(tds)
     )
-    cap = f"<caption>{_esc(caption)}</caption>" if caption else ""
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return f"<table>{cap}{th}{trs}</table>" if rows else ""
 
 
-def _number(v: Any) -> str:
+def number(v: Any) -> str:
+    """A table cell's number: 4 significant digits for a float, thousands separators for an int."""
     return f"{v:.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def _pct(v: float) -> str:
+def percent(v: float) -> str:
+    """A share in [0, 1] as a whole percentage."""
     return f"{100 * v:.0f}%"
 
 
-def _mark(correct: Any) -> str:
+def correct_mark(correct: Any) -> str:
+    """A sample's verdict as a coloured "correct" or "wrong"."""
     return '<b class="good">correct</b>' if correct else '<b class="bad">wrong</b>'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temper.report.common import _box, _esc, _table
+from temper.report.common import boxes, esc, html_table
 
 
 def contamination_html(block: dict[str, Any] | None, title: str = "training rows") -> str:
@@ -24,8 +24,8 @@ def contamination_html(block: dict[str, Any] | None, title: str = "training rows
     flagged = {i for i, (k, v) in enumerate(rows) if v and i > 0}
     parts = [
         "<h3>Contamination check</h3>",
-        f"<p>Against the eval sets (distinct prompts): {_esc(sets)}.</p>",
-        _table(rows, flagged=flagged, caption="rows overlapping an eval set (highlighted: some did)"),
+        f"<p>Against the eval sets (distinct prompts): {esc(sets)}.</p>",
+        html_table(rows, flagged=flagged, caption="rows overlapping an eval set (highlighted: some did)"),
     ]
     if block["contaminated"]:
         verdict = (
@@ -34,15 +34,15 @@ def contamination_html(block: dict[str, Any] | None, title: str = "training rows
             else "were trained on (contamination.action: warn)"
         )
         parts.append(
-            _box([f"{block['contaminated']} of {block['rows']} {title} overlap an eval set and {verdict}."])
+            boxes([f"{block['contaminated']} of {block['rows']} {title} overlap an eval set and {verdict}."])
         )
         parts.append(
-            _table(
+            html_table(
                 [[e["row"], e["eval_set"], e["how"], e["eval_prompt"]] for e in block["examples"]],
                 ["row", "eval set", "how", "eval prompt"],
                 caption="first flagged rows",
             )
         )
     if block.get("note"):
-        parts.append(f"<p>{_esc(block['note'])}.</p>")
+        parts.append(f"<p>{esc(block['note'])}.</p>")
     return "".join(parts)

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from temper.evaluate import best_of_n_rows, judge_rows, table_rows
 from temper.report.agent import LEGEND, episode_html, eval_episode_table
-from temper.report.common import Stage, _embed, _esc, _mark, _read_json, _table
+from temper.report.common import Stage, correct_mark, embed_figure, esc, html_table, read_json
 from temper.rewards.best_of_n import bon_kl
 
 
@@ -20,7 +20,7 @@ def eval_table(by_model: Mapping[str, Mapping[str, Any]]) -> str:
     cells from `temper.evaluate.table_rows`, as in the CLI. Rows with verifier errors are highlighted."""
     head, rows = table_rows(by_model)
     results = [r for by_split in by_model.values() for r in by_split.values()]
-    return _table(rows, head, {i for i, r in enumerate(results) if r.get("verifier_errors")})
+    return html_table(rows, head, {i for i, r in enumerate(results) if r.get("verifier_errors")})
 
 
 def highlights(by_model: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, bool]]:
@@ -134,19 +134,19 @@ def best_of_n_block(task: str, by_model: Mapping[str, Mapping[str, Any]], png: P
         f"{'/'.join(map(str, samples))} samples per problem; KL is the analytic KL of best-of-N from the "
         "sampling policy.</p>"
     )
-    return note + _table(rows, head) + _embed(fig, png, f"{task} best-of-N accuracy vs N")
+    return note + html_table(rows, head) + embed_figure(fig, png, f"{task} best-of-N accuracy vs N")
 
 
 def _example(e: Mapping[str, Any]) -> str:
     s = e.get("score", {})
-    mark = _mark(s.get("correct"))
+    mark = correct_mark(s.get("correct"))
     meta = [f"parsed: {s.get('parsed')}", f"reason: {s.get('reason')}", f"answer: {s.get('answer')}"]
     meta.append(f"stop: {e.get('stop_reason')}")
     meta += [f"error: {s['error']}"] if s.get("error") else []  # the verifier's exception
-    body = episode_html(e["episode"]) if e.get("episode") else f"<pre>{_esc(e.get('completion', ''))}</pre>"
+    body = episode_html(e["episode"]) if e.get("episode") else f"<pre>{esc(e.get('completion', ''))}</pre>"
     return (
-        f'<div class="ex">{_esc(e.get("id", ""))} {mark} <small>{_esc(" · ".join(meta))}</small>'
-        f"<pre>{_esc(e.get('prompt', ''))}</pre>{body}</div>"
+        f'<div class="ex">{esc(e.get("id", ""))} {mark} <small>{esc(" · ".join(meta))}</small>'
+        f"<pre>{esc(e.get('prompt', ''))}</pre>{body}</div>"
     )
 
 
@@ -160,8 +160,8 @@ def samples(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> str:
             n_ok = sum(bool(e.get("score", {}).get("correct")) for e in exs)
             title = f"{task} / {model} / {split}: {len(exs)} examples, {n_ok} correct"
             out.append(
-                f"<details><summary>{_esc(title)}</summary>"
-                f"<p>Grading reasons over all {r['n_problems']} problems: {_esc(reasons)}</p>"
+                f"<details><summary>{esc(title)}</summary>"
+                f"<p>Grading reasons over all {r['n_problems']} problems: {esc(reasons)}</p>"
                 f"{''.join(_example(e) for e in exs)}</details>"
             )
     return "".join(out)
@@ -169,15 +169,15 @@ def samples(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> str:
 
 def eval_section(stage: Stage, plots: Path) -> str:
     """Per task: the wins and regressions in words, the table, the bar chart and sample completions."""
-    results = _read_json(stage.folder / "eval.json") or {}
+    results = read_json(stage.folder / "eval.json") or {}
     parts = [] if results else ["<p>No eval results.</p>"]
     for task, by_model in results.items():
-        parts.append(f"<h3>{_esc(task)}</h3>")
+        parts.append(f"<h3>{esc(task)}</h3>")
         if not by_model:
             parts.append("<p>No models evaluated.</p>")
             continue
         said = "".join(
-            f"<li class='{'good' if up else 'bad'}'>{_esc(s)}</li>" for s, up in highlights(by_model)
+            f"<li class='{'good' if up else 'bad'}'>{esc(s)}</li>" for s, up in highlights(by_model)
         )
         if said:
             parts.append(f"<ul>{said}</ul>")
@@ -186,7 +186,7 @@ def eval_section(stage: Stage, plots: Path) -> str:
         parts.append(eval_table(by_model))
         parts.append(eval_episode_table(by_model))
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
-        parts.append(_embed(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
+        parts.append(embed_figure(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
         parts.append(best_of_n_block(task, by_model, png.with_name(f"{png.stem}-best_of_n.png")))
         judge_head, judged = judge_rows(by_model)
         if judged:
@@ -194,7 +194,7 @@ def eval_section(stage: Stage, plots: Path) -> str:
                 "<p>A generative judge graded every answer (greedy and sampled) beside the verifier: "
                 "the mean verdict, its agreement with the verifier and Cohen's kappa (agreement beyond "
                 "chance), and the verdicts that could not be read (left out, never read as 0).</p>"
-                + _table(judged, judge_head)
+                + html_table(judged, judge_head)
             )
         shown = samples(task, by_model)
         parts.append((LEGEND if "class='episode'" in shown else "") + shown)

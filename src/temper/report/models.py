@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from temper.report.common import Stage, _esc, _read_json, _table
+from temper.report.common import Stage, esc, html_table, read_json
 
 # templates recognized by a marker they contain: a name says more than a hash
 _STYLES = (
@@ -82,8 +82,8 @@ def model_info(folder: Path) -> dict[str, Any]:
 
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        config = _read_json(folder / "config.json") or {}
-        adapter = _read_json(folder / "adapter_config.json")
+        config = read_json(folder / "config.json") or {}
+        adapter = read_json(folder / "adapter_config.json")
         params = _parameters(folder)
     except Exception as e:  # noqa: BLE001  # any unreadable folder: a note in the header, never no report
         return {"error": f"{type(e).__name__}: {e}"}
@@ -105,7 +105,7 @@ def model_info(folder: Path) -> dict[str, Any]:
 
 def precision(stage: Stage) -> str:
     """The precision a stage ran in, as its summary recorded it: dtype, and how `auto` chose it."""
-    summary = _read_json(stage.folder / f"{stage.kind}.json") or {}
+    summary = read_json(stage.folder / f"{stage.kind}.json") or {}
     found = summary.get("precision") if isinstance(summary, dict) else None
     if not isinstance(found, dict) or not found:
         return "–"
@@ -154,12 +154,14 @@ def models_table(run_dir: Path, stages: list[Stage]) -> str:
             templates.setdefault(info["template"], []).append(name)
     head = (
         "<p>"
-        + (f"Model: <b>{_esc(said)}</b>" if said else "Model: no recipe.yaml in this run folder")
+        + (f"Model: <b>{esc(said)}</b>" if said else "Model: no recipe.yaml in this run folder")
         + "</p>"
     )
-    table = _table(rows, ["model", "weights", "tokenizer", "vocab", "eos", "pad", "chat template"], flagged)
+    table = html_table(
+        rows, ["model", "weights", "tokenizer", "vocab", "eos", "pad", "chat template"], flagged
+    )
     full = "".join(
-        f"<details><summary>chat template of {_esc(', '.join(names))}</summary><pre>{_esc(t)}</pre></details>"
+        f"<details><summary>chat template of {esc(', '.join(names))}</summary><pre>{esc(t)}</pre></details>"
         for t, names in templates.items()
     )
     return head + table + full

@@ -1,16 +1,15 @@
-"""The page: a header with a row per stage, then each stage's section, chosen by its kind's registry entry."""
+"""The page: a header with a row per stage, then each stage's section, chosen by its kind (`sections.py`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from temper.atomic import atomic_write_text
-from temper.report.common import CSS, Stage, _box, _duration, _esc, _read_json, _table
+from temper.report.common import CSS, Stage, boxes, duration, esc, html_table, read_json
 from temper.report.models import models_table, precision
-from temper.report.training import training_section
+from temper.report.sections import section_for
 from temper.stages import registry
 
 
@@ -28,30 +27,13 @@ def find_stages(run_dir: Path) -> list[Stage]:
     stages = []
     for folder in sorted(folders, key=lambda p: (int(p.name.split("-")[0]), p.name)):
         try:
-            info = _read_json(folder / "stage.json") or {}
+            info = read_json(folder / "stage.json") or {}
         except ValueError:
             info = {}
         seconds = info.get("seconds")
         kind = info.get("kind") or _guess_kind(folder)
         stages.append(Stage(folder, kind, float(seconds) if seconds is not None else None))
     return stages
-
-
-def unknown_section(stage: Stage, plots: Path) -> str:
-    files = ", ".join(sorted(p.name for p in stage.folder.iterdir() if not p.name.startswith(".")))
-    return f"<p>No report section for stage kind '{_esc(stage.kind)}'. Files: {_esc(files) or 'none'}.</p>"
-
-
-Section = Callable[[Stage, Path], str]
-
-
-def section_for(kind: str) -> Section:
-    """The kind's registered section; "training" is a training stage that stopped before stage.json
-    (its curve so far)."""
-    if kind == "training":
-        return training_section
-    found = registry.get(kind)
-    return found.section if found and found.section else unknown_section
 
 
 def _precision(stage: Stage) -> str:
@@ -66,7 +48,7 @@ def _models(run_dir: Path, stages: list[Stage]) -> str:
     try:
         return models_table(run_dir, stages)
     except (OSError, ValueError) as e:
-        return _box([f"could not read the models: {e}"])
+        return boxes([f"could not read the models: {e}"])
 
 
 def header(run_dir: Path, stages: list[Stage]) -> str:
@@ -78,20 +60,20 @@ def header(run_dir: Path, stages: list[Stage]) -> str:
         [
             s.folder.name,
             s.kind,
-            _duration(s.seconds),
+            duration(s.seconds),
             "incomplete" if i in open_ else "complete",
             _precision(s),
         ]
         for i, s in enumerate(stages)
     ]
-    table = _table(rows, ["stage", "kind", "time", "status", "precision"], open_)
+    table = html_table(rows, ["stage", "kind", "time", "status", "precision"], open_)
     recipe = run_dir / "recipe.yaml"
     if recipe.exists():
-        table += f"<details><summary>recipe.yaml</summary><pre>{_esc(recipe.read_text())}</pre></details>"
+        table += f"<details><summary>recipe.yaml</summary><pre>{esc(recipe.read_text())}</pre></details>"
     written = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (
-        f"<h1>{_esc(run_dir.name)}</h1><p><small>report written {written} · total stage time {_duration(total)}"
-        f" · {_esc(run_dir.resolve())}</small></p>{_models(run_dir, stages)}{table or '<p>No stages yet.</p>'}"
+        f"<h1>{esc(run_dir.name)}</h1><p><small>report written {written} · total stage time {duration(total)}"
+        f" · {esc(run_dir.resolve())}</small></p>{_models(run_dir, stages)}{table or '<p>No stages yet.</p>'}"
     )
 
 
@@ -100,7 +82,7 @@ def _section(stage: Stage, plots: Path) -> str:
     try:
         return section_for(stage.kind)(stage, plots)
     except (OSError, ValueError) as e:
-        return _box([f"could not read this stage's outputs: {e}"])
+        return boxes([f"could not read this stage's outputs: {e}"])
 
 
 def write_report(run_dir: Path) -> Path:
@@ -111,9 +93,9 @@ def write_report(run_dir: Path) -> Path:
     stages = find_stages(run_dir)
     body = [header(run_dir, stages)]
     for s in stages:
-        body.append(f"<h2>{_esc(s.folder.name)} <small>{_esc(s.kind)}</small></h2>{_section(s, plots)}")
+        body.append(f"<h2>{esc(s.folder.name)} <small>{esc(s.kind)}</small></h2>{_section(s, plots)}")
     page = (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(run_dir.name)} · temper</title>'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(run_dir.name)} · temper</title>'
         f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
     out = run_dir / "report.html"

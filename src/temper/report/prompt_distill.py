@@ -7,11 +7,11 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from temper.report.common import Stage, _embed, _read_json, _table, read_metrics
+from temper.report.common import Stage, embed_figure, html_table, read_json, read_metrics
 
 
 def prompt_distill_section(stage: Stage, plots: Path) -> str:
-    s = _read_json(stage.folder / "prompt_distill.json")
+    s = read_json(stage.folder / "prompt_distill.json")
     if not s:
         return "<p>The stage has not finished.</p>"
     rows = [
@@ -31,7 +31,7 @@ def prompt_distill_section(stage: Stage, plots: Path) -> str:
         f"without it and matched the teacher's next-token distributions (forward KL) for {s['steps']} steps: "
         f"{s['kl_first']:.3f} -> {s['kl_last']:.3f} nats/token. Accuracy: greedy, held-out test problems.</p>"
     )
-    html = said + _table(
+    html = said + html_table(
         rows, ["task", "instruction", "teacher", "before", "after"], caption="greedy accuracy"
     )
     history = [r for r in read_metrics(stage.folder / "metrics.jsonl")[0] if "kl" in r]
@@ -41,5 +41,5 @@ def prompt_distill_section(stage: Stage, plots: Path) -> str:
         ax.plot([r["step"] for r in history], [r["kl"] for r in history], "o-")
         ax.set(title=stage.folder.name, xlabel="step", ylabel="KL(teacher || student), nats/token")
         ax.grid(alpha=0.3)
-        html += _embed(fig, plots / f"{stage.folder.name}-kl.png", "KL to the teacher")
+        html += embed_figure(fig, plots / f"{stage.folder.name}-kl.png", "KL to the teacher")
     return html

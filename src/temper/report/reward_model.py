@@ -10,7 +10,16 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _box, _embed, _number, _pct, _read_json, _table, read_metrics
+from temper.report.common import (
+    Stage,
+    boxes,
+    embed_figure,
+    html_table,
+    number,
+    percent,
+    read_json,
+    read_metrics,
+)
 
 
 def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[Any, float]]:
@@ -91,19 +100,19 @@ def calibration_figure(calibration: dict[str, Any], title: str) -> Figure | None
 
 def reward_model_section(stage: Stage, plots: Path) -> str:
     rows, bad = read_metrics(stage.folder / "metrics.jsonl")
-    summary = _read_json(stage.folder / "reward_model.json") or {}
+    summary = read_json(stage.folder / "reward_model.json") or {}
     name = stage.folder.name
-    parts = [_box(bad)]
+    parts = [boxes(bad)]
     fig = curves_figure(rows, name, summary.get("held_out_accuracy_initial"))
     parts.append(
-        _embed(fig, plots / f"{name}-curves.png", f"{name} loss and accuracy")
+        embed_figure(fig, plots / f"{name}-curves.png", f"{name} loss and accuracy")
         if fig
         else "<p>No metrics logged.</p>"
     )
     acc = summary.get("held_out_accuracy")
     if summary and acc is None:
         parts.append(
-            _box(
+            boxes(
                 [
                     "no held-out pairs: give data.eval_files or data.generate.eval_prompts to measure accuracy and calibration"
                 ]
@@ -112,9 +121,9 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
     cal = summary.get("calibration") or {}
     cal_fig = calibration_figure(cal, name) if cal else None
     if cal_fig is not None:
-        parts.append(_embed(cal_fig, plots / f"{name}-calibration.png", f"{name} calibration"))
+        parts.append(embed_figure(cal_fig, plots / f"{name}-calibration.png", f"{name} calibration"))
         parts.append(
-            _table(
+            html_table(
                 [
                     [f"{b['lo']:.1f}-{b['hi']:.1f}", b["n"]]
                     + ([f"{b['confidence']:.3f}", f"{b['accuracy']:.3f}"] if b["n"] else ["–", "–"])
@@ -132,18 +141,18 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
             if summary.get("held_out_accuracy_initial") is not None
             else "–",
         ],
-        ["held-out mean margin r_c - r_r", _number(summary.get("held_out_mean_margin", "–"))],
+        ["held-out mean margin r_c - r_r", number(summary.get("held_out_mean_margin", "–"))],
         ["held-out pairs", summary.get("held_out_pairs", "–")],
-        ["ECE", _number(cal.get("ece", "–"))],
+        ["ECE", number(cal.get("ece", "–"))],
     ]
     shown += [
-        [k, _number(summary[k])]
+        [k, number(summary[k])]
         for k in ("steps", "final_loss", "eval_loss", "tokens", "seconds")
         if summary.get(k) is not None
     ]
     if summary.get("reward_model"):
         shown.append(["saved to", summary["reward_model"]])
-    parts.append(_table(shown, caption="summary"))
+    parts.append(html_table(shown, caption="summary"))
     counts = [
         [f"data: {k}", v]
         for k, v in (summary.get("data") or {}).items()
@@ -153,7 +162,10 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
         for task, c in by_task.items():
             counts.append([f"generated ({split}) {task}: pairs / prompts", f"{c['pairs']} / {c['prompts']}"])
             counts.append(
-                [f"generated ({split}) {task}: no pair", f"{_pct(c['no_pair_share'])} {c['no_pair'] or ''}"]
+                [
+                    f"generated ({split}) {task}: no pair",
+                    f"{percent(c['no_pair_share'])} {c['no_pair'] or ''}",
+                ]
             )
     counts += [[f"skipped rows: {f}", n] for f, n in (summary.get("skipped_rows") or {}).items()]
     flagged = {
@@ -161,5 +173,5 @@ def reward_model_section(stage: Stage, plots: Path) -> str:
         for i, (k, v) in enumerate(counts)
         if v and k.startswith(("data: truncated", "data: dropped", "skipped"))
     }
-    parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    parts.append(html_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
     return "".join(parts)

@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _embed, _number, _pct, _read_json, _table
+from temper.report.common import Stage, embed_figure, html_table, number, percent, read_json
 from temper.report.contamination import contamination_html
 
 
@@ -31,7 +31,7 @@ def rounds_figure(rounds: list[dict[str, Any]], title: str) -> Figure:
 
 
 def rft_section(stage: Stage, plots: Path) -> str:
-    summary = _read_json(stage.folder / "rft.json") or {}
+    summary = read_json(stage.folder / "rft.json") or {}
     rounds = summary.get("rounds") or []
     if not rounds:
         return "<p>No round finished yet.</p>"
@@ -49,14 +49,14 @@ def rft_section(stage: Stage, plots: Path) -> str:
     rows = [
         [
             r["round"] if r["round"] else "0 (start)",
-            _pct(r["yield"]) if "yield" in r else "–",
+            percent(r["yield"]) if "yield" in r else "–",
             f"{r['correct_samples']:,} of {r['samples']:,}" if "samples" in r else "–",
-            _number(r["kept"]) if "kept" in r else "–",
-            _number(r["data_size"]) if "data_size" in r else "–",
-            _number(r["steps"]) if "steps" in r else "–",
-            _number(r["final_loss"]) if "final_loss" in r else "–",
+            number(r["kept"]) if "kept" in r else "–",
+            number(r["data_size"]) if "data_size" in r else "–",
+            number(r["steps"]) if "steps" in r else "–",
+            number(r["final_loss"]) if "final_loss" in r else "–",
             f"{100 * r['accuracy']:.1f}%",
-            _pct(r["parse_rate"]),
+            percent(r["parse_rate"]),
         ]
         for r in rounds
     ]
@@ -73,11 +73,11 @@ def rft_section(stage: Stage, plots: Path) -> str:
         "of prompts with at least one correct sample. Accuracy: greedy, on held-out test problems.</p>"
     )
     name = stage.folder.name
-    fig = _embed(rounds_figure(rounds, name), plots / f"{name}-rounds.png", f"{name} rounds")
+    fig = embed_figure(rounds_figure(rounds, name), plots / f"{name}-rounds.png", f"{name} rounds")
     checks = [r["contamination"] for r in rounds if r.get("contamination")]
     return (
         said
-        + _table(rows, head, caption="per round")
+        + html_table(rows, head, caption="per round")
         + fig
         + contamination_html(checks[-1] if checks else None, f"samples of round {rounds[-1]['round']}")
     )

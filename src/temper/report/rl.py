@@ -13,15 +13,15 @@ from matplotlib.ticker import MaxNLocator
 from temper.report.agent import LEGEND, episode_html, rl_episode_table
 from temper.report.common import (
     Stage,
-    _box,
-    _duration,
-    _embed,
-    _esc,
-    _mark,
-    _number,
-    _pct,
-    _read_json,
-    _table,
+    boxes,
+    correct_mark,
+    duration,
+    embed_figure,
+    esc,
+    html_table,
+    number,
+    percent,
+    read_json,
     read_metrics,
 )
 from temper.report.contamination import contamination_html
@@ -46,27 +46,27 @@ def gate_and_probe(gate: Mapping[str, Any] | None, probe: Mapping[str, Any] | No
         )
         parts.append(
             f"<p>Format gate {verdict}: greedy parse rate on held-out prompts, threshold "
-            f"{_pct(gate.get('threshold', 0))}.</p>"
+            f"{percent(gate.get('threshold', 0))}.</p>"
         )
-        parts.append(_table([[t, _pct(v)] for t, v in rates.items()], ["task", "parse rate"], low))
-        parts.append(_box([gate["message"]] if gate.get("message") else []))
+        parts.append(html_table([[t, percent(v)] for t, v in rates.items()], ["task", "parse rate"], low))
+        parts.append(boxes([gate["message"]] if gate.get("message") else []))
     if probe:
         causes = _causes(probe)
         zero = probe.get("zero_variance", 0.0)
-        said = f"{_pct(zero)} of {probe.get('groups', '?')} groups had zero reward variance"
-        said += ": " + ", ".join(f"{c} {_pct(v)}" for c, v in causes.items()) if causes else ""
-        start = f"accuracy {_pct(probe['accuracy'])}, " if "accuracy" in probe else ""
-        start += f"parse rate {_pct(probe['parse_rate'])}" if "parse_rate" in probe else ""
+        said = f"{percent(zero)} of {probe.get('groups', '?')} groups had zero reward variance"
+        said += ": " + ", ".join(f"{c} {percent(v)}" for c, v in causes.items()) if causes else ""
+        start = f"accuracy {percent(probe['accuracy'])}, " if "accuracy" in probe else ""
+        start += f"parse rate {percent(probe['parse_rate'])}" if "parse_rate" in probe else ""
         parts.append(
             f"<p>Reachability probe (starting policy, {probe.get('group_size', '?')} samples per "
-            f"group{', ' + start if start else ''}): {_esc(said)}.</p>"
+            f"group{', ' + start if start else ''}): {esc(said)}.</p>"
         )
         if zero >= NO_SIGNAL_SHARE:
-            parts.append(_box([NO_SIGNAL_WARNING]))
+            parts.append(boxes([NO_SIGNAL_WARNING]))
         big = {i for i, v in enumerate(causes.values()) if v >= 0.25}
-        rows = [[c, _pct(v), advice(c)] for c, v in causes.items()]
+        rows = [[c, percent(v), advice(c)] for c, v in causes.items()]
         parts.append(
-            _table(
+            html_table(
                 rows, ["no signal because", "groups", "meaning"], big, "highlighted: 25% of groups or more"
             )
         )
@@ -291,9 +291,9 @@ def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
 def rl_compute(summary: Mapping[str, Any], rows: list[dict[str, Any]]) -> str:
     """Steps, time, tokens, and where a step's time goes (sampling vs preparing vs training)."""
     table = [["steps", summary.get("steps", rows[-1]["step"] if rows else "–")]]
-    table.append(["wall time", _duration(summary.get("seconds"))])
+    table.append(["wall time", duration(summary.get("seconds"))])
     table += [
-        [k.replace("_", " "), _number(summary[k])]
+        [k.replace("_", " "), number(summary[k])]
         for k in ("sampled_tokens", "trained_tokens")
         if k in summary
     ]
@@ -306,13 +306,13 @@ def rl_compute(summary: Mapping[str, Any], rows: list[dict[str, Any]]) -> str:
     total = sum(v for v in phases.values() if v is not None)
     for p, v in phases.items():
         if v is not None:
-            table.append([f"mean time/{p} per step", f"{v:.3g}s ({_pct(v / total) if total else '–'})"])
+            table.append([f"mean time/{p} per step", f"{v:.3g}s ({percent(v / total) if total else '–'})"])
     for key in ("rollout_tokens_per_s", "train_tokens_per_s"):
         if (v := mean(key)) is not None:
             table.append([f"mean {key.replace('_per_s', '/s').replace('_', ' ')}", f"{v:,.0f}"])
     if (v := mean("sampling_rounds")) is not None and v > 1:  # dynamic sampling redrew groups
         table.append(["mean sampling rounds per step", f"{v:.2f}"])
-    return _table(table, caption="compute")
+    return html_table(table, caption="compute")
 
 
 def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None = None) -> str:
@@ -331,7 +331,7 @@ def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None
     ]  # fmt: skip
     flagged = {i for i, (_, _, first, _) in enumerate(found) if first is not None}
     note = "gold: greedy held-out eval accuracy when the window holds two evals, else the verifier's accuracy on the training samples"
-    return "<h3>Reward-hacking monitors</h3>" + _table(
+    return "<h3>Reward-hacking monitors</h3>" + html_table(
         table, ["monitor", "current value", "flagged", "what it means"], flagged, note
     )
 
@@ -351,28 +351,30 @@ def curriculum_table(rows: list[dict[str, Any]]) -> str:
     drawn = [r["curriculum/drawn_generated_share"] for r in rows if "curriculum/drawn_generated_share" in r]
     table = [
         ["pool at the end", f"{last['curriculum/pool_size']:,}"],
-        ["generated share of the pool", _pct(last["curriculum/generated_share"])],
+        ["generated share of the pool", percent(last["curriculum/generated_share"])],
         ["variants admitted", f"{sum(r.get('curriculum/admitted', 0) for r in rows):,}"],
         ["rejected by the gate", ", ".join(f"{k} {v:,}" for k, v in rejected.items() if v) or "none"],
         [
             "generated share of the drawn problems (mean over steps)",
-            _pct(sum(drawn) / len(drawn)) if drawn else "–",
+            percent(sum(drawn) / len(drawn)) if drawn else "–",
         ],
     ]
-    return _table(table, caption="curriculum (train tasks the policy failed, turned into admitted variants)")
+    return html_table(
+        table, caption="curriculum (train tasks the policy failed, turned into admitted variants)"
+    )
 
 
 def _rollout(r: Mapping[str, Any]) -> str:
-    parts = ", ".join(f"{k} {_number(v)}" for k, v in (r.get("parts") or {}).items())
-    reward = _number(r["reward"]) if isinstance(r.get("reward"), int | float) else r.get("reward")
+    parts = ", ".join(f"{k} {number(v)}" for k, v in (r.get("parts") or {}).items())
+    reward = number(r["reward"]) if isinstance(r.get("reward"), int | float) else r.get("reward")
     meta = [f"reward {reward}", f"parts: {parts}", f"parsed: {r.get('parsed')}", f"reason: {r.get('reason')}"]
     meta.append(f"stop: {r.get('stop')}")
     if r.get("episode"):
         meta.append(f"turns: {r.get('turns')}")
         body = episode_html(r["episode"])
     else:
-        body = f"<pre>{_esc(r.get('completion', ''))}</pre>"
-    return f"<div>{_mark(r.get('correct'))} <small>{_esc(' · '.join(meta))}</small>{body}</div>"
+        body = f"<pre>{esc(r.get('completion', ''))}</pre>"
+    return f"<div>{correct_mark(r.get('correct'))} <small>{esc(' · '.join(meta))}</small>{body}</div>"
 
 
 def rollout_samples(path: Path) -> str:
@@ -386,9 +388,9 @@ def rollout_samples(path: Path) -> str:
             prev = r["step"]
         by_step[r["step"]].append(r)
     if not by_step:
-        return _box(bad) + "<p>No rollouts logged.</p>"
+        return boxes(bad) + "<p>No rollouts logged.</p>"
     steps = sorted(by_step)
-    out = [_box(bad)]
+    out = [boxes(bad)]
     for which, step in [("first", steps[0])] + [("last", steps[-1])] * (len(steps) > 1):
         rs = by_step[step]
         mean = sum(r.get("reward") or 0 for r in rs) / len(rs)
@@ -398,31 +400,33 @@ def rollout_samples(path: Path) -> str:
         for r in rs:
             problems.setdefault(r.get("problem"), []).append(r)
         body = "".join(
-            f'<div class="ex">{_esc(p)}<pre>{_esc(g[0].get("prompt", ""))}</pre>{"".join(map(_rollout, g))}</div>'
+            f'<div class="ex">{esc(p)}<pre>{esc(g[0].get("prompt", ""))}</pre>{"".join(map(_rollout, g))}</div>'
             for p, g in problems.items()
         )
-        out.append(f"<details><summary>{_esc(title)}</summary>{body}</details>")
+        out.append(f"<details><summary>{esc(title)}</summary>{body}</details>")
     return "".join(out)
 
 
 def rl_section(stage: Stage, plots: Path) -> str:
     """Gate and probe, the training curves, compute, and sample rollouts from the first and last step."""
     rows, bad = read_metrics(stage.folder / "metrics.jsonl")
-    summary = _read_json(stage.folder / "rl.json") or {}
-    pre = _read_json(stage.folder / "probe.json") or {}  # there before step 1: an unfinished stage has it
+    summary = read_json(stage.folder / "rl.json") or {}
+    pre = read_json(stage.folder / "probe.json") or {}  # there before step 1: an unfinished stage has it
     parts = [
-        _box(bad),
+        boxes(bad),
         gate_and_probe(summary.get("gate") or pre.get("gate"), summary.get("probe") or pre.get("probe")),
     ]
     name = stage.folder.name
     fig = rl_figure(rows, name) if rows else None
     if fig is not None:
-        parts.append(_embed(fig, plots / f"{name}-curves.png", f"{name} RL curves"))
+        parts.append(embed_figure(fig, plots / f"{name}-curves.png", f"{name} RL curves"))
     else:
         parts.append("<p>No metrics logged.</p>")
     kl_fig = proxy_gold_kl_figure(rows, f"{name}: proxy and gold reward against sqrt KL") if rows else None
     if kl_fig is not None:
-        parts.append(_embed(kl_fig, plots / f"{name}-proxy-gold-kl.png", f"{name} proxy and gold vs sqrt KL"))
+        parts.append(
+            embed_figure(kl_fig, plots / f"{name}-proxy-gold-kl.png", f"{name} proxy and gold vs sqrt KL")
+        )
     parts.append(rl_compute(summary, rows))
     parts.append(contamination_html(summary.get("contamination") or pre.get("contamination"), "RL prompts"))
     parts.append(monitor_table(rows, summary.get("monitors")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from temper.report.common import Stage, _esc, _read_json, _table
+from temper.report.common import Stage, esc, html_table, read_json
 
 _SHOWN = {
     "id_accuracy": "ID accuracy",
@@ -22,7 +22,7 @@ def _cell(key: str, value: float | None) -> str:
 
 
 def select_section(stage: Stage, plots: Path) -> str:
-    summary = _read_json(stage.folder / "select.json")
+    summary = read_json(stage.folder / "select.json")
     if not summary:
         return "<p>No selection made yet.</p>"
     rows, chosen = [], None
@@ -32,12 +32,12 @@ def select_section(stage: Stage, plots: Path) -> str:
         chosen = i if c["name"] == summary["chosen"] else chosen
     ref = summary.get("reference")
     said = (
-        f"<p>Candidates: the checkpoints of {_esc(summary['from'])}, greedy on held-out problems; KL to "
-        f"{_esc(ref) if ref else '(no reference)'} on each candidate's own samples. Rule: "
-        f"<b>{_esc(summary['rule'])}</b>. Chosen: <b>{_esc(summary['chosen'])}</b>, now this stage's model.</p>"
+        f"<p>Candidates: the checkpoints of {esc(summary['from'])}, greedy on held-out problems; KL to "
+        f"{esc(ref) if ref else '(no reference)'} on each candidate's own samples. Rule: "
+        f"<b>{esc(summary['rule'])}</b>. Chosen: <b>{esc(summary['chosen'])}</b>, now this stage's model.</p>"
     )
     head = ["candidate", *_SHOWN.values(), ""]
-    return said + _table(
+    return said + html_table(
         rows,
         head,
         flagged={chosen} if chosen is not None else set(),

@@ -10,7 +10,17 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from temper.report.common import Stage, _box, _embed, _esc, _number, _pct, _read_json, _table, read_metrics
+from temper.report.common import (
+    Stage,
+    boxes,
+    embed_figure,
+    esc,
+    html_table,
+    number,
+    percent,
+    read_json,
+    read_metrics,
+)
 from temper.report.contamination import contamination_html
 
 # whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
@@ -58,12 +68,12 @@ def loss_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
 def training_section(stage: Stage, plots: Path) -> str:
     """Loss curve, throughput, the run summary and the data counts (truncation is never silent)."""
     rows, bad = read_metrics(stage.folder / "metrics.jsonl")
-    summary = _read_json(stage.folder / f"{stage.kind}.json") or {}
-    parts = [_box(bad)]
+    summary = read_json(stage.folder / f"{stage.kind}.json") or {}
+    parts = [boxes(bad)]
     fig = loss_figure(rows, stage.folder.name) if rows else None
     if fig is not None:
         name = stage.folder.name
-        parts.append(_embed(fig, plots / f"{name}-loss.png", f"{name} loss"))
+        parts.append(embed_figure(fig, plots / f"{name}-loss.png", f"{name} loss"))
         tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
         if tps:
             mean = sum(tps) / len(tps)
@@ -72,14 +82,14 @@ def training_section(stage: Stage, plots: Path) -> str:
         parts.append("<p>No metrics logged.</p>")
     keys = ("steps", "final_loss", "eval_loss", "parameters", "tokens", "seconds")
     shown = {k: summary[k] for k in keys if summary.get(k) is not None}
-    parts.append(_table([[k, _number(v)] for k, v in shown.items()], caption="summary"))
+    parts.append(html_table([[k, number(v)] for k, v in shown.items()], caption="summary"))
     counts = [[f"data: {k}", v] for k, v in (summary.get("data") or {}).items()]
     if "skipped_rows" in summary:  # sft only; an explicit 0 so a clean file is visibly clean
         counts += [[f"skipped rows: {f}", n] for f, n in (summary["skipped_rows"] or {}).items()]
         counts += [] if summary["skipped_rows"] else [["skipped rows", 0]]
     loud = ("data: truncated", "data: dropped", "skipped")
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
-    parts.append(_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    parts.append(html_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
     parts.append(best_of_n_table(summary.get("best_of_n") or {}))
     parts.append(contamination_html(summary.get("contamination")))
     return "".join(parts) + mask_section(stage.folder / "examples.json")
@@ -95,28 +105,28 @@ def best_of_n_table(by_task: dict[str, Any]) -> str:
             c["prompts"],
             c["samples_per_prompt"],
             c["rows"],
-            _pct(c["yield"]),
+            percent(c["yield"]),
             ", ".join(f"{k}: {v}" for k, v in c["no_row"].items()) or "–",
-            _pct(c["sample_accuracy"]),
-            _pct(c["kept_correct"]),
+            percent(c["sample_accuracy"]),
+            percent(c["kept_correct"]),
         ]
         for task, c in by_task.items()
     ]
-    return _table(rows, head, caption="best-of-N rows (sampled from the starting model, top-ranked kept)")
+    return html_table(rows, head, caption="best-of-N rows (sampled from the starting model, top-ranked kept)")
 
 
 def _token(piece: str, token_id: int, special: bool, supervised: bool) -> str:
     """One token as a span: its text escaped, whitespace made visible; an empty piece is part of a
     character that the next token completes."""
     text = (
-        "".join(f'<span class="ws">{_VISIBLE[c]}</span>' if c in _VISIBLE else _esc(c) for c in piece)
+        "".join(f'<span class="ws">{_VISIBLE[c]}</span>' if c in _VISIBLE else esc(c) for c in piece)
         or '<span class="ws">▯</span>'
     )
     cls = " ".join(c for c, on in (("sup", supervised), ("sp", special)) if on)
     title = f"id {token_id}{' (special)' if special else ''}: {'supervised' if supervised else 'not trained'}"
     attrs = f' class="{cls}"' if cls else ""
     # the line break goes after the span: inside it would split the token's box over two lines
-    return f'<span{attrs} title="{_esc(title)}">{text}</span>' + "\n" * piece.count("\n")
+    return f'<span{attrs} title="{esc(title)}">{text}</span>' + "\n" * piece.count("\n")
 
 
 def mask_example(view: dict[str, Any]) -> str:
@@ -143,12 +153,12 @@ def mask_example(view: dict[str, Any]) -> str:
             "does not learn to end its answer with it; generation that stops only at eos may not stop"
         )
     spans = "".join(_token(*t) for t in zip(pieces, ids, special, mask, strict=True))
-    return f"<p>{_esc(said)}</p>{_box(warn)}<div class='toks'>{spans}</div>"
+    return f"<p>{esc(said)}</p>{boxes(warn)}<div class='toks'>{spans}</div>"
 
 
 def mask_section(path: Path) -> str:
     """The examples of a stage's examples.json under a legend; nothing when the stage wrote none."""
-    views = (_read_json(path) or {}).get("examples") or []
+    views = (read_json(path) or {}).get("examples") or []
     if not views:
         return ""
     return (

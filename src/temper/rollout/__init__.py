@@ -2,7 +2,9 @@
 
 `sampler` is the interface both backends implement; `hf_sampler` the in-process transformers
 backend (with `sampling`, the token choice, and `kv_cache`); `vllm_sampler` the optional vLLM one,
-imported only where it is asked for.
+imported only where it is asked for. `loop` runs episodes of environments in lockstep over a
+sampler and `trajectory` records each as token-exact segments (they import the environments, so
+this package's `__init__` does not import them).
 """
 
 from temper.rollout.hf_sampler import HFSampler, stop_ids

@@ -3,8 +3,10 @@
 `Sandbox(workspace, Limits(...)).run(code)` returns a `RunResult`; `probe()` says which tiers this host
 gives (tier A "bwrap": bubblewrap with every namespace, read-only system directories, no capabilities,
 rlimits; tier B "landlock", where user namespaces are unavailable: Landlock, seccomp, rlimits, a
-subreaper supervisor and cgroup v1 limits when root). Both kill the whole process tree at the wall
-clock and cap output; every result records its tier. A failure of the sandbox itself raises
+subreaper supervisor). Both kill the whole process tree at the wall clock, cap output, cap the
+sandbox's total memory (a cgroup where the host allows one, else procs x memory_mb under the host)
+and the total size of its workspace and tmp, with limits fitted to the host (`budget.py`); every
+result records its tier. A failure of the sandbox itself raises
 `SandboxError`; a host with no working tier raises `SandboxUnavailable` unless `unsafe=True`.
 """
 

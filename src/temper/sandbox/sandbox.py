@@ -1,14 +1,33 @@
 """Run untrusted code (the model's) in a bubblewrap sandbox with limits, capped output and rollback.
 
 One `Sandbox` owns one episode workspace: a host directory bound read-write at `/workspace`, the only
-writable place besides a size-capped tmpfs `/tmp`. Everything else the sandbox sees is /usr and /etc
-read-only; it has its own user, PID, network (only a loopback of its own), IPC, UTS and cgroup
-namespaces, no capabilities, and cannot create user namespaces. Tier B's seccomp filter, applied by
-bwrap, also refuses every socket family but AF_UNIX (AF_VSOCK, the VM's channel to its host, is in
-no network namespace; INET to the own loopback goes too, as in tier B) and the kernel's escape
-syscalls (io_uring, bpf, ptrace, ...). Limits are rlimits set by `prlimit`
-inside the sandbox just before the untrusted program starts, so RLIMIT_NPROC counts the processes of
-this sandbox's user namespace only, not every process of the host uid (kernel ucounts, 5.14+).
+writable place besides size-capped tmpfs `/tmp` and `/dev/shm`. Everything else the sandbox sees is
+/usr and /etc read-only; it has its own user, PID, network (only a loopback of its own), IPC, UTS and
+cgroup namespaces, no capabilities, and cannot create user namespaces. Tier B's seccomp filter,
+applied by bwrap, also refuses every socket family but AF_UNIX (AF_VSOCK, the VM's channel to its
+host, is in no network namespace; INET to the own loopback goes too, as in tier B) and the kernel's
+escape syscalls (io_uring, bpf, ptrace, ...). Limits are rlimits set by `prlimit` inside the sandbox
+just before the untrusted program starts, so RLIMIT_NPROC counts the processes of this sandbox's user
+namespace only, not every process of the host uid (kernel ucounts, 5.14+).
+
+Resources, on both tiers (issue 24): a memory cgroup per Sandbox caps the total memory of everything
+it runs, tmpfs pages included (`cgroups.py`: v2 where delegated, v1 as root; without one,
+`budget.fit` keeps procs x memory_mb under the host); the workspace, and tier B's tmp dir, have a
+total size cap (`storage.py`: a size-capped tmpfs mounted on them as root, else a quota check that
+kills the call, `killed_reason="disk_quota"`); every limit is fitted to MemTotal and the free disk
+(`budget.py`). Tier A joins its group race-free: bwrap waits on `--block-fd` until its two processes
+have been moved in. Each Sandbox has a private scratch directory (0700, removed by `close()`).
+
+What tier A's program can learn of the host: bwrap's options (binds with host paths) go through
+`--args FD` and its argv[0] is "bwrap", so /proc/1/cmdline names no host path; but /proc/1/exe and
+/proc/1/maps show where the bwrap binary is (the wheel's, inside the venv: bwrap's init is dumpable
+and runs as the program's uid, and the wheel's binary needs its bundled libcap by path, so it cannot
+run from a memfd), and where the workspace is not a tmpfs of its own (non-root callers)
+/proc/self/mountinfo shows its host path. After every call one zombie stays behind for as long as
+the host's PID 1 takes to reap it (a second on these VMs, at once under systemd or tini): bwrap's
+namespace init, which outlives bwrap's outer process; reaping it here would need this process to be
+a child subreaper, which would make it adopt every orphan of every other subprocess the trainer
+starts, so it is left to PID 1 (tier B's supervisor reaps its whole tree itself).
 
 The wall clock is enforced from outside: at the deadline the sandbox's PID-namespace init is killed,
 which kills every process in the namespace (daemons included), then bubblewrap's process group.
@@ -17,15 +36,14 @@ Tier B (`tier="landlock"`, hosts without user namespaces; `tier_b_exec.py`) runs
 host path: the workspace is the only writable directory besides a private tmp dir, the system
 directories are read+execute, TCP is denied by Landlock and every socket family but AF_UNIX by
 seccomp, the same rlimits apply, and a supervisor process (a child subreaper) kills and reaps the whole
-tree, `setsid` daemons included, when the program exits or at the deadline. A root caller also gets a
-cgroup v1 pids + memory group per Sandbox (where /sys/fs/cgroup is writable) that caps the tree's
-processes and memory and is swept as a backstop. /proc is not readable (it would show every host
-process's command line). Known gaps of tier B: paths outside the rules can be stat'ed though not
-opened; pathname unix sockets of the host can be connected to where file permissions allow (Landlock
-ABI 7 does not cover connect); files under readable directories cannot be hidden; the private tmp
-dir has no total size cap (RLIMIT_FSIZE caps each file); without a pids cgroup (non-root callers)
-RLIMIT_NPROC is the only process cap, and it counts every process of the uid (concurrent episodes,
-and a non-root caller's own).
+tree, `setsid` daemons included, when the program exits or at the deadline. It joins the same kind of
+memory group, plus a pids group (v1: root; v2: delegated) that caps the tree's processes; both are
+swept as a backstop. /proc is not readable (it would show every host process's command line).
+Known gaps of tier B: paths outside the rules can be stat'ed though not opened; pathname unix
+sockets of the host can be connected to where file permissions allow (Landlock ABI 7 does not cover
+connect); files under readable directories cannot be hidden; without a pids cgroup (non-root
+callers) RLIMIT_NPROC is the only process cap, and it counts every process of the uid (concurrent
+episodes, and a non-root caller's own).
 
 Failures of the sandbox itself (bubblewrap refusing a bind, not starting the program) raise
 `SandboxError`: an infrastructure error must never reach a reward function as a wrong answer.
@@ -47,6 +65,7 @@ import time
 import weakref
 from pathlib import Path
 
+from temper.sandbox import budget, cgroups, storage
 from temper.sandbox.probe import (
     SANDBOX_UID,
     TIER_B_DEV_FILES,
@@ -71,10 +90,14 @@ class SandboxUnavailable(SandboxError):
 class Limits:
     wall_s: float = 10.0  # wall clock; the whole process tree is killed at the deadline
     cpu_s: float | None = None  # RLIMIT_CPU per process (SIGXCPU); None: ceil(wall_s)
-    memory_mb: int = 1024  # RLIMIT_AS per process; tier B's memory cgroup (root) also caps the tree
-    procs: int = 64  # RLIMIT_NPROC, counted in the sandbox's own user namespace
+    # RLIMIT_AS of each process, and the sandbox's total where the host allows a memory cgroup (its
+    # processes and what they write to its tmpfs filesystems; + GROUP_SLACK_MB); without a group,
+    # procs is lowered so that procs x memory_mb stays under the host (budget.py)
+    memory_mb: int = 1024
+    procs: int = 64  # RLIMIT_NPROC (threads count), in tier A counted in its own user namespace
     file_mb: int = 64  # RLIMIT_FSIZE: the largest file one write may grow
-    tmp_mb: int = 64  # size of each tmpfs: /tmp and /dev/shm
+    tmp_mb: int = 64  # total size of each tmp filesystem: tier A's /tmp and /dev/shm, tier B's tmp dir
+    workspace_mb: int = 256  # total size of the workspace (storage.py: a tmpfs, or a quota check)
     output_bytes: int = 1 << 20  # kept per stream; the rest is read and dropped, and flagged
     nofile: int = 256  # RLIMIT_NOFILE
 
@@ -83,13 +106,16 @@ class Limits:
 class RunResult:
     stdout: str
     stderr: str
-    exit_code: int | None  # None when killed at the wall-clock deadline; 128+N when killed by signal N
+    exit_code: int | None  # None when this side killed it (deadline, quota); 128+N when killed by signal N
     timed_out: bool
-    killed_reason: str | None  # "wall_clock", "cpu_time", "file_size", "signal:SIGSEGV", ...
+    # "wall_clock", "disk_quota" (the quota check's kill), "memory" (the program itself was killed by
+    # the memory cgroup's cap), "cpu_time", "file_size", "signal:SIGSEGV", ...
+    killed_reason: str | None
     truncated: bool  # some output beyond Limits.output_bytes was dropped
     wall_s: float
     tier: str  # "bwrap", "landlock", or "unsafe" (rlimits only, no isolation) when run with unsafe=True
     dropped_bytes: int = 0
+    oom_kills: int = 0  # processes the memory cgroup's cap killed during this call
 
     @property
     def ok(self) -> bool:
@@ -102,11 +128,17 @@ _SIGNAL_REASONS = {
     signal.SIGKILL: "signal:SIGKILL",
 }
 
+# the memory group's cap is memory_mb plus this: page tables, kernel stacks and page cache it cannot
+# drop at once are charged too, and one process should meet its own RLIMIT_AS (a MemoryError it can
+# handle) before the group's OOM killer (measured: a 512 MB Python allocation loop peaks at 476 MB)
+GROUP_SLACK_MB = 64
+
 _LANGS = {"python": None, "sh": ["/bin/sh", "-c"], "bash": ["/bin/bash", "-c"]}
 _MAX_ARG = 100_000  # below Linux's 128 KiB per-argument limit (MAX_ARG_STRLEN)
 
 
-def _default_python() -> str:
+def default_python() -> str:
+    """The interpreter a sandboxed `python` runs: the system's, which the sandbox can see."""
     # The system interpreter: a venv or pyenv interpreter usually lives under a home directory the
     # sandbox does not see (and pyenv's shim adds ~60 ms per call, research note §1).
     for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
@@ -162,72 +194,6 @@ def _clear_dir(root: Path) -> None:
             os.unlink(entry.path)
 
 
-_CGROUP_COUNTER = iter(range(1 << 62))
-
-
-def _own_cgroup_v1(controller: str) -> Path | None:
-    """This process's directory in the v1 hierarchy of `controller`, from /proc/self/cgroup."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, ctrls, path = line.split(":", 2)
-        if controller in ctrls.split(","):
-            d = Path(f"/sys/fs/cgroup/{controller}{path}")
-            return d if d.is_dir() else None
-    return None
-
-
-def _make_cgroups(limits: Limits) -> list[Path]:
-    """A fresh v1 pids and memory group for one tier-B Sandbox, below this process's own groups;
-    each controller whose hierarchy is missing or not writable is left out (the supervisor's sweep
-    still kills the tree; only the total caps are lost)."""
-    made = []
-    name = f"temper-sbx-{os.getpid()}-{next(_CGROUP_COUNTER)}"
-    # pids.max counts the supervisor too; the memory cap is the per-process RLIMIT_AS applied to the
-    # whole tree (four processes of 900 MB each are an OOM kill, not 3.6 GB: research note §2)
-    settings = {
-        "pids": [("pids.max", limits.procs + 1)],
-        "memory": [
-            ("memory.limit_in_bytes", limits.memory_mb << 20),
-            ("memory.memsw.limit_in_bytes", limits.memory_mb << 20),  # no swapping around the cap
-        ],
-    }
-    for ctrl, files in settings.items():
-        own = _own_cgroup_v1(ctrl)
-        if own is None or os.geteuid() != 0:
-            continue
-        _remove_stale_cgroups(own)
-        d = own / name
-        try:
-            d.mkdir()
-            for f, v in files:
-                if (d / f).exists():
-                    (d / f).write_text(str(v))
-        except OSError:
-            _remove_cgroup(d)
-            continue
-        made.append(d)
-    return made
-
-
-def _remove_stale_cgroups(parent: Path) -> None:
-    """Groups left by a temper process that died without cleaning up (a SIGKILLed trainer): their
-    owner's pid is in the name; kill what is still in them and remove them (research note §4)."""
-    for d in parent.glob("temper-sbx-*-*"):
-        try:
-            owner = int(d.name.split("-")[2])
-            os.kill(owner, 0)
-            continue  # its owner is alive (another trainer's sandbox): not ours to touch
-        except ProcessLookupError:
-            pass
-        except (ValueError, PermissionError):
-            continue
-        _kill_cgroups([d], limit_s=1.0)
-        _remove_cgroup(d)
-
-
 def _uid_processes(uid: int) -> int:
     """How many processes uid has now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
     n = 0
@@ -240,57 +206,39 @@ def _uid_processes(uid: int) -> int:
     return n
 
 
-def _cgroup_pids(d: Path) -> list[int]:
-    try:
-        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
+def _memfd_with(data: bytes, name: str) -> int:
+    """A close-on-exec memfd holding data, at offset 0 (Popen's pass_fds hands it to the child)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
-def _kill_cgroups(dirs: list[Path], limit_s: float = 5.0) -> int:
-    """SIGKILL every process in the groups until they are empty; returns how many were found."""
-    found = 0
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        pids = [pid for d in dirs for pid in _cgroup_pids(d)]
-        if not pids:
-            break
-        found += len(pids)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.002)
-    return found
-
-
-def _remove_cgroup(d: Path) -> None:
-    # a v1 rmdir says EBUSY for a moment after its last process exits (research note §6.6)
-    for _ in range(50):
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
-
-
-def _cleanup_tier_b(cgroups: list[Path], tmp: Path | None) -> None:
-    _kill_cgroups(cgroups, limit_s=1.0)
-    for d in cgroups:
-        _remove_cgroup(d)
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _teardown(groups: list[Path], mounts: list[Path], scratch: Path) -> None:
+    cgroups.kill(groups, limit_s=1.0)
+    cgroups.remove(groups)
+    for m in mounts:
+        storage.unmount(m)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 class Sandbox:
     """`Sandbox(workspace, limits).run(code)`; `snapshot()` / `rollback()` reset the workspace between
-    episodes. Without a workspace, a fresh one is made under `workspace_root()`. `unsafe=True` runs with rlimits only where no tier is available (every result says
-    `tier="unsafe"`); it is refused otherwise. `tier="bwrap"` or `"landlock"` (or the environment
-    variable TEMPER_SANDBOX_TIER) forces a tier the probe found working, e.g. to test tier B on a host
-    that has tier A; by default the strongest one is used. `close()` frees tier B's cgroups and tmp."""
+    episodes. Every Sandbox has a private scratch directory (mode 0700, in the system temp dir,
+    removed by `close()`): without a workspace, a fresh one is made there (and goes with it), and
+    tier B's tmp dir lives there. `unsafe=True` runs with rlimits only where no tier is available
+    (every result says `tier="unsafe"`); it is refused otherwise. `tier="bwrap"` or `"landlock"` (or
+    the environment variable TEMPER_SANDBOX_TIER) forces a tier the probe found working, e.g. to test
+    tier B on a host that has tier A; by default the strongest one is used.
+
+    `limits` are fitted to the host (`budget.py`; `self.limits` is what applies). `cgroups` lists the
+    groups holding the total memory (and tier B's processes) where the host allows them
+    (`cgroups.py`); `capped_dirs` says how the workspace and tier B's tmp are held to their total
+    size: "tmpfs" (a size-capped tmpfs mounted on them for the Sandbox's life: a root caller; their
+    files are gone after `close()`) or "quota" (measured while a call runs: `storage.py`).
+    `close()` kills what is left in the groups, removes them, unmounts and deletes the scratch."""
 
     def __init__(
         self,
@@ -302,10 +250,6 @@ class Sandbox:
         ro_binds: tuple[str, ...] = (),
         tier: str | None = None,
     ):
-        if workspace is None:
-            workspace = tempfile.mkdtemp(prefix="ws-", dir=workspace_root())
-        self.workspace = Path(workspace).resolve()
-        self.limits = limits or Limits()
         self.host = probe()
         tier = tier or os.environ.get("TEMPER_SANDBOX_TIER") or None
         if tier is not None and tier not in ("bwrap", "landlock"):
@@ -323,29 +267,92 @@ class Sandbox:
             raise SandboxUnavailable("even unsafe=True needs `prlimit` (util-linux) to set rlimits")
         self.python = python
         self.ro_binds = tuple(ro_binds)
-        self.workspace.mkdir(parents=True, exist_ok=True)
         self._uid = SANDBOX_UID if os.geteuid() == 0 else None
-        if self._uid is not None:
-            _check_reachable(self.workspace)
-            _chown_tree(self.workspace, self._uid)
         self._snapshot: Path | None = None
         self._cgroups: list[Path] = []
+        self._mounts: list[Path] = []
         self._tmp: Path | None = None
-        if self.tier == "landlock":
-            # tier B's private tmp dir (HOME and TMPDIR): beside the workspace, reachable by the uid
-            self._tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=workspace_root()))
+        # the private scratch: 0700, owned by the uid the sandbox runs as (which must walk through
+        # it to the default workspace), so no other user's process can enter it
+        self._scratch = Path(tempfile.mkdtemp(prefix="temper-sbx-"))
+        self._finalizer = weakref.finalize(self, _teardown, self._cgroups, self._mounts, self._scratch)
+        try:
             if self._uid is not None:
-                os.chown(self._tmp, self._uid, self._uid)
-            self._cgroups = _make_cgroups(self.limits)
-        self._finalizer = weakref.finalize(self, _cleanup_tier_b, self._cgroups, self._tmp)
+                os.chown(self._scratch, self._uid, self._uid)
+            if workspace is None:
+                workspace = self._scratch / "ws"
+                workspace.mkdir(mode=0o700)
+            self.workspace = Path(workspace).resolve()
+            self.workspace.mkdir(parents=True, exist_ok=True)
+            if self._uid is not None:
+                _check_reachable(self.workspace)
+            if self.tier == "landlock":  # tier B's tmp dir (HOME and TMPDIR)
+                self._tmp = self._scratch / "tmp"
+                self._tmp.mkdir(mode=0o700)
+            self._cap_resources(limits or Limits())
+            if self._uid is not None:
+                _chown_tree(self.workspace, self._uid)
+                if self._tmp is not None:
+                    os.chown(self._tmp, self._uid, self._uid)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def _cap_resources(self, limits: Limits) -> None:
+        """The memory group, the size-capped tmpfs mounts (or the quota fallback) and the limits
+        fitted to what the host allowed (see the class docstring)."""
+        memory_mb = min(limits.memory_mb, budget.memory_cap_mb())
+        if self.tier != "unsafe":
+            # tier A's pids stay with RLIMIT_NPROC (counted in its own user namespace): bwrap's
+            # PID-namespace init outlives bwrap as a zombie for as long as the host's PID 1 takes to
+            # reap it, and a pids group would count those against the next calls
+            pids = limits.procs + 1 if self.tier == "landlock" else None  # +1: the supervisor
+            self._cgroups.extend(cgroups.make(memory_mb + GROUP_SLACK_MB, pids))
+        dirs = {"workspace_mb": self.workspace}
+        if self._tmp is not None:
+            dirs["tmp_mb"] = self._tmp
+        on_disk = {}
+        for field, d in dirs.items():
+            size = min(getattr(limits, field), budget.ramdisk_cap_mb())
+            if self.tier != "unsafe" and self._uid is not None and storage.mount_tmpfs(d, size, self._uid):
+                self._mounts.append(d)
+            else:
+                on_disk[field] = d
+        self.capped_dirs = {f: "quota" if f in on_disk else "tmpfs" for f in dirs}
+        if self.tier == "unsafe":
+            self.capped_dirs = {}  # no isolation: the program can write anywhere anyway
+        if self.tier == "bwrap":
+            tmpfs_of_tmp = 2  # /tmp and /dev/shm
+        else:
+            tmpfs_of_tmp = int(self._tmp in self._mounts)
+        self.limits = budget.fit(
+            limits,
+            memory_cgroup=cgroups.has_memory(self._cgroups),
+            tmpfs_of_tmp=tmpfs_of_tmp,
+            workspace_in_ram=self.workspace in self._mounts,
+            disk_dirs=on_disk if self.tier != "unsafe" else {},
+        )
+        if self.tier == "landlock":
+            cgroups.set_pids_max(self._cgroups, self.limits.procs + 1)
+        self._quota = [(on_disk[f], getattr(self.limits, f)) for f in on_disk if self.tier != "unsafe"]
+        self._oom_seen = cgroups.oom_kills(self._cgroups)
+
+    @property
+    def scratch(self) -> Path:
+        """This Sandbox's private scratch directory (0700; removed by close())."""
+        return self._scratch
 
     @property
     def cgroups(self) -> list[Path]:
-        """Tier B's v1 cgroups (pids, memory) where they could be made; empty otherwise."""
+        """The groups holding this Sandbox's total memory (tier B: and processes); empty where the
+        host allows none (then `budget.fit` has bounded procs x memory_mb instead)."""
         return list(self._cgroups)
 
     def close(self) -> None:
-        """Kill anything left in tier B's cgroups and remove them and the private tmp dir."""
+        """Kill anything left in the groups and remove them; unmount the tmpfs mounts (their files
+        are gone); delete the private scratch (the default workspace and tier B's tmp with it) and
+        the snapshot, if any."""
+        self.discard_snapshot()
         self._finalizer()
 
     # ---- workspace rollback -------------------------------------------------------------------
@@ -357,7 +364,8 @@ class Sandbox:
             _chown_tree(self.workspace, self._uid)
         self.discard_snapshot()
         snap = Path(tempfile.mkdtemp(prefix="temper-sbx-snap-"))
-        shutil.copytree(self.workspace, snap / "ws", symlinks=True)
+        # fifos and sockets the sandbox made are left out: opening a fifo to copy it would block
+        shutil.copytree(self.workspace, snap / "ws", symlinks=True, ignore=storage.specials)
         self._snapshot = snap
 
     def rollback(self) -> None:
@@ -384,7 +392,7 @@ class Sandbox:
                 f"code is {len(code.encode())} bytes, over the {_MAX_ARG}-byte argument limit; "
                 "write it into the workspace and use run_cmd"
             )
-        prefix = [self.python or _default_python(), "-B", "-c"] if lang == "python" else _LANGS[lang]
+        prefix = [self.python or default_python(), "-B", "-c"] if lang == "python" else _LANGS[lang]
         return self.run_cmd([*prefix, code])
 
     def _rlimit_args(self) -> list[str]:
@@ -408,8 +416,7 @@ class Sandbox:
         ro = list(self.ro_binds)
         if self.python:  # an interpreter outside /usr needs its prefix (bin/.. of the real binary)
             ro.append(str(Path(os.path.realpath(self.python)).parents[1]))
-        has_pids = any(d.parts[:5] == ("/", "sys", "fs", "cgroup", "pids") for d in self._cgroups)
-        if has_pids:
+        if cgroups.has_pids(self._cgroups):
             nproc = max(lim.procs, 4096)
         elif self._uid is None:  # a non-root caller's own processes count too: allow procs more
             nproc = lim.procs + _uid_processes(os.geteuid())
@@ -444,16 +451,15 @@ class Sandbox:
         }
         return tier_b_argv(config, argv)
 
-    def _argv(self, argv: list[str], status_fd: int, filter_fd: int | None = None) -> list[str]:
-        if self.tier == "unsafe":
-            return [*self._rlimit_args(), *argv]
-        if self.tier == "landlock":
-            return self._tier_b_argv(argv, status_fd)
+    def _bwrap_options(self, status_fd: int, filter_fd: int, block_fd: int | None) -> list[str]:
+        """Tier A's bwrap options. They reach bwrap through `--args FD`, not its command line: the
+        sandbox sees bwrap's argv as /proc/1/cmdline, and these name host paths (the workspace, the
+        read-only binds)."""
         binds = []
         for b in self.ro_binds:
             binds += ["--ro-bind", b, b]
         return [
-            *bwrap_base_args(self.host.bwrap),
+            *bwrap_base_args(self.host.bwrap)[1:],
             *binds,
             "--size",
             str(self.limits.tmp_mb << 20),
@@ -494,40 +500,60 @@ class Sandbox:
             # bwrap applies it just before its exec of prlimit, after its own namespace setup.
             "--seccomp",
             str(filter_fd),
-            "--",
-            *self._rlimit_args(),
-            *argv,
+            # with a memory group: bwrap waits here, its namespaces made but nothing forked inside,
+            # until both its processes have been moved into the group (_supervise)
+            *(["--block-fd", str(block_fd)] if block_fd is not None else []),
         ]
 
     def run_cmd(self, argv: list[str]) -> RunResult:
         """Run argv (resolved inside the sandbox; cwd /workspace) under the limits."""
         lim = self.limits
+        if self._quota and self._over_quota():  # still over from an earlier call: nothing runs
+            return RunResult("", "", None, False, "disk_quota", False, 0.0, self.tier)
         status_r, status_w = os.pipe()
-        filter_fd = seccomp_fd() if self.tier == "bwrap" else None
-        extra_fds = (status_w,) if filter_fd is None else (status_w, filter_fd)
-        t0 = time.monotonic()
-        deadline = t0 + lim.wall_s
+        to_close = [status_w]  # the child's ends, closed here once it has them
+        block_w = None
+        kwargs = {}
         try:
+            if self.tier == "unsafe":
+                cmd = [*self._rlimit_args(), *argv]
+                kwargs = {"cwd": str(self.workspace), **popen_user_kwargs()}
+            elif self.tier == "landlock":
+                cmd = self._tier_b_argv(list(argv), status_w)
+                kwargs = {"pass_fds": (status_w,)}  # its launcher joins the groups, then drops the uid
+            else:
+                filter_fd = seccomp_fd()
+                to_close.append(filter_fd)
+                block_r = None
+                if self._cgroups:
+                    block_r, block_w = os.pipe()
+                    to_close.append(block_r)
+                args_fd = _memfd_with(b"".join(a.encode() + b"\0" for a in self._bwrap_options(
+                    status_w, filter_fd, block_r)), "bwrap-args")  # fmt: skip
+                to_close.append(args_fd)
+                # argv[0] "bwrap", not its host path (a venv's bwrap sits under a home directory);
+                # /proc/1/exe and /proc/1/maps still show where the binary is (module docstring)
+                cmd = ["bwrap", "--args", str(args_fd), "--", *self._rlimit_args(), *argv]
+                kwargs = {"executable": self.host.bwrap, "pass_fds": tuple(to_close), **popen_user_kwargs()}
+            t0 = time.monotonic()
             proc = subprocess.Popen(
-                self._argv(list(argv), status_w, filter_fd),
+                cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=() if self.tier == "unsafe" else extra_fds,
                 start_new_session=True,  # one process group to kill: bwrap (or the unsafe program)
-                cwd=str(self.workspace) if self.tier == "unsafe" else None,
                 env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
-                # tier B's launcher joins the cgroups as root, then drops to the uid itself
-                **({} if self.tier == "landlock" else popen_user_kwargs()),
+                **kwargs,
             )
         except OSError as e:
-            for fd in (status_r, *extra_fds):
-                os.close(fd)
+            for fd in (status_r, block_w, *to_close):
+                if fd is not None:
+                    os.close(fd)
             raise SandboxError(f"could not start the sandbox: {e}") from e
-        for fd in extra_fds:
+        for fd in to_close:
             os.close(fd)
         try:
-            return self._supervise(proc, status_r, t0, deadline)
+            return self._supervise(proc, status_r, t0, t0 + lim.wall_s, block_w)
         finally:
             os.close(status_r)
             if proc.poll() is None:  # an exception above: leave nothing running
@@ -543,10 +569,50 @@ class Sandbox:
                     kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        if self._cgroups:  # tier B's backstop: whatever is still in the episode's groups
-            _kill_cgroups(self._cgroups)
+        if self._cgroups:  # the backstop: whatever is still in the episode's groups
+            cgroups.kill(self._cgroups)
 
-    def _supervise(self, proc: subprocess.Popen, status_r: int, t0: float, deadline: float) -> RunResult:
+    def _stop(self, proc: subprocess.Popen, child_pid: int | None) -> None:
+        """Kill the program's whole tree now (the deadline, or the quota check)."""
+        if self.tier == "landlock":  # the supervisor kills and reaps the whole tree
+            try:
+                proc.send_signal(signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        else:
+            self._kill(proc, child_pid)
+
+    def _join_cgroups(self, proc: subprocess.Popen, child_pid: int, block_w: int) -> None:
+        """Tier A: move bwrap and its namespace init (blocked on --block-fd, nothing forked inside
+        yet) into the memory group, then let it go on. Every process of the sandbox is born in it."""
+        try:
+            for pid in (proc.pid, child_pid):
+                cgroups.attach(self._cgroups, pid)
+        except ProcessLookupError:
+            return  # bwrap already failed; its status says why
+        except OSError as e:
+            self._kill(proc, child_pid)
+            raise SandboxError(f"could not move the sandbox into its cgroup: {e}") from e
+        try:
+            os.write(block_w, b"1")
+        except BrokenPipeError:
+            pass
+
+    def _over_quota(self) -> bool:
+        return any(storage.over_cap([d], mb) for d, mb in self._quota)
+
+    def _supervise(
+        self, proc: subprocess.Popen, status_r: int, t0: float, deadline: float, block_w: int | None
+    ) -> RunResult:
+        try:
+            return self._supervise_loop(proc, status_r, t0, deadline, block_w)
+        finally:
+            if block_w is not None:
+                os.close(block_w)
+
+    def _supervise_loop(
+        self, proc: subprocess.Popen, status_r: int, t0: float, deadline: float, block_w: int | None
+    ) -> RunResult:
         cap = self.limits.output_bytes
         bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
         dropped = 0
@@ -556,28 +622,31 @@ class Sandbox:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ)
         open_fds = set(bufs) | {status_r}
-        timed_out = False
+        killed = None  # why this side killed the program: "wall_clock" or "disk_quota"
+        killed_at = 0.0
+        # the quota check, where no tmpfs caps the size (run_cmd checked once before the start)
+        next_check = t0 + storage.POLL_S if self._quota else math.inf
         child_pid = None
         ns_init = None  # a pidfd on the PID namespace's init, to wait for the namespace's death
         exited_at = None
         hard_killed = False
         while open_fds:
             now = time.monotonic()
-            if now >= deadline and not timed_out:
-                timed_out = True
-                if self.tier == "landlock":  # the supervisor kills and reaps the whole tree
-                    try:
-                        proc.send_signal(signal.SIGUSR1)
-                    except ProcessLookupError:
-                        pass
-                else:
-                    self._kill(proc, child_pid or self._child_pid(status))
-            if timed_out and self.tier == "landlock" and now > deadline + 2.0 and not hard_killed:
+            if killed is None:
+                if now >= deadline:
+                    killed = "wall_clock"
+                elif now >= next_check:
+                    next_check = now + storage.POLL_S
+                    killed = "disk_quota" if self._over_quota() else None
+                if killed is not None:
+                    killed_at = now
+                    self._stop(proc, child_pid or self._child_pid(status))
+            if killed and self.tier == "landlock" and now > killed_at + 2.0 and not hard_killed:
                 hard_killed = True  # the supervisor did not finish: kill its group and cgroups
                 self._kill(proc, None)
-            if timed_out and now > deadline + 10.0:  # the kill did not close the pipes: never hang
+            if killed and now > killed_at + 10.0:  # the kill did not close the pipes: never hang
                 self._kill(proc, None)
-                raise SandboxError("the sandbox kept its output open 10 s after the wall-clock kill")
+                raise SandboxError("the sandbox kept its output open 10 s after it was killed")
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
             # The unsafe tier has no PID namespace: an orphan holding the pipes open is killed with
@@ -586,7 +655,7 @@ class Sandbox:
             if self.tier in ("unsafe", "landlock") and exited_at is not None and now - exited_at > 0.2:
                 self._kill(proc, None)
                 break
-            timeout = max(0.0, deadline - now) if not timed_out else 0.05
+            timeout = max(0.0, min(deadline, next_check) - now) if not killed else 0.05
             for key, _ in sel.select(timeout=min(timeout, 0.1)):
                 fd = key.fd
                 try:
@@ -601,6 +670,8 @@ class Sandbox:
                     status += chunk
                     if child_pid is None and (child_pid := self._child_pid(status)) is not None:
                         ns_init = _pidfd(child_pid)
+                        if block_w is not None:
+                            self._join_cgroups(proc, child_pid, block_w)
                     continue
                 buf = bufs[fd]
                 room = cap - len(buf)
@@ -624,29 +695,36 @@ class Sandbox:
                 raise SandboxError(
                     f"the sandbox's processes (namespace init {child_pid}) did not die in 10 s"
                 )
+        # filled between two checks, then exited: reported, though there was nothing left to kill
+        overfilled = killed is None and bool(self._quota) and self._over_quota()
         wall = time.monotonic() - t0
         out, err = (bytes(bufs[f.fileno()]) for f in (proc.stdout, proc.stderr))
         proc.stdout.close()
         proc.stderr.close()
+        oom = cgroups.oom_kills(self._cgroups)
+        oom, self._oom_seen = oom - self._oom_seen, oom
 
         exit_code: int | None
         if self.tier == "unsafe":
             exit_code = returncode if returncode >= 0 else 128 - returncode
         elif self.tier == "landlock":
-            exit_code = self._tier_b_exit_code(status, returncode, timed_out)
+            exit_code = self._tier_b_exit_code(status, returncode, killed is not None)
         else:
             # bwrap reports the program's exit status on the status fd; without one, bwrap itself
             # failed (a bind it could not make, a namespace it could not create), whatever its code
             ends = [e["exit-code"] for e in self._status_events(status) if "exit-code" in e]
-            if not ends and not timed_out:
+            if not ends and killed is None:
                 raise SandboxError(
                     f"bubblewrap failed (exit {returncode}) before reporting the program's exit "
                     f"status: {err.decode(errors='replace').strip()[-2000:]}"
                 )
             exit_code = ends[-1] if ends else None
-        if timed_out:
-            exit_code = None
-            reason = "wall_clock"
+        if killed:
+            exit_code, reason = None, killed
+        elif overfilled:
+            reason = "disk_quota"
+        elif exit_code == 128 + signal.SIGKILL and oom:
+            reason = "memory"
         elif exit_code is not None and exit_code > 128 and (exit_code - 128) in signal.valid_signals():
             sig = signal.Signals(exit_code - 128)
             reason = _SIGNAL_REASONS.get(sig, f"signal:{sig.name}")
@@ -656,17 +734,18 @@ class Sandbox:
             stdout=out.decode(errors="replace"),
             stderr=err.decode(errors="replace"),
             exit_code=exit_code,
-            timed_out=timed_out,
+            timed_out=killed == "wall_clock",
             killed_reason=reason,
             truncated=dropped > 0,
             wall_s=wall,
             tier=self.tier,
             dropped_bytes=dropped,
+            oom_kills=oom,
         )
 
     def _tier_b_exit_code(self, status: bytes, returncode: int, timed_out: bool) -> int | None:
         """The program's exit code from the supervisor's status lines (see tier_b_exec.py)."""
-        if self._cgroups and _kill_cgroups(self._cgroups):
+        if self._cgroups and cgroups.kill(self._cgroups):
             # the supervisor's sweep should have left nothing: say so rather than hide it
             raise SandboxError("tier B: processes outlived the supervisor's sweep (killed by the cgroup)")
         lines = status.decode(errors="replace").splitlines()

@@ -8,14 +8,14 @@ tying them together. The runner, the recipe schema, the CLI and the report look 
 1. `temper/stages/<kind>.py` with a `Strict` spec (`kind: Literal["<kind>"]`, `name`, and `source`
    or `models` when it reads models), a `run(spec, StageRun)` writing into `StageRun.out` (a model
    stage leaves `out/model`, and a `<kind>.json` summary the report reads), and `KIND`;
-2. its report section, here or in `temper.report` (named through `lazy` when it needs matplotlib);
+2. its report section in `temper.report` (one module, entered in `temper.report.sections`; the
+   stages never import the report, which sits above them and looks kinds up here);
 3. its tests. The recipe schema, `--dry-run`, `temper <kind> --help` and the report pick it up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,6 +162,31 @@ def _no_uses(spec: Any) -> list[Use]:
     return []
 
 
+def _no_chats(spec: Any, base_dir: Path) -> bool:
+    return False
+
+
+def _nothing(spec: Any) -> list[Any]:
+    return []
+
+
+@dataclass(frozen=True)
+class EpochRows:
+    """What a stage's `train.epochs` runs over, for the plan's bound on its steps (`--dry-run`):
+    `problems` drawn from tasks plus the rows of the data `files`; `packed` when packing makes
+    fewer steps; `pending`, when the rows are known only once the stage runs, says what they wait
+    for (the plan then says so instead of a bound)."""
+
+    problems: int = 0
+    files: tuple[str, ...] = ()
+    packed: bool = False
+    pending: str | None = None
+
+
+EvalSet = tuple[list[str], list[str], int, int]
+"""(tasks, splits, n_problems, seed) of an eval set: what training data is checked against."""
+
+
 @dataclass(frozen=True)
 class StageKind:
     """One stage kind, as the runner, the recipe schema, the CLI and the report see it.
@@ -186,8 +211,6 @@ class StageKind:
     """Whether the stage leaves `out/model` for later stages to start from or evaluate."""
     help: str
     """One line for `temper --help`."""
-    section: Callable[[Any, Path], str] | None = None
-    """The report section: (temper.report Stage, plots folder) -> HTML."""
     outputs: tuple[str, ...] = ()
     """Files whose presence identifies an unfinished stage of this kind (it has no stage.json yet)."""
     tasks: Callable[[Any], list[str]] = _no_tasks
@@ -203,6 +226,19 @@ class StageKind:
     exports (its `exports` folder), named by the stage or given as a folder (relative to the
     recipe's folder); the recipe checks that a name is an earlier stage of that kind or else that
     the folder exists, and the stage hash covers the folder's files."""
+    splits: Callable[[Any, list[str]], list[tuple[str, str]]] | None = None
+    """(task, split) pairs the stage draws problems from, given the recipe's task names (the
+    plan-time check samples each); None: the train split of each of its `tasks`."""
+    renders_chats: Callable[[Any, Path], bool] = _no_chats
+    """Whether the stage renders conversations through the model's chat template, given the
+    recipe's folder (the plan refuses a model without one unless `model.chat_template` is set)."""
+    epoch_rows: Callable[[Any], EpochRows | None] | None = None
+    """What `train.epochs` counts, for the plan's bound on the steps; None: no bound is given."""
+    caches: Callable[[Any], list[tuple[Loc, str]]] = _nothing
+    """(key path, folder) of each cache the stage reads if present and else fills: checked at plan
+    time to be a directory that can be created and written."""
+    eval_sets: Callable[[Any], list[EvalSet]] = _nothing
+    """The eval sets the stage contributes (the recipe's training data is checked against them)."""
     exports: str | None = None
     """The folder under the stage's output that later stages read by naming the stage (a typed
     `uses` reference), e.g. reward_model's `reward_model` (the stage produces no policy)."""
@@ -212,16 +248,6 @@ class StageKind:
     """Text printed after the stage (run or skipped) from its output folder, e.g. a results table."""
     order: int = 100
     """Position in listings (CLI help): pipeline order."""
-
-
-def lazy(module: str, name: str) -> Callable[..., Any]:
-    """`module.name`, imported on first call: report sections need matplotlib, slow to import."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    return call
 
 
 def folder_digest(path: Path) -> str:

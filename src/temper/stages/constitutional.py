@@ -246,36 +246,6 @@ def describe(stage: ConstitutionalStage, recipe: Any) -> str:
     )
 
 
-def section(stage: Any, plots: Path) -> str:
-    """Counts, the judge's agreement with the verifier, pair quality, and a few examples."""
-    from temper.report.common import _esc, _number, _read_json, _table
-
-    s = _read_json(stage.folder / "constitutional.json")
-    if not s:
-        return "<p>No constitutional.json.</p>"
-    rows = [["prompts", s["prompts"]], ["pairs (= SFT rows)", s["pairs"]]]
-    rows += [[f"dropped: {k}", v] for k, v in s["dropped"].items()]
-    a = s["agreement"]
-    rows += [["verdicts parsed", f"{a['parsed']} of {a['n']}"]]
-    for what, b in (("originals and revisions", a), ("originals", s.get("agreement_originals"))):
-        if b and b["agreement"] is not None:
-            rows += [
-                [f"judge agrees with verifier ({what})", f"{_number(b['agreement'])} [{_number(b['lo'])}, {_number(b['hi'])}]"],
-                [f"Cohen's kappa ({what})", _number(b["kappa"]) if b["kappa"] is not None else "undefined"],
-            ]  # fmt: skip
-    rows += [[f"pairs {k.replace('_', ' ')}", _number(v)] for k, v in s["pair_quality"].items()]
-    for name, t in s["tasks"].items():
-        rows += [[f"{name}: verifier accuracy original -> revision", f"{_number(t['original_accuracy'])} -> {_number(t['revision_accuracy'])}"]]  # fmt: skip
-    ex = [
-        [e["principle"][:40], e["original"][:60], e["critique"][:60], e["revision"][:60], [None if v is None else round(v, 2) for v in e["verdicts"]], e["correct"], e["kept"]]
-        for e in s["examples"]
-    ]  # fmt: skip
-    return (
-        _table(rows, caption=f"judge: {_esc(s['judge']['url'] or s['judge']['model'])}")
-        + _table(ex, ["principle", "original", "critique", "revision", "verdicts", "verifier", "kept"], caption="examples")
-    )  # fmt: skip
-
-
 KIND = StageKind(
     name="constitutional",
     spec=ConstitutionalStage,
@@ -284,7 +254,6 @@ KIND = StageKind(
     reads="model",
     produces_model=False,
     help="Constitutional AI data: critique and revise answers against principles -> SFT rows and DPO pairs",
-    section=section,
     outputs=("constitutional.json", "pairs.jsonl", "sft.jsonl"),  # later stages' data: {files: ...} name them
     main_only=True,
     order=24,

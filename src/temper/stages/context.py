@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,13 @@ class StageContext:
         """The model a stage's reference (`StageKind.uses`) names: an earlier model stage's saved
         model, else a local folder relative to the recipe or a hub id."""
         return self.models[ref] if ref in self.models else self.model_source(ref)
+
+
+def recipe_path(base_dir: Path, path: str) -> Path:
+    """A path of a recipe, relative to the recipe's folder `base_dir` (as `StageContext.resolve`,
+    but normalized rather than resolved: `.resolve()` raises on a loop of symbolic links)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path(os.path.normpath(base_dir / p))
 
 
 def local_model(name: str, base_dir: Path) -> Path | None:

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from temper.data.formats import DataError
 from temper.data.preferences import Pair, tokenize_pairs
-from temper.stages.base import StageKind, lazy, length, raise_located
+from temper.stages.base import StageKind, length, raise_located
 from temper.stages.preference import PreferenceStage, run_preference, tasks_of
 from temper.train.preference import DPO
 
@@ -76,7 +76,6 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="DPO / IPO on preference pairs (TRL formats, or generated from tasks with the verifier)",
-    section=lazy("temper.report.training", "training_section"),
     outputs=("dpo.json", "pairs.jsonl"),
     tasks=tasks_of,
     order=25,

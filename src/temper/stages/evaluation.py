@@ -14,7 +14,7 @@ from temper.models import load_model
 from temper.models.chat import eos_ids
 from temper.rewards.judge import JudgeSpec, spec_errors
 from temper.rollout import HFSampler
-from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, lazy, raise_located
+from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, raise_located
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_tokenizer, whole_model
@@ -233,11 +233,13 @@ KIND = StageKind(
     reads="models",
     produces_model=False,
     help="evaluate models on task splits (accuracy, pass@k, parse rate, CIs)",
-    section=lazy("temper.report.evaluation", "eval_section"),
     outputs=("eval.json",),
     main_only=True,
     summary=lambda out: eval_table(json.loads((out / "eval.json").read_text())),
     order=90,
     task_rules=task_rules,
     uses=uses,
+    splits=lambda stage, tasks: [(t, s) for t in stage.tasks or tasks for s in stage.splits],
+    renders_chats=lambda stage, base_dir: True,
+    eval_sets=lambda stage: [(stage.tasks, list(stage.splits), stage.n_problems, stage.seed)],
 )

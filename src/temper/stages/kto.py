@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from temper.data.preferences import tokenize_labelled, unpair
-from temper.stages.base import Loc, StageKind, lazy, length, raise_located
+from temper.stages.base import Loc, StageKind, length, raise_located
 from temper.stages.preference import PreferenceStage, run_preference, tasks_of
 from temper.train.preference import KTO, kto_items
 
@@ -64,7 +64,6 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="KTO on completions labelled desirable / undesirable (or unpaired preference pairs)",
-    section=lazy("temper.report.training", "training_section"),
     outputs=("kto.json", "pairs.jsonl"),
     tasks=tasks_of,
     order=26,

@@ -21,11 +21,11 @@ from temper.data.dataset import build_sequences
 from temper.data.formats import Example, NoUsableRowsError, load_rows
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
 from temper.stages.base import (
+    EpochRows,
     StageKind,
     Strict,
     epoch_steps,
     epochs_rule,
-    lazy,
     length,
     raise_located,
     train_rules,
@@ -211,8 +211,11 @@ KIND = StageKind(
     reads="base",
     produces_model=True,
     help="pre-train a preset (or continue a model) on a corpus",
-    section=lazy("temper.report.training", "training_section"),
     outputs=("pretrain.json",),
     tasks=lambda stage: stage.corpus.tasks,
     order=10,
+    epoch_rows=lambda stage: EpochRows(
+        stage.corpus.problems_per_task * len(stage.corpus.tasks), tuple(stage.corpus.files), packed=True
+    ),
+    caches=lambda stage: [(("cache",), stage.cache)] if stage.cache else [],
 )

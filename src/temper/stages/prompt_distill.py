@@ -36,7 +36,7 @@ from temper.data.chat import prompt_ids
 from temper.models import load_model, save_trained
 from temper.rollout import HFSampler
 from temper.rollout.sampler import derive_seed
-from temper.stages.base import StageError, StageKind, Strict, lazy, length, raise_located, train_rules
+from temper.stages.base import StageError, StageKind, Strict, length, raise_located, train_rules
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
@@ -315,7 +315,6 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="prompt distillation: match the teacher-with-instruction's token distributions without the instruction",
-    section=lazy("temper.report.prompt_distill", "prompt_distill_section"),
     outputs=("prompt_distill.json", "samples.jsonl"),
     tasks=lambda stage: stage.tasks,
     uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher else [],

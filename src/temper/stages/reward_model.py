@@ -36,7 +36,7 @@ from temper.data.formats import DataError
 from temper.data.preferences import Labelled, Pair, TokenizedPair, tokenize_pairs
 from temper.models import save_model, with_lora
 from temper.rewards.reward_model import REWARD_MODEL_DIR, reward_model_from_policy
-from temper.stages.base import Loc, StageKind, epoch_steps, lazy, length, raise_located
+from temper.stages.base import Loc, StageKind, epoch_steps, length, raise_located
 from temper.stages.preference import PreferenceDataStage, preference_items, tasks_of
 from temper.train.preference import BradleyTerry, reward_forward, train_preference
 from temper.train.supervised import TrainConfig
@@ -240,7 +240,6 @@ KIND = StageKind(
     reads="model",
     produces_model=False,
     help="Bradley-Terry reward model (a scalar head on the policy) on preference pairs",
-    section=lazy("temper.report.reward_model", "reward_model_section"),
     outputs=("reward_model.json", HELD_OUT),  # not pairs.jsonl: an unfinished dpo stage has one too
     tasks=tasks_of,
     summary=summary,

@@ -29,7 +29,6 @@ from temper.stages.base import (
     StageKind,
     Strict,
     Use,
-    lazy,
     raise_located,
 )
 from temper.stages.context import StageContext
@@ -323,7 +322,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     setup = ScorerSetup(
         tokenizer,
         next(model.parameters()).device,
-        folder=lambda ref, kind: _export(ctx, ref, kind),
+        folder=ctx.export_dir,
         judge=lambda spec: load_judge(spec, ctx, sampler, tokenizer, config.seed),
     )
     try:
@@ -395,7 +394,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         "precision": {"train": result.precision}
         | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
-    } | features.summary(config, lambda ref, kind: _export(ctx, ref, kind))
+    } | features.summary(config, ctx.export_dir)
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)
     return model_dir
@@ -414,13 +413,6 @@ def load_teacher(ctx: StageContext, ref: str, tokenizer, student: Path | str) ->
             "text to the same ids; pick a teacher of the same family, or distill from its samples with sft"
         )
     return load_model(source).eval().requires_grad_(False)
-
-
-def _export(ctx: StageContext, ref: str, kind: str) -> Path:
-    """The folder a typed reference names: an earlier `kind` stage's export, or a folder."""
-    from temper.stages import registry  # the registry imports this module
-
-    return ctx.export_dir(ref, registry.get(kind).exports)
 
 
 def _uses(stage: RLStage) -> list[Use]:
@@ -453,12 +445,19 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="RL with verifiable rewards (GRPO family, PPO) on task prompts",
-    section=lazy("temper.report.rl", "rl_section"),
     task_rules=task_rules,
     uses=lambda stage: _uses(stage),
     outputs=("rl.json", "probe.json", "rollouts.jsonl"),  # probe.json is there before the first step
     order=30,
+    splits=lambda stage, tasks: _splits(stage),
+    renders_chats=lambda stage, base_dir: True,
 )
+
+
+def _splits(stage: RLStage) -> list[tuple[str, str]]:
+    """The train split, and the test split when a gate or periodic evals read it."""
+    held_out = stage.gate is not None or stage.train.eval_every > 0
+    return [(t, s) for t in stage.tasks for s in ("train", "test")[: 2 if held_out else 1]]
 
 
 def _last_turn(trajectory) -> list[int]:

@@ -40,7 +40,7 @@ from temper.data.chat import prompt_ids
 from temper.evaluate import evaluate
 from temper.models import load_model, save_trained
 from temper.rollout import HFSampler
-from temper.stages.base import StageError, StageKind, StageRun, Strict, lazy, raise_located
+from temper.stages.base import StageError, StageKind, StageRun, Strict, raise_located
 from temper.stages.loading import load_chat_model
 from temper.train.checkpoint import list_checkpoints
 
@@ -289,7 +289,6 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="evaluate a stage's checkpoints (ID/OOD accuracy, parse rate, length, KL) and keep one by a rule",
-    section=lazy("temper.report.select", "select_section"),
     outputs=("select.json",),
     tasks=lambda stage: stage.tasks,
     uses=lambda stage: [(("reference",), stage.reference)] if stage.reference else [],  # the KL's reference

@@ -18,22 +18,22 @@ from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data import contamination
 from temper.data.dataset import build_sequences, require_sequences
-from temper.data.formats import Example, load_rows
+from temper.data.formats import Example, first_row_is_chat, load_rows
 from temper.data.mask_view import mask_views
 from temper.models import require_chat_template, save_trained, with_lora
 from temper.stages.base import (
+    EpochRows,
     LoraSpec,
     StageKind,
     Strict,
     Use,
     epoch_steps,
     epochs_rule,
-    lazy,
     length,
     raise_located,
     train_rules,
 )
-from temper.stages.context import StageContext
+from temper.stages.context import StageContext, recipe_path
 from temper.stages.loading import load_chat_model
 from temper.stages.preference import GenerateSpec, generated_rows
 from temper.stages.ranking import (
@@ -335,10 +335,34 @@ KIND = StageKind(
     reads="model",
     produces_model=True,
     help="supervised fine-tuning on task demonstrations and/or data sets (JSONL, parquet, datasets)",
-    section=lazy("temper.report.training", "training_section"),
     outputs=("sft.json",),
     tasks=_tasks,
     order=20,
     task_rules=task_rules,
     uses=uses,
+    splits=lambda stage, tasks: _splits(stage),
+    renders_chats=lambda stage, base_dir: _renders_chats(stage, base_dir),
+    epoch_rows=lambda stage: _epoch_rows(stage),
 )
+
+
+def _splits(stage: SFTStage) -> list[tuple[str, str]]:
+    """The train split of each task, and its test split when held-out problems are evaluated."""
+    splits = ("train", "test") if stage.data.eval_problems else ("train",)
+    return [(t, s) for t in stage.data.tasks for s in splits]
+
+
+def _renders_chats(stage: SFTStage, base_dir: Path) -> bool:
+    """Task demonstrations are conversations; a data file is when its rows are (a file of plain
+    `text` rows need not be rendered through a chat template)."""
+    return bool(stage.data.tasks) or any(
+        first_row_is_chat(recipe_path(base_dir, f)) for f in stage.data.files
+    )
+
+
+def _epoch_rows(stage: SFTStage) -> EpochRows:
+    if stage.data.pairs:  # how many prompts give a pair is known only then
+        return EpochRows(pending="the pairs are generated")
+    counts, tasks = stage.data.problems_per_task, stage.data.tasks
+    problems = sum(counts.get(t, 0) for t in tasks) if isinstance(counts, dict) else counts * len(tasks)
+    return EpochRows(problems, tuple(stage.data.files), packed=stage.pack)

@@ -1,11 +1,5 @@
-"""Verifiable single-turn tasks, looked up by name from recipes."""
-
-from __future__ import annotations
-
-import dataclasses
-import difflib
-from pathlib import Path
-from typing import Any
+"""Verifiable single-turn tasks: problems of a split, a prompt, a grade (`base.py`). Tasks are
+looked up by name in `temper.catalog`, which also holds the environment tasks of `temper.envs`."""
 
 from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from temper.tasks.base import Problem, Score, Task, TaskOptionError
@@ -15,25 +9,14 @@ from temper.tasks.instructed import InstructedArithmetic
 from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
 from temper.tasks.two_mode import TwoMode, TwoModeConfig
 
-TASKS: dict[str, type] = {
-    "arithmetic": Arithmetic,
-    "general_points": GeneralPoints,
-    "dataset": DataTask,  # the user's rows and reward functions
-    "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
-    "two_mode": TwoMode,  # a task's demonstrations in a thinking and a direct mode (AdaptThink)
-    "instructed_arithmetic": InstructedArithmetic,  # a house rule in a system prompt (prompt distillation)
-}
-
 __all__ = [
-    "ENVIRONMENT_TASKS",
-    "TASKS",
-    "make_recipe_task",
     "Arithmetic",
     "ArithmeticConfig",
     "DataTask",
     "DataTaskConfig",
     "GeneralPoints",
     "GeneralPointsConfig",
+    "InstructedArithmetic",
     "Problem",
     "ReasoningGym",
     "ReasoningGymConfig",
@@ -42,71 +25,4 @@ __all__ = [
     "TaskOptionError",
     "TwoMode",
     "TwoModeConfig",
-    "make_task",
-    "task_fingerprints",
-    "task_types",
 ]
-
-
-ENVIRONMENT_TASKS = {
-    "calculator_arithmetic": "temper.envs.calculator:CalculatorArithmetic",
-    "code_repair": "temper.envs.code_repair.task:CodeRepairTask",
-    "treasure_hunt": "temper.envs.treasure_task:TreasureHuntTask",
-    "multi_tool": "temper.envs.multi_tool:MultiToolTask",  # tools with costs and dependencies, local or MCP
-    "simulated_search": "temper.envs.simulated_search:SimulatedSearchTask",
-    "search_documents": "temper.envs.simulated_search:SearchDocumentsTask",  # its simulator's SFT task
-}
-"""Environment tasks (a Task with `make_env`: multi-turn episodes), imported on first lookup: their
-modules import temper.tasks, so this package cannot import them while it initializes."""
-
-
-def task_types() -> dict[str, type]:
-    """Every task kind by name: the built-in ones and the environment tasks."""
-    import importlib
-
-    for name, path in ENVIRONMENT_TASKS.items():
-        if name not in TASKS:
-            module, _, cls = path.partition(":")
-            TASKS[name] = getattr(importlib.import_module(module), cls)
-    return TASKS
-
-
-def make_task(name: str, *, label: str | None = None, base_dir: Path | None = None, **options: Any) -> Task:
-    """The task `name` configured by `options` (its config's fields); errors suggest the nearest.
-    A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
-    `label` and the folder its relative paths resolve against."""
-    types = task_types()
-    if name not in types:
-        raise ValueError(f"unknown task {name!r}{_hint(name, types)}; valid tasks: {', '.join(types)}")
-    cls = types[name]
-    fields = [f.name for f in dataclasses.fields(cls.config_type)]
-    for option in options:
-        if option not in fields:
-            raise ValueError(
-                f"unknown option {option!r} for task {name!r}{_hint(option, fields)}; "
-                f"valid options: {', '.join(fields)}"
-            )
-    config = cls.config_type(**options)
-    if hasattr(cls, "build"):
-        return cls.build(config, name=label or name, base_dir=base_dir)
-    return cls(config)
-
-
-def make_recipe_task(name: str, options: dict[str, Any], base_dir: Path | None = None) -> Task:
-    """A recipe's task entry. The key is the task's name in the recipe; `task:` picks the
-    built-in it configures, so one recipe can hold variants (`add_sub: {task: arithmetic,
-    ops: [+, -]}`) next to the task itself. `base_dir` (the recipe's folder; default the working
-    directory) is where a task's relative paths (`data:`, a reward module) resolve."""
-    options = dict(options)
-    return make_task(options.pop("task", name), label=name, base_dir=base_dir, **options)
-
-
-def task_fingerprints(tasks: dict[str, Task]) -> dict[str, str]:
-    """name -> digest of what a task reads beyond its options (data rows, reward code), for the
-    tasks that have one: a stage's settings hash covers it, so editing the data reruns the stage."""
-    return {name: t.fingerprint() for name, t in tasks.items() if hasattr(t, "fingerprint")}
-
-
-def _hint(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -41,15 +41,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from temper.data.formats import DataError
+from temper.data.sources import SourceError, read_rows  # (`datasets` only for tables and hub ids)
 from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw, split_of, verifier_error
 from temper.tasks.reward_functions import (
     GRADERS,
     RewardFunction,
-    _strip_end,
     call_all,
     is_conversational,
     load_reward_function,
     make_grader,
+    strip_end_markers,
 )
 
 TEST_LABELS = {"test": "test", "validation": "test", "valid": "test", "dev": "test", "eval": "test"}
@@ -187,10 +188,6 @@ class DataTask:
 
     @classmethod
     def build(cls, config: DataTaskConfig, name: str, base_dir: Path | None) -> DataTask:
-        if config.env:  # the user's environment over these rows (imported here: envs import tasks)
-            from temper.envs.user_env import EnvDataTask
-
-            return EnvDataTask(config, name, base_dir)
         return cls(config, name, base_dir)
 
     # ------------------------------------------------------------ building
@@ -301,7 +298,7 @@ class DataTask:
             total = sum(w * v for w, v in zip(self.weights, values, strict=True) if v is not None)
             answer = first.extract(text) if first.extract is not None else None
             if self.format is not None:
-                parsed = self.format.search(_strip_end(text)) is not None
+                parsed = self.format.search(strip_end_markers(text)) is not None
             else:
                 parsed = answer is not None if first.extract is not None else True
             correct = values[0] is not None and values[0] >= self.config.correct_threshold
@@ -363,8 +360,6 @@ class DataTask:
 def _rows(spec: str, base_dir: Path, split: str | None, option: str = "data") -> list[_Row]:
     """The rows of a data source as (source label, 1-based row, values). A source that cannot be
     read at all is an error of the task option naming it; a bad row stays a DataError at its row."""
-    from temper.data.sources import SourceError
-
     try:
         return [_Row(source, line, values) for source, line, values in _read_rows(spec, base_dir, split)]
     except SourceError as err:
@@ -372,8 +367,6 @@ def _rows(spec: str, base_dir: Path, split: str | None, option: str = "data") ->
 
 
 def _read_rows(spec: str, base_dir: Path, split: str | None):
-    from temper.data.sources import read_rows  # imports `datasets` only for tables and hub ids
-
     for source, line, values in read_rows(spec, base_dir, split):
         if not isinstance(values, dict):
             raise DataError(source, line, "<row>", "must be an object (a mapping of column to value)")

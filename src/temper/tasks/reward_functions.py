@@ -261,11 +261,12 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _strip_end(text: str) -> str:
+def strip_end_markers(text: str) -> str:
+    """`text` stripped, without the end-of-turn markers it ends in (END_MARKERS)."""
     text = text.strip()
     for marker in END_MARKERS:
         if text.endswith(marker):
-            return _strip_end(text[: -len(marker)])
+            return strip_end_markers(text[: -len(marker)])
     return text
 
 
@@ -273,7 +274,7 @@ def extract_final(text: str, pattern: re.Pattern[str] | None = None) -> str | No
     """The final answer of a completion: the first group (or whole match) of `pattern` when one is
     given (the task's `format`), else the last \\boxed{}, else the text after the last `Answer:`,
     else None. Graders that read a bare number fall back further (see `numeric_match`)."""
-    text = _strip_end(text)
+    text = strip_end_markers(text)
     if pattern is not None:
         m = pattern.search(text)
         if m is None:
@@ -318,11 +319,11 @@ class Grader:
         if self.name == "regex":
             return text if compiled is not None and compiled.search(text) else None
         if self.name == "math_verify" and compiled is None:  # math-verify finds the answer itself
-            parsed = _math_parse(_strip_end(text))
+            parsed = _math_parse(strip_end_markers(text))
             return parsed[-1] if parsed else None
         found = extract_final(text, compiled)
         if found is None and self.name == "numeric_match" and compiled is None:
-            numbers = _NUMBER.findall(_strip_end(text))  # a bare number: the last one written
+            numbers = _NUMBER.findall(strip_end_markers(text))  # a bare number: the last one written
             found = numbers[-1] if numbers else None
         return found
 

@@ -47,10 +47,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from temper.labels import IGNORE  # the label of a step after the first error (as the loss masks)
 from temper.tasks.base import Problem, Task
 from temper.tasks.general_points import solvable
 
-IGNORE = -100  # the label of a step after the first error (as the loss masks)
 EQUATION_REASONS = ("valid", "malformed", "unavailable_operand", "wrong_result", "dead_end")
 
 _OPERAND = r"(\d+|\(-?\d+(?:/\d+)?\))"

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from temper.tasks.base import Problem, Score, TaskOptionError
@@ -76,13 +76,13 @@ class TwoMode:
     config_type: ClassVar[type] = TwoModeConfig
 
     @classmethod
-    def build(cls, config: TwoModeConfig, name: str, base_dir: Path | None = None) -> TwoMode:
-        from temper.tasks import make_task  # the registry imports this module
-
+    def wrap(cls, config: TwoModeConfig, name: str, make_inner: Callable[[], Any]) -> TwoMode:
+        """The task over the base task `make_inner()` builds (`temper.catalog.make_task` of
+        `config.base` with `config.options`: the catalog hands it over, as it sits above this layer)."""
         if config.base == cls.name:
             raise TaskOptionError("base", "a two_mode task cannot wrap another two_mode task")
         try:
-            inner = make_task(config.base, base_dir=base_dir, **config.options)
+            inner = make_inner()
         except TaskOptionError:
             raise
         except ValueError as err:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
-from temper.agent.loop import EpisodeLimits, run_episodes
 from temper.envs.base import make_env
 from temper.rewards.diagnostics import breakdown
 from temper.rewards.judge import GroupScorer
 from temper.rollout import Sampler
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
 from temper.train.features import Features, Step, shapers

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from temper.algorithms.estimators import ESTIMATORS
 from temper.algorithms.policy import Aggregation
+from temper.catalog import TASKS
 from temper.precision import Precision
 from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.path import PRINCIPLES
@@ -211,9 +212,7 @@ def core_rules(config: RLConfig, stage: StageView | None = None) -> list[Error]:
 def _unknown_component(name: str) -> str:
     """The error for a `rewards` key that is no component; a path signal some task declares (or
     `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    from temper.tasks import task_types
-
-    signals = {s for cls in task_types().values() for s in (getattr(cls, "path_signals", None) or {})}
+    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
     if name == "path" or name in signals:
         return (
             f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "

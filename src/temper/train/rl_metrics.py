@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate import Accelerator
 
-from temper.agent.trajectory import mean_signals
 from temper.rewards import BATCH_COMPONENTS
+from temper.rollout.trajectory import mean_signals
 from temper.train.rollouts import Group
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 import torch
 
-from temper.agent.trajectory import Segment, Trajectory
 from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rewards.process_reward_model import TokenRewards
 from temper.rollout.sampler import Sample
+from temper.rollout.trajectory import Segment, Trajectory
 from temper.tasks.base import Problem, Score, Task, grade_batch
 
 

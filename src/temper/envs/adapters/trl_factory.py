@@ -41,15 +41,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from temper.agent.tools import ToolCallError, parse_each_tool_call
 from temper.envs.base import StepResult
 from temper.tasks.base import Score, verifier_error
 from temper.tasks.reward_functions import RewardFunction, call_all, load_reward_function
+from temper.tools.calls import ToolCallError, parse_each_tool_call
 
 
 def _parse_tool_calls(text: str) -> list[dict[str, Any] | str]:
     """Each `<tool_call>` block of `text` as {"name", "arguments"}, or as the error message saying
-    why it is not one (temper.agent.tools reads the blocks; each call is answered on its own, as TRL does)."""
+    why it is not one (temper.tools.calls reads the blocks; each call is answered on its own, as TRL does)."""
     return [
         c.message if isinstance(c, ToolCallError) else {"name": c.name, "arguments": c.arguments}
         for c in parse_each_tool_call(text)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temper.envs.code_repair.generator import RepairTask
+from temper.envs.code_repair.generator import SOLUTION, TESTS, RepairTask
 from temper.envs.code_repair.grader import run_hidden
 from temper.envs.code_repair.visible import run_visible
 
@@ -67,7 +67,6 @@ def check(task: RepairTask, *, unsafe: bool = False) -> str | None:
 
 def visible_result(solution: str, tests: str, *, unsafe: bool = False) -> str:
     """`run_tests` on a workspace of these two files (a fresh sandbox)."""
-    from temper.envs.code_repair.generator import SOLUTION, TESTS
     from temper.sandbox import Limits, Sandbox, workspace_root
 
     workspace = Path(tempfile.mkdtemp(prefix="admit-", dir=workspace_root()))

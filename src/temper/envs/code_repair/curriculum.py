@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from temper import distributed
 from temper.envs.code_repair.admission import REASONS, admit
-from temper.envs.code_repair.generator import RepairTask, bug_sites, build, mutations
+from temper.envs.code_repair.generator import RepairTask, bug_sites, build, mutations, task_of
 from temper.tasks.base import Problem, draw
 
 if TYPE_CHECKING:
@@ -121,12 +121,10 @@ class Curriculum:
         """The row of a growth step: variants of the `failed` problem ids through the gate (a pure
         function of the pool so far, the ids and the step), their ids `gen<step>_<k>`."""
         known = {p.id: p for p in self.originals() + self.generated()}
-        seen = {t.buggy for a in _pools(self.task).values() for t in a.tasks}
+        seen = {t.buggy for a in self.task.admitted().values() for t in a.tasks}
         seen |= {p.data["buggy"] for p in self.generated()}
         counts: Counter = Counter({r: 0 for r in CURRICULUM_REASONS})
         candidates, parent_of = [], {}
-        from temper.envs.code_repair.task import task_of
-
         for pid in failed:
             for j in range(self.config.variants_per_failure):
                 t = self.make_variant(task_of(known[pid]), f"{self.task.config.seed}:{pid}:{step}:{j}")
@@ -199,9 +197,3 @@ class Curriculum:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
             os.replace(tmp, self.path)
         self.write = main
-
-
-def _pools(task: CodeRepairTask):
-    from temper.envs.code_repair.task import pools
-
-    return pools(task.config)

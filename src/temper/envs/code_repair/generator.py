@@ -38,6 +38,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from temper.tasks.base import Problem
+
 SOLUTION = "sol.py"
 TESTS = "test_sol.py"
 
@@ -71,6 +73,22 @@ class RepairTask:
     def files(self) -> dict[str, str]:
         """The workspace at the start of an episode."""
         return {SOLUTION: self.buggy, TESTS: self.test_source}
+
+
+def task_of(problem: Problem) -> RepairTask:
+    """The task a problem holds (its data is the task's fields, `asdict(task)`)."""
+    d = problem.data
+    return RepairTask(
+        shape=d["shape"],
+        family=d["family"],
+        buggy=d["buggy"],
+        fixed=d["fixed"],
+        line=d["line"],
+        fix_text=d["fix_text"],
+        visible=tuple(d["visible"]),
+        visible_want=d["visible_want"],
+        hidden=tuple((tuple(a), w) for a, w in d["hidden"]),
+    )
 
 
 def test_source(args: tuple[int, ...], want: int) -> str:

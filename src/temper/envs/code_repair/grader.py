@@ -87,7 +87,7 @@ def run_hidden(source: str, hidden, *, timeout_s: float = 5.0, unsafe: bool = Fa
     """Run the hidden tests `hidden` ((args, expected) pairs) on the sol.py text `source` in a
     fresh sandbox (module docstring)."""
     from temper.sandbox import Limits, Sandbox, workspace_root  # probes the host: only when used
-    from temper.sandbox.sandbox import _default_python
+    from temper.sandbox.sandbox import default_python
 
     nonce = secrets.token_hex(16)
     cases = [list(args) for args, _ in hidden]
@@ -97,7 +97,7 @@ def run_hidden(source: str, hidden, *, timeout_s: float = 5.0, unsafe: bool = Fa
         (workspace / SOLUTION).write_text(source)
         sandbox = Sandbox(workspace, Limits(wall_s=timeout_s, output_bytes=1 << 16), unsafe=unsafe)
         try:
-            result = sandbox.run_cmd(oracle_argv(_default_python(), nonce, cases))
+            result = sandbox.run_cmd(oracle_argv(default_python(), nonce, cases))
         finally:
             sandbox.close()
     finally:

@@ -44,7 +44,15 @@ from temper.envs.base import StepResult
 from temper.envs.code_repair.admission import Admission, admit
 from temper.envs.code_repair.curriculum import Curriculum, CurriculumConfig
 from temper.envs.code_repair.env import PATH_SIGNALS, CodeRepairEnv
-from temper.envs.code_repair.generator import FAMILIES, SHAPES, SOLUTION, TESTS, RepairTask, candidates
+from temper.envs.code_repair.generator import (
+    FAMILIES,
+    SHAPES,
+    SOLUTION,
+    TESTS,
+    RepairTask,
+    candidates,
+    task_of,
+)
 from temper.tasks.base import Problem, Score, check_split, draw, split_of
 
 INSTRUCTIONS = (
@@ -141,21 +149,6 @@ def _pools(config: CodeRepairConfig) -> dict[str, Admission]:
     return out
 
 
-def task_of(problem: Problem) -> RepairTask:
-    d = problem.data
-    return RepairTask(
-        shape=d["shape"],
-        family=d["family"],
-        buggy=d["buggy"],
-        fixed=d["fixed"],
-        line=d["line"],
-        fix_text=d["fix_text"],
-        visible=tuple(d["visible"]),
-        visible_want=d["visible_want"],
-        hidden=tuple((tuple(a), w) for a, w in d["hidden"]),
-    )
-
-
 @dataclass(frozen=True)
 class CodeRepairTask:
     """Generated repositories repaired as multi-turn episodes (module docstring)."""
@@ -178,6 +171,10 @@ class CodeRepairTask:
     @property
     def prompt(self) -> str:
         return f"{INSTRUCTIONS}\n{SHORT_PROMPT}" if self.config.instructions else SHORT_PROMPT
+
+    def admitted(self) -> dict[str, Admission]:
+        """The admitted pool of each split (`pools`)."""
+        return pools(self.config)
 
     def admission_counts(self) -> dict[str, dict[str, int]]:
         """Per split: candidates admitted and rejected by reason (admission.py)."""

@@ -33,9 +33,9 @@ except BaseException as e:
 
 def run_visible(sandbox) -> str:
     """Run the visible tests in `sandbox`'s workspace; the one-line result (module docstring)."""
-    from temper.sandbox.sandbox import _default_python
+    from temper.sandbox.sandbox import default_python
 
-    result = sandbox.run_cmd([_default_python(), "-I", "-S", "-B", "-c", _DRIVER])
+    result = sandbox.run_cmd([default_python(), "-I", "-S", "-B", "-c", _DRIVER])
     if result.timed_out:
         return "ERROR timeout"
     lines = result.stdout.strip().splitlines()

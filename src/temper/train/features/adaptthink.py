@@ -31,9 +31,9 @@ import torch
 from pydantic import ConfigDict, Field
 
 from temper import distributed
-from temper.agent.loop import EpisodeLimits, run_episodes
 from temper.atomic import atomic_write_json
 from temper.envs.base import make_env
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample, Sampler, derive_seed, prompt_seeds
 from temper.tasks.base import Problem, Task
 from temper.tasks.two_mode import marker_ids

@@ -61,7 +61,8 @@ class ScorerSetup:
     """The policy's (a scorer that reads the policy's token ids must share it)."""
     device: Any
     folder: Callable[[str, str], Path]
-    """(a stage name or a folder, the stage kind that exports it) -> the folder it names."""
+    """(a stage name or a folder, the folder that stage exports) -> the folder it names: the
+    stage's `<out>/<export>`, else a folder relative to the recipe."""
     judge: Callable[[Any], Any]
     """A `judge:` block -> its judge (`temper.rewards.judge.Judge`), built as every stage's are."""
 

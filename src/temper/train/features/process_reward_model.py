@@ -21,7 +21,13 @@ from typing import Any
 from pydantic import ConfigDict
 
 from temper.models.tokenizer import tokenizer_mismatch
-from temper.rewards.process_reward_model import PRM, Mode, ProcessRewardModel, prm_scorer
+from temper.rewards.process_reward_model import (
+    PRM,
+    PROCESS_REWARD_MODEL_DIR,
+    Mode,
+    ProcessRewardModel,
+    prm_scorer,
+)
 from temper.tasks.base import Task
 from temper.train.features.base import Error, Hooks, RLFeature, ScorerSetup, SetupError, Step, Use
 
@@ -96,7 +102,7 @@ def scorers(config: Any, setup: ScorerSetup) -> dict[str, Any]:
     spec = config.process_reward_model
     if spec is None:
         return {}
-    prm = ProcessRewardModel.load(setup.folder(spec.model, PRM), device=setup.device)
+    prm = ProcessRewardModel.load(setup.folder(spec.model, PROCESS_REWARD_MODEL_DIR), device=setup.device)
     if problem := tokenizer_mismatch(setup.tokenizer, prm.tokenizer):
         raise SetupError(
             f"train.process_reward_model {spec.model!r} does not share the policy's tokenizer "
@@ -162,7 +168,9 @@ FEATURE = RLFeature(
     uses=uses,
     describe=_describe,
     summary=lambda config, folder: (
-        {PRM: str(folder(config.process_reward_model.model, PRM))} if config.process_reward_model else {}
+        {PRM: str(folder(config.process_reward_model.model, PROCESS_REWARD_MODEL_DIR))}
+        if config.process_reward_model
+        else {}
     ),
     hashed=hashed,
     moved=moved,

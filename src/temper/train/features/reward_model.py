@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from temper.rewards.reward_model import REWARD_MODEL_DIR, RewardModel
 from temper.train.features.base import Error, RLFeature, ScorerSetup, Use
 from temper.train.rollouts import model_scorer
 
@@ -46,9 +47,7 @@ def uses(config: Any) -> list[Use]:
 def scorers(config: Any, setup: ScorerSetup) -> dict[str, Any]:
     if config.reward_model is None:
         return {}
-    from temper.rewards.reward_model import RewardModel  # only runs with a learned reward
-
-    learned = RewardModel.load(setup.folder(config.reward_model, RM), device=setup.device)
+    learned = RewardModel.load(setup.folder(config.reward_model, REWARD_MODEL_DIR), device=setup.device)
     return {RM: model_scorer(RM, learned)}
 
 
@@ -63,6 +62,8 @@ FEATURE = RLFeature(
     rules=rules,
     uses=uses,
     describe=lambda config: f", reward model {config.reward_model!r}" if config.reward_model else "",
-    summary=lambda config, folder: {RM: str(folder(config.reward_model, RM))} if config.reward_model else {},
+    summary=lambda config, folder: (
+        {RM: str(folder(config.reward_model, REWARD_MODEL_DIR))} if config.reward_model else {}
+    ),
     scorers=scorers,
 )

@@ -9,11 +9,11 @@ has a declared `cost` per call and the tools it `requires`, those whose output i
     @registry.tool(cost=0.02, requires=["rate"])      # needs a rate id that only `rate` gives
     def convert(amount: int, rate_id: str) -> int: ...
 
-    registry.add(mcp.tools(), costs={"search": 0.1})  # an MCP server's tools (temper.agent.mcp)
+    registry.add(mcp.tools(), costs={"search": 0.1})  # an MCP server's tools (temper.tools.mcp)
     episode = registry.episode()                      # one per env episode: what has been called
     messages, signals = episode.step(assistant_text)  # tool messages, and the step's signals
 
-Tools are `temper.agent.tools.Tool`s (a function and its JSON schema, in the HF convention), so a
+Tools are `temper.tools.calls.Tool`s (a function and its JSON schema, in the HF convention), so a
 local function and an MCP server's tool are called, validated and answered the same way.
 
 Rules, per call (in the order of the turn):
@@ -42,16 +42,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.agent.tools import (
+from temper.tools.calls import (
     MAX_ERROR_CHARS,
     MAX_OUTPUT_CHARS,
     Tool,
     ToolCall,
     ToolCallError,
     ToolDefinitionError,
-    _as_text,
-    _clip,
+    as_text,
     check_arguments,
+    clip_text,
     parse_tool_calls,
 )
 
@@ -229,11 +229,11 @@ class ToolEpisode:
         except ToolServerError:
             raise
         except Exception as err:  # the tool's failure is an observation; KeyboardInterrupt still stops
-            said = _clip(str(err), reg.max_error_chars)
+            said = clip_text(str(err), reg.max_error_chars)
             return _error(call.name, f"tool {call.name!r} failed" + (f": {said}" if said else ""), t.cost,
                           respected=bool(t.requires))  # fmt: skip
         self.succeeded.add(call.name)
-        content = _clip(_as_text(result), reg.max_output_chars)
+        content = clip_text(as_text(result), reg.max_output_chars)
         message = {"role": "tool", "name": call.name, "content": content}
         return CallOutcome(message, None, t.cost, respected=bool(t.requires))
 

@@ -1,5 +1,5 @@
 """Tools from any MCP server (the official `mcp` Python SDK, stdio transport), called through the
-same registry as local tools (`temper.agent.registry`). Needs the `mcp` extra.
+same registry as local tools (`temper.tools.registry`). Needs the `mcp` extra.
 
     server = MCPConnection("python", ["-m", "temper.envs.mcp_servers.shop"])
     registry = CostRegistry().add(server.tools(), costs={"quote": 0.2}, requires={"convert": ["rate"]})
@@ -31,8 +31,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from temper.agent.registry import ToolFailed, ToolServerError
-from temper.agent.tools import Tool
+from temper.tools.calls import Tool
+from temper.tools.registry import ToolFailed, ToolServerError
 
 CONNECT_TIMEOUT_S = 60.0
 

@@ -40,10 +40,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from temper.agent.trajectory import Segment, StopReason, Trajectory
 from temper.data.chat import check_tool_template, prompt_ids
 from temper.envs.base import Env, StepResult
 from temper.rollout.sampler import Sample, Sampler, derive_seed
+from temper.rollout.trajectory import Segment, StopReason, Trajectory
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def _parse_block(body: str, block: str) -> ToolCall | ToolCallError:
         obj = json.loads(body.strip())
     except json.JSONDecodeError as err:
         return error(
-            f"the tool call is not valid JSON ({err.msg} at column {err.colno}): {_clip(body.strip(), 200)}"
+            f"the tool call is not valid JSON ({err.msg} at column {err.colno}): {clip_text(body.strip(), 200)}"
         )
     if not isinstance(obj, dict):
         return error(f"the tool call must be a JSON object, got {_json_type(obj)}")
@@ -224,11 +224,11 @@ class ToolRegistry:
         try:
             result = tool.fn(**call.arguments)
         except Exception as err:
-            said = _clip(str(err), self.max_error_chars)
+            said = clip_text(str(err), self.max_error_chars)
             return _failed(
                 call.name, f"tool {call.name!r} raised {type(err).__name__}" + (f": {said}" if said else "")
             )
-        content = _clip(_as_text(result), self.max_output_chars)
+        content = clip_text(as_text(result), self.max_output_chars)
         return ToolResult({"role": "tool", "name": call.name, "content": content})
 
 
@@ -236,7 +236,7 @@ def _failed(name: str, why: str) -> ToolResult:
     return ToolResult({"role": "tool", "name": name, "content": f"Error: {why}"}, why)
 
 
-def _as_text(result: Any) -> str:
+def as_text(result: Any) -> str:
     """A tool's return value as the tool message's content: text as it is, JSON for data."""
     if isinstance(result, str):
         return result
@@ -246,7 +246,8 @@ def _as_text(result: Any) -> str:
         return str(result)
 
 
-def _clip(text: str, limit: int) -> str:
+def clip_text(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how many were cut."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
@@ -296,7 +297,7 @@ def _check(value: Any, schema: dict[str, Any], where: str) -> str | None:
     kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
     if kinds and not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
         wanted = " or ".join(_NAMES.get(k, k) for k in kinds)
-        return f"{where} must be {wanted}, got {_json_type(value)} {_clip(json.dumps(value, ensure_ascii=False), 60)}"
+        return f"{where} must be {wanted}, got {_json_type(value)} {clip_text(json.dumps(value, ensure_ascii=False), 60)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where} must be one of {', '.join(json.dumps(v) for v in schema['enum'])}, got {json.dumps(value)}"
     if isinstance(value, list):
