@@ -36,7 +36,8 @@ from benchmarks.common import machine_line, matmul_params, matmul_peak_gflops, m
 from temper.data.preferences import Pair, tokenize_pairs
 from temper.models import build_preset, build_tokenizer
 from temper.train import TrainConfig
-from temper.train.preference import DPO, train_preference
+from temper.train.preference import DPO, Preference
+from temper.train.supervised import train_supervised
 
 SHAPES = {
     # (prompt chars, completion chars incl. EOS): (lo, hi) drawn uniformly per row
@@ -89,7 +90,9 @@ def temper_run(preset: str, rows: list[dict[str, str]], steps: int, batch: int, 
     )
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        train_preference(model, items, DPO(beta=0.1), config, out, pad_id=tokenizer.pad_token_id)
+        train_supervised(
+            model, items, config, out, objective=Preference(DPO(beta=0.1), tokenizer.pad_token_id)
+        )
         total = time.perf_counter() - start
         per_step = [
             json.loads(line)["tokens_per_s"] for line in Path(out, "metrics.jsonl").read_text().splitlines()

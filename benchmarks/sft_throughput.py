@@ -26,7 +26,7 @@ import torch
 from benchmarks.common import machine_line, matmul_params, matmul_peak_gflops, median
 from temper.data.dataset import Sequence
 from temper.models import build_preset, build_tokenizer
-from temper.train import TrainConfig, train_supervised
+from temper.train import NextToken, TrainConfig, train_supervised
 
 
 def rows(tokenizer, n: int, seq: int, seed: int = 0) -> list[list[int]]:
@@ -65,7 +65,7 @@ def temper_tokens_per_s(
             seqs,
             config,
             out,
-            pad_id=tokenizer.pad_token_id,
+            objective=NextToken(tokenizer.pad_token_id),
             callbacks=[lambda step, row: stamps.append(time.perf_counter())],
         )
     per_step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]

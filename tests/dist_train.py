@@ -10,7 +10,7 @@ from pathlib import Path
 from temper import distributed
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset, build_tokenizer
-from temper.train import TrainConfig, train_supervised
+from temper.train import NextToken, TrainConfig, train_supervised
 
 
 def main(out: str) -> None:
@@ -35,7 +35,7 @@ def main(out: str) -> None:
         data,
         config,
         out,
-        pad_id=tokenizer.pad_token_id,
+        objective=NextToken(tokenizer.pad_token_id),
         eval_set=held_out,
     )
     if state.is_main_process:

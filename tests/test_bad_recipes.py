@@ -311,6 +311,7 @@ GOOD = {
     "gae-with-a-group-of-1": {18: RL + "advantage: gae, group_size: 1}"},
     "greedy-rollouts": {18: RL + "temperature: 0, group_size: 4}"},
     "no-warmup": {13: SFT + "warmup_steps: 0}"},
+    "short-runs-with-the-default-warmup": {9: "    train: {max_steps: 4, batch_size: 4}", 13: SFT[:-2] + "}"},
     "micro-batch-dividing": {13: SFT + "micro_batch_size: 2, warmup_steps: 1}"},
     "minibatch-per-sample": {18: RL + "prompts_per_step: 2, group_size: 4, minibatches: 8}"},
     "task-variant": {4: "  arithmetic: {task: arithmetic, max_digits: 2}"},

@@ -720,15 +720,15 @@ def _pretrain(out: Path, steps: int, save_every: int) -> list[str]:
 
 def _spy_resume(w: World) -> None:
     """Record the step each in-process training resumes from."""
-    import temper.train.supervised as supervised
+    import temper.train.checkpoint as checkpoint
 
-    real = supervised.load_checkpoint
+    real = checkpoint.load_checkpoint
 
     def load(path, accelerator):
         w.resumed.append(step := real(path, accelerator))
         return step
 
-    w.monkeypatch.setattr(supervised, "load_checkpoint", load)
+    w.monkeypatch.setattr(checkpoint, "load_checkpoint", load)
 
 
 def _signalled(out: Path, command: list[str], sig: signal.Signals) -> tuple[int, str]:

@@ -1,6 +1,6 @@
-"""Multi-process runs are real: two CPU processes (torchrun, gloo) see a world of 2; SFT and GRPO
-give the same losses as one process at the same global batch; a 2-process RL run resumes exactly;
-a whole recipe under torchrun is one job writing one run folder.
+"""Multi-process runs are real: two CPU processes (torchrun, gloo) see a world of 2; SFT, GRPO and
+prompt distillation give the same losses as one process at the same global batch; a 2-process RL
+run resumes exactly; a whole recipe under torchrun is one job writing one run folder.
 
 `accelerate launch --cpu --num_processes 2` is not used: with accelerate 1.15 it starts one
 process (see temper/distributed.py), so a test launched that way compares one process with itself.
@@ -98,8 +98,8 @@ def test_rl_two_processes_resume_exactly(rl_runs, tmp_path):
     ]
     launch([str(TESTS / "dist_rl.py"), str(out), RL_SETTINGS], 2)
     full, resumed = _history(rl_runs / "p2"), _history(out)
-    assert [r["step"] for r in resumed] == [3, 4]
-    for a, b in zip(full[2:], resumed, strict=True):
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # the result is the whole run's: 1-2 read back
+    for a, b in zip(full[2:], resumed[2:], strict=True):
         assert b["reward"] == a["reward"]
         for key in ("loss/policy", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
@@ -208,3 +208,44 @@ def test_a_step_without_a_learning_signal_skips_the_update(tokenizer, tmp_path):
     assert result.history[0]["zero_variance"] == 1.0 and result.history[0]["kept_groups"] == 0
     assert "loss" not in result.history[0]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+DISTILL = """\
+name: pd2
+model: {preset: nano, seed: 0}
+tasks:
+  bare: {task: instructed_arithmetic, system: false, grade: rule}
+stages:
+  - kind: pretrain
+    corpus: {tasks: [bare], problems_per_task: 64}
+    max_len: 64
+    train: {max_steps: 4, batch_size: 8, lr: 0.003, warmup_steps: 0, progress: false}
+  - kind: prompt_distill
+    tasks: [bare]
+    system: "House rule: answer with the last digit."
+    prompts: 16
+    max_new_tokens: 8
+    eval_problems: 4
+    train: {max_steps: 4, batch_size: 8, lr: 0.001, warmup_steps: 0, log_every: 1, save_every: 2, progress: false}
+"""
+
+
+@pytest.mark.slow
+def test_prompt_distillation_in_two_processes_matches_one(tmp_path):
+    """The teacher samples and the greedy evaluations on the main process, the KL steps in the
+    supervised loop on both (each its half of the global batch): the rows of one process, once."""
+    recipe = tmp_path / "pd.yaml"
+    recipe.write_text(DISTILL)
+    rows = []
+    for processes in (1, 2):
+        run = tmp_path / f"p{processes}"
+        done = launch(["-m", "temper.cli", "run", str(recipe), "--output-dir", str(run)], processes)
+        assert done.stdout.count("KL to the teacher") == 1  # the stage's table, printed once
+        log = run / "02-prompt_distill" / "metrics.jsonl"
+        rows.append([json.loads(line) for line in log.read_text().splitlines()])
+        assert (run / "02-prompt_distill" / "samples.jsonl").read_text().count("\n") == 16
+    assert [r["step"] for r in rows[1]] == [1, 2, 3, 4]
+    for a, b in zip(*rows, strict=True):
+        assert b["kl"] == pytest.approx(a["kl"], rel=1e-4) and b["grad_norm"] == pytest.approx(
+            a["grad_norm"], rel=1e-4
+        )

@@ -12,7 +12,7 @@ from temper.data.formats import (
     Example,
     LoadReport,
     NoUsableRowsError,
-    _format,
+    example_format,
     load_hf_dataset,
     load_jsonl,
     load_rows,
@@ -173,15 +173,14 @@ def test_the_example_of_each_format():
     assert parse_row({"messages": [U, CALL, T, A]}, "f", 1).messages[1] is CALL
 
 
-def test_the_format_a_row_claims():
-    assert _format([1]) is None
-    assert _format({"messages": 1, "prompt": "p"}) == "messages"
-    assert _format({"prompt": "p"}) == "prompt/completion (text)"
-    assert _format({"completion": "c"}) == "prompt/completion (text)"
-    assert _format({"prompt": [U], "completion": "c"}) == "prompt/completion (messages)"
-    assert _format({"prompt": "p", "completion": [A]}) == "prompt/completion (messages)"
-    assert _format({"text": "t"}) == "text"
-    assert _format({"other": 1}) is None
+def test_the_format_each_example_has():
+    def fmt(row):
+        return example_format(parse_row(row, "f", 1))
+
+    assert fmt({"messages": [U, A], "prompt": "p"}) == "messages"  # messages wins
+    assert fmt({"prompt": "p", "completion": "c", "text": "t"}) == "prompt/completion (text)"
+    assert fmt({"prompt": [U], "completion": [A]}) == "prompt/completion (messages)"
+    assert fmt({"text": "t"}) == "text"
 
 
 def test_one_format_per_file():

@@ -38,15 +38,66 @@ def base(tmp_path):
     return save_model(build_model(tokenizer), tokenizer, tmp_path / "base")
 
 
-def _trained_adapter(base):
+def _trained_adapter(base, seed=0):
     """A LoRA model on `base` whose adapter changes the logits (PEFT starts lora_B at zero)."""
     model = with_lora(load_model(base), {"r": 4, "alpha": 8})
     with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.2)
     return model
+
+
+def _peft_load(adapter):
+    """The adapter the way PEFT's users load it: its recorded base, then the adapter."""
+    recorded = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(recorded), adapter)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_an_adapter_trained_on_an_adapter_reloads_the_whole_chain(base, tmp_path, depth):
+    """An adapter on an adapter folder (`save: adapter` at SFT and at RL) recorded the first one's
+    base, and both PEFT and temper reloaded it without the first adapter; now the merged model it
+    was trained on is saved in it (`base/`) and named, so both give the model that was trained."""
+    tokenizer = load_tokenizer(base)
+    source = base
+    for level in range(depth):
+        model = _trained_adapter(source, seed=level)
+        trained = _logits(model)
+        source = save_trained(model, tokenizer, tmp_path / f"adapter{level}", lora_save="adapter")
+        assert torch.equal(_logits(model), trained)  # saving left the model in memory as it was
+    assert is_adapter_dir(source) and adapter_base(source) == str((source / "base").resolve())
+    assert not is_adapter_dir(source / "base")  # a whole model
+    assert torch.allclose(_logits(_peft_load(source)), trained, rtol=0, atol=1e-6)
+    assert torch.allclose(_logits(load_model(source)), trained, rtol=0, atol=1e-6)
+    assert not torch.allclose(_logits(load_model(tmp_path / f"adapter{depth - 2}")), trained, atol=1e-3)
+    # the folder is whole on its own: moved away from its recorded path, temper still finds its base
+    moved = tmp_path / "elsewhere" / "adapter"
+    shutil.copytree(source, moved)
+    shutil.rmtree(source)
+    assert torch.allclose(_logits(load_model(moved)), trained, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("save", ["full", "merged"])
+def test_a_whole_model_trained_on_an_adapter_keeps_both(base, tmp_path, save):
+    """adapter -> full fine-tune, and adapter -> LoRA saved merged: a plain model with both."""
+    tokenizer = load_tokenizer(base)
+    sft = save_trained(_trained_adapter(base), tokenizer, tmp_path / "sft", lora_save="adapter")
+    if save == "merged":
+        model = _trained_adapter(sft, seed=1)
+    else:
+        model = load_model(sft)
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(1)
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+    trained = _logits(model)
+    out = save_trained(model, tokenizer, tmp_path / "rl")
+    assert not is_adapter_dir(out)
+    assert torch.allclose(_logits(AutoModelForCausalLM.from_pretrained(out)), trained, rtol=0, atol=1e-6)
+    assert torch.allclose(_logits(load_model(out)), trained, rtol=0, atol=1e-6)
+    assert not torch.allclose(_logits(load_model(sft)), trained, atol=1e-3)
 
 
 def test_adapter_save_loads_in_peft_with_the_merged_models_logits(base, tmp_path):
@@ -108,7 +159,7 @@ stages:
     name: again
     data: {{files: [chat.jsonl], eval_problems: 0}}
     max_len: 64
-    train: {{max_steps: 1, warmup_steps: 0, batch_size: 2, lr: 0.01, progress: false}}
+    train: {{max_steps: 1, warmup_steps: 0, batch_size: 2, lr: 0.01, progress: false}}{again}
   - kind: eval
     n_problems: 2
     k: 1
@@ -117,7 +168,7 @@ stages:
 """
 
 
-def _write_recipe(tmp_path, base, save="adapter"):
+def _write_recipe(tmp_path, base, save="adapter", again=""):
     rows = [
         {
             "messages": [
@@ -128,7 +179,7 @@ def _write_recipe(tmp_path, base, save="adapter"):
         for i in range(6)
     ]
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = RECIPE.format(base=base, save=save)
+    text = RECIPE.format(base=base, save=save, again=again and f"\n    lora: {again}")
     (tmp_path / "recipe.yaml").write_text(text)
     return text
 
@@ -181,3 +232,28 @@ def test_stage_commands_take_an_adapter_folder_as_their_model(base, tmp_path, ca
     assert "arithmetic / sft" in capsys.readouterr().out
     assert main([*evaluate, "--sampler", "vllm", "--overwrite"]) == 2  # vLLM needs a whole model: refused
     assert "is a LoRA adapter folder, and sampler: vllm needs a whole model" in capsys.readouterr().err
+
+
+def test_a_recipe_with_two_adapter_stages_saves_what_the_second_trained(base, tmp_path, monkeypatch):
+    """`save: adapter` at both stages: the second adapter, loaded by PEFT from its recorded base and
+    by temper (as its eval does), has the logits of the model the stage held when it saved."""
+    import temper.stages.sft as sft_stage
+
+    held = {}
+
+    def save_trained_and_keep(model, tokenizer, out, save="merged"):
+        held[out.parent.name] = _logits(model)
+        return save_trained(model, tokenizer, out, save)
+
+    monkeypatch.setattr(sft_stage, "save_trained", save_trained_and_keep)
+    text = _write_recipe(tmp_path, base, again="{r: 4, alpha: 8, save: adapter}")
+    run = tmp_path / "run"
+    run_recipe(parse_recipe(text), tmp_path, run, text)
+    sft, again = run / "01-sft" / "model", run / "02-again" / "model"
+    assert is_adapter_dir(sft) and is_adapter_dir(again)
+    trained = held["02-again"]
+    assert torch.allclose(_logits(_peft_load(again)), trained, rtol=0, atol=1e-6)
+    assert torch.allclose(_logits(load_model(again)), trained, rtol=0, atol=1e-6)
+    # the bug: the second adapter on the first's base, the first stage's training gone
+    alone = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), again)
+    assert not torch.allclose(_logits(alone), trained, atol=1e-3)

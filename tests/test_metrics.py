@@ -10,7 +10,7 @@ from accelerate.tracking import GeneralTracker, register_tracker_class
 from temper.data import build_sequences, parse_row
 from temper.jsonl import iter_jsonl
 from temper.models import build_preset
-from temper.train import TrainConfig, train_supervised
+from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.metrics import MetricsLog, flat_config
 from temper.train.rl import RLConfig, train_rl
 from test_rl import FirstByteTask  # tests/ is on the path (pytest rootdir mode)
@@ -103,7 +103,9 @@ def _sequences(tokenizer):
 def test_supervised_trainer_logs_to_named_trackers(tokenizer, tmp_path):
     config = TrainConfig(max_steps=3, batch_size=4, log_every=1, progress=False, trackers=["temper_recorder"])
     model = build_preset("nano", tokenizer)
-    train_supervised(model, _sequences(tokenizer), config, tmp_path, pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        model, _sequences(tokenizer), config, tmp_path, objective=NextToken(tokenizer.pad_token_id)
+    )
     (run,) = Recorder.runs
     rows = _rows(tmp_path / "metrics.jsonl")
     assert [step for step, _ in run.rows] == [r["step"] for r in rows] == [1, 2, 3]

@@ -293,8 +293,8 @@ def test_a_resumed_run_reads_its_window_back_and_warns_once(tokenizer, tmp_path,
         _run(tmp_path / "b", tokenizer, HACK, steps=6, save_every=2, callbacks=[crash])
     capsys.readouterr()
     resumed, _ = _run(tmp_path / "b", tokenizer, HACK, steps=6, save_every=2)
-    assert [r["step"] for r in resumed] == [5, 6]
-    for a, b in zip(full[4:], resumed, strict=True):  # the window came back from metrics.jsonl
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # steps 1-4 read back from metrics.jsonl
+    for a, b in zip(full[4:], resumed[4:], strict=True):  # and the window with them
         assert {k: v for k, v in a.items() if k.startswith("monitor/")} == {
             k: v for k, v in b.items() if k.startswith("monitor/")
         }

@@ -12,7 +12,8 @@ from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence, collate
 from temper.data.preferences import Pair, tokenize_labelled, tokenize_pairs, unpair
 from temper.models import build_preset
-from temper.train.preference import DPO, KTO, backward_batch, kto_items, sequence_logps
+from temper.train.preference import DPO, KTO, Preference, Referenced, kto_items, sequence_logps
+from temper.train.supervised import backward_batch
 
 
 def padded_logps(model, seqs: list[Sequence], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,10 +105,10 @@ def test_packed_micro_batches_sum_to_the_padded_gradient(tokenizer, pairs, label
     want = [p.grad.clone() for p in model.parameters()]
     assert any(g.abs().sum() > 0 for g in want)
 
+    trained, referenced = Preference(objective, pad), [Referenced(it, r) for it, r in zip(items, refs)]
+    context = trained.context(model, referenced)
     for micro in (len(items), 3, 1):
         model.zero_grad(set_to_none=True)
-        backward_batch(
-            model, items, list(range(len(items))), refs, objective, ctx, micro, len(items), pad, {}
-        )
+        backward_batch(model, trained, referenced, context, micro, {})
         for p, g in zip(model.parameters(), want):
             torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)

@@ -12,16 +12,8 @@ from temper.data.preferences import Pair, tokenize_labelled, tokenize_pairs, unp
 from temper.models import build_preset
 from temper.rollout.sampler import Sample
 from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from temper.train.preference import (
-    DPO,
-    KTO,
-    backward_batch,
-    kto_items,
-    reference_logps,
-    sequence_logps,
-    train_preference,
-)
-from temper.train.supervised import TrainConfig
+from temper.train.preference import DPO, KTO, Preference, kto_items, reference_logps, sequence_logps
+from temper.train.supervised import TrainConfig, backward_batch, train_supervised
 
 
 def _rows(n=8) -> list[Pair]:
@@ -53,7 +45,7 @@ def _perturbed(tokenizer, seed=3):
 
 
 @pytest.mark.parametrize(
-    "objective",
+    "method",
     [
         DPO(beta=0.5),
         DPO(beta=0.5, loss_type="ipo"),
@@ -61,19 +53,17 @@ def _perturbed(tokenizer, seed=3):
         KTO(beta=0.5, desirable_weight=1.3),
     ],
 )
-def test_micro_batch_split_never_changes_the_gradient(tokenizer, pairs, labelled, objective):
-    items = labelled if isinstance(objective, KTO) else pairs
+def test_micro_batch_split_never_changes_the_gradient(tokenizer, pairs, labelled, method):
+    raw = labelled if isinstance(method, KTO) else pairs
     pad = tokenizer.pad_token_id
-    refs = reference_logps(
-        build_preset("nano", tokenizer, seed=3), objective.reference_sequences(items), pad, 4
-    )
+    objective = Preference(method, pad)
+    items, _ = objective.start(build_preset("nano", tokenizer, seed=3), raw, [], 4)  # the reference
     model = _perturbed(tokenizer)
-    idx = list(range(len(items)))
-    ctx = objective.prepare(model, items, refs, pad)
+    context = objective.context(model, items)
     grads, losses = [], []
     for micro in (len(items), 3, 1):
         model.zero_grad(set_to_none=True)
-        loss, _ = backward_batch(model, items, idx, refs, objective, ctx, micro, len(items), pad, {})
+        loss, _ = backward_batch(model, objective, items, context, micro, {})
         grads.append([p.grad.clone() for p in model.parameters()])
         losses.append(loss.item())
     assert losses[1] == pytest.approx(losses[0], abs=1e-6) and losses[2] == pytest.approx(losses[0], abs=1e-6)
@@ -82,24 +72,13 @@ def test_micro_batch_split_never_changes_the_gradient(tokenizer, pairs, labelled
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
-    # ... and it is the gradient of the objective's mean loss over the whole batch
+    # ... and it is the gradient of the method's mean loss over the whole batch
     model.zero_grad(set_to_none=True)
-    logp, tokens = sequence_logps(model, objective.sequences(items), pad)
-    objective.loss(items, logp, tokens, refs, ctx, {}).mean().backward()
+    refs = torch.stack([it.refs for it in items])
+    logp, tokens = sequence_logps(model, method.sequences(raw), pad)
+    method.loss(raw, logp, tokens, refs, context[0], {}).mean().backward()
     for a, p in zip(grads[0], model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
-
-
-def test_beta_moves_the_update(tokenizer, pairs):
-    pad = tokenizer.pad_token_id
-    refs = reference_logps(build_preset("nano", tokenizer, seed=3), DPO().reference_sequences(pairs), pad, 8)
-    model = _perturbed(tokenizer)
-    out = []
-    for beta in (0.1, 1.0):
-        model.zero_grad(set_to_none=True)
-        backward_batch(model, pairs, list(range(len(pairs))), refs, DPO(beta=beta), None, 8, 8, pad, {})
-        out.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-    assert not torch.allclose(out[0], out[1])
 
 
 def test_reference_is_the_adapter_disabled_base(tokenizer, pairs):
@@ -136,14 +115,13 @@ def _config(**kw):
 
 def test_a_short_dpo_run_separates_chosen_from_rejected(tokenizer, pairs, tmp_path):
     model = build_preset("nano", tokenizer, seed=0)
-    result = train_preference(
+    result = train_supervised(
         model,
         pairs,
-        DPO(beta=0.5),
         _config(eval_every=6),
         tmp_path,
-        pad_id=tokenizer.pad_token_id,
-        eval_items=pairs[:4],
+        objective=Preference(DPO(beta=0.5), tokenizer.pad_token_id),
+        eval_set=pairs[:4],
     )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[0], rows[-1]
@@ -163,7 +141,9 @@ def test_a_short_dpo_run_separates_chosen_from_rejected(tokenizer, pairs, tmp_pa
 
 def test_a_short_kto_run_raises_desirable_over_undesirable(tokenizer, labelled, tmp_path):
     model = build_preset("nano", tokenizer, seed=0)
-    train_preference(model, labelled, KTO(beta=0.5), _config(), tmp_path, pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        model, labelled, _config(), tmp_path, objective=Preference(KTO(beta=0.5), tokenizer.pad_token_id)
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {"kl", "rewards/chosen", "rewards/rejected", "rewards/margins"} <= set(rows[-1])
     assert rows[-1]["rewards/margins"] > 1.0 > rows[0]["rewards/margins"]
@@ -172,7 +152,9 @@ def test_a_short_kto_run_raises_desirable_over_undesirable(tokenizer, labelled, 
 def test_a_resumed_run_equals_the_uninterrupted_one(tokenizer, pairs, tmp_path):
     config = _config(max_steps=4, save_every=2)
     whole = build_preset("nano", tokenizer, seed=0)
-    train_preference(whole, pairs, DPO(beta=0.5), config, tmp_path / "a", pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        whole, pairs, config, tmp_path / "a", objective=Preference(DPO(beta=0.5), tokenizer.pad_token_id)
+    )
     # interrupted after step 2: its last checkpoint is step 2; a fresh process starts from the
     # same starting model (the reference is recomputed from it, before the checkpoint loads)
     import shutil
@@ -181,11 +163,47 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tokenizer, pairs, tmp_path):
     log = tmp_path / "a" / "metrics.jsonl"
     kept = log.read_text().splitlines()[:2]  # steps 1-2, with their timing-dependent tokens_per_s
     resumed = build_preset("nano", tokenizer, seed=0)
-    train_preference(resumed, pairs, DPO(beta=0.5), config, tmp_path / "a", pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        resumed, pairs, config, tmp_path / "a", objective=Preference(DPO(beta=0.5), tokenizer.pad_token_id)
+    )
     for a, b in zip(whole.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     rows = log.read_text().splitlines()
     assert rows[:2] == kept and [json.loads(r)["step"] for r in rows] == [1, 2, 3, 4]  # resumed, not rerun
+
+
+def test_a_resumed_run_reports_the_whole_run(tokenizer, pairs, tmp_path):
+    """Resumed from step 2 of 4, and rerun once more after the end (a kill in the stage's final
+    save): tokens, the final loss, eval loss and the final row are the uninterrupted run's."""
+    config = _config(max_steps=4, save_every=2, eval_every=2)
+    pad, evals = tokenizer.pad_token_id, pairs[:4]
+    whole = train_supervised(
+        build_preset("nano", tokenizer, seed=0),
+        pairs,
+        config,
+        tmp_path / "a",
+        objective=Preference(DPO(beta=0.5), pad),
+        eval_set=evals,
+    )
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-0000004")
+    for rerun in range(2):
+        resumed = train_supervised(
+            build_preset("nano", tokenizer, seed=0),
+            pairs,
+            config,
+            tmp_path / "b",
+            objective=Preference(DPO(beta=0.5), pad),
+            eval_set=evals,
+        )
+        assert resumed.tokens == whole.tokens and resumed.final_loss == whole.final_loss, rerun
+        assert resumed.eval_loss == whole.eval_loss and resumed.seconds > 0
+        drop = ("tokens_per_s",)
+        assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == [
+            {k: v for k, v in r.items() if k not in drop} for r in whole.history
+        ]
 
 
 # ---- the stages, from the CLI -------------------------------------------------------------------

@@ -190,6 +190,7 @@ def _labelled(tokenizer, problem: Problem, text: str) -> Sequence:
 
 def test_micro_run_raises_held_out_step_accuracy(tokenizer, nano, tmp_path):
     from temper.stages.process_reward_model import _loss, step_metrics
+    from temper.train import NextToken
     from temper.train.supervised import TrainConfig, train_supervised
 
     def items(split: str, n: int, seed: int) -> list[Sequence]:
@@ -207,7 +208,9 @@ def test_micro_run_raises_held_out_step_accuracy(tokenizer, nano, tmp_path):
     model = process_model_from(tmp_path / "policy", tokenizer.pad_token_id)
     before = step_metrics(model, held_out, tokenizer.pad_token_id)
     config = TrainConfig(max_steps=40, batch_size=16, lr=3e-3, warmup_steps=2, progress=False, log_every=40)
-    train_supervised(model, train, config, tmp_path / "run", pad_id=tokenizer.pad_token_id, loss_fn=_loss)
+    train_supervised(
+        model, train, config, tmp_path / "run", objective=NextToken(tokenizer.pad_token_id, loss_fn=_loss)
+    )
     after = step_metrics(model, held_out, tokenizer.pad_token_id)
     assert after["step_bce"] < before["step_bce"]
     assert after["balanced_accuracy"] > before["balanced_accuracy"] + 0.2

@@ -25,6 +25,7 @@ from temper.stages.prompt_distill import (
     with_system,
 )
 from temper.tasks.base import Problem, Score
+from temper.train import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
 F64 = torch.float64
@@ -150,7 +151,9 @@ def _obedient_model(tokenizer, tmp_path):
     sequences, _ = build_sequences(tokenizer, examples, 64)
     model = build_preset("nano", tokenizer, seed=4)
     config = TrainConfig(max_steps=60, batch_size=16, lr=1e-2, warmup_steps=2, progress=False)
-    train_supervised(model, sequences, config, tmp_path / "teacher-train", pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        model, sequences, config, tmp_path / "teacher-train", objective=NextToken(tokenizer.pad_token_id)
+    )
     return save_model(model.eval(), tokenizer, tmp_path / "start")
 
 
@@ -187,6 +190,56 @@ def test_the_student_learns_to_obey_without_the_instruction(tokenizer, tmp_path)
 
     html = prompt_distill_section(Stage(out, "prompt_distill", None), tmp_path)
     assert "greedy accuracy" in html and "<img" in html
+
+
+def test_an_interrupted_stage_resumes_to_the_uninterrupted_result(tokenizer, tmp_path, monkeypatch, capsys):
+    """Interrupted right after its checkpoint at step 12 of 24, the rerun resumes there: the same
+    weights, metrics rows and KL summary (its first steps' mean: steps before the resume) as a
+    run that never stopped."""
+    import temper.train.supervised as supervised
+    from temper.models import load_model
+
+    start = save_model(build_preset("nano", tokenizer, seed=4), tokenizer, tmp_path / "start")
+    ctx = StageContext(tmp_path, tmp_path, {"digit": DigitTask()}, {})
+    train = TrainConfig(
+        max_steps=24, batch_size=8, lr=1e-2, warmup_steps=1, save_every=12, log_every=6, progress=False
+    )
+    stage = _stage(train=train, eval_problems=8)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    run_prompt_distill(stage, ctx, start, whole)
+
+    save = supervised.save_checkpoint
+
+    def save_then_stop(root, step, accelerator, **kwargs):
+        save(root, step, accelerator, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(supervised, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_prompt_distill(stage, ctx, start, cut)
+    monkeypatch.setattr(supervised, "save_checkpoint", save)
+    capsys.readouterr()
+    run_prompt_distill(stage, ctx, start, cut)
+    assert f"cut: resuming from step 12 ({cut / 'checkpoints' / 'step-0000012'})" in capsys.readouterr().err
+
+    for a, b in zip(
+        load_model(whole / "model").parameters(), load_model(cut / "model").parameters(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+    def rows(folder):
+        return [
+            {k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}
+            for line in (folder / "metrics.jsonl").read_text().splitlines()
+        ]
+
+    assert [r["step"] for r in rows(cut)] == [6, 12, 18, 24] and rows(cut) == rows(whole)
+    got, want = (json.loads((f / "prompt_distill.json").read_text()) for f in (cut, whole))
+    assert {k: v for k, v in got.items() if k != "seconds"} == {
+        k: v for k, v in want.items() if k != "seconds"
+    }
+    assert got["kl_first"] != got["kl_last"] and got["steps"] == 24
 
 
 def test_a_teacher_with_another_tokenizer_is_refused(tokenizer, tmp_path):

@@ -18,7 +18,8 @@ from temper.data.preferences import Pair, parse_preference, tokenize_pairs
 from temper.models import build_preset, with_lora
 from temper.rewards.reward_model import RewardModel, reward_model_from_policy
 from temper.stages.reward_model import calibration
-from temper.train.preference import BradleyTerry, backward_batch, reward_forward
+from temper.train.preference import BradleyTerry, Preference, reward_forward
+from temper.train.supervised import backward_batch
 
 # ---- the loss ------------------------------------------------------------------------------------
 
@@ -112,12 +113,13 @@ def test_micro_batch_split_never_changes_the_gradient(tokenizer, center):
     model = _rm(tokenizer)
     with torch.no_grad():
         model.score.weight.normal_(generator=torch.Generator().manual_seed(1))  # rewards that differ
-    refs = torch.zeros(len(pairs), 0)
-    idx = list(range(len(pairs)))
+    trained = Preference(objective, pad)
+    items, _ = trained.start(model, pairs, [], 4)  # no reference columns: no forward
+    context = trained.context(model, items)
     grads, losses = [], []
     for micro in (len(pairs), 3, 1):
         model.zero_grad(set_to_none=True)
-        loss, _ = backward_batch(model, pairs, idx, refs, objective, None, micro, len(pairs), pad, {})
+        loss, _ = backward_batch(model, trained, items, context, micro, {})
         grads.append([p.grad.clone() for p in model.parameters()])
         losses.append(loss.item())
     assert losses[1] == pytest.approx(losses[0], abs=1e-6) and losses[2] == pytest.approx(losses[0], abs=1e-6)

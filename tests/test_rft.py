@@ -131,6 +131,7 @@ def _digit_teacher(tokenizer, path):
     """A nano model fine-tuned to start its answer with a digit (most of the time, not always)."""
     from temper.data.dataset import build_sequences
     from temper.data.formats import Example
+    from temper.train import NextToken
     from temper.train.supervised import train_supervised
 
     model = build_preset("nano", tokenizer, seed=3)
@@ -141,7 +142,9 @@ def _digit_teacher(tokenizer, path):
     ]
     sequences, _ = build_sequences(tokenizer, examples, 32)
     config = TrainConfig(max_steps=25, batch_size=8, lr=1e-2, warmup_steps=1, progress=False)
-    train_supervised(model, sequences, config, path.parent / "teacher-train", pad_id=tokenizer.pad_token_id)
+    train_supervised(
+        model, sequences, config, path.parent / "teacher-train", objective=NextToken(tokenizer.pad_token_id)
+    )
     return save_model(model.eval(), tokenizer, path)
 
 

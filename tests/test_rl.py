@@ -108,7 +108,21 @@ def test_probe_attributes_zero_variance_causes():
     assert shares["zero_variance/all_correct"] == 0.0
 
 
-def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
+class _Clock:
+    """time.perf_counter advancing 0.5 s per call; `now` is the last value it gave."""
+
+    now = 0.0
+
+    def perf_counter(self):
+        self.now += 0.5
+        return self.now
+
+
+def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path, monkeypatch):
+    import temper.train.rl as rl
+
+    clock = _Clock()
+    monkeypatch.setattr(rl, "time", clock)
     config = _config(steps=4, save_every=2)
     full = train_rl(
         build_preset("nano", tokenizer, seed=1), tokenizer, [FirstByteTask()], config, tmp_path / "a"
@@ -130,16 +144,27 @@ def test_resume_reproduces_the_uninterrupted_run(tokenizer, tmp_path):
             tmp_path / "b",
             callbacks=[crash],
         )
+    began = clock.now
     resumed = train_rl(
         build_preset("nano", tokenizer, seed=5), tokenizer, [FirstByteTask()], config, tmp_path / "b"
     )
-    assert [r["step"] for r in resumed.history] == [3, 4]
-    for a, b in zip(full.history[2:], resumed.history):
+    # the summary covers the whole run: the rows and tokens before the resume too
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4]
+    assert (resumed.sampled_tokens, resumed.trained_tokens) == (full.sampled_tokens, full.trained_tokens)
+    assert resumed.seconds > clock.now - began
+    for a, b in zip(full.history[2:], resumed.history[2:]):
         # the on-policy loss is ~0 (advantages sum to zero per group): compare it absolutely, and the
         # update through its gradient norm and the policy's entropy
         assert a["reward"] == b["reward"] and a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
         assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
+    # rerun after the last checkpoint (a kill in the stage's final save): no step, the same summary
+    began = clock.now
+    again = train_rl(
+        build_preset("nano", tokenizer, seed=5), tokenizer, [FirstByteTask()], config, tmp_path / "b"
+    )
+    assert again.history == resumed.history and again.seconds > clock.now - began
+    assert (again.sampled_tokens, again.trained_tokens) == (full.sampled_tokens, full.trained_tokens)
 
 
 def test_rollout_batch_masks_only_completion_tokens(tokenizer):

@@ -380,7 +380,8 @@ def test_train_rl_rows_tokens_timing_and_side_effects(tokenizer, tmp_path, harne
     assert last["lr"] == pytest.approx(1e-4)  # cosine's end: the default floor, 0.1 x lr
     assert first["train_tokens_per_s"] == 64 / 0.5 and last["train_tokens_per_s"] == 32 / 0.5
     assert result.sampled_tokens == 15 and result.trained_tokens == 96
-    assert result.steps == 3 and result.seconds == 5.5 and result.precision == {"fake": True}
+    # 13 readings 0.5 s apart: the start, t0 t1 per step and t2 t3 when it trains, the checkpoint (step 3), the end
+    assert result.steps == 3 and result.seconds == 6.0 and result.precision == {"fake": True}
     assert seen == [(1, first), (2, empty), (3, last)]
     assert "rl: step 2 kept no group with a learning signal" in capsys.readouterr().err
 

@@ -57,8 +57,12 @@ def test_epoch_steps_round_up_and_check_the_warmup():
     assert epoch_steps(TrainConfig(max_steps=7), 100, "sft").max_steps == 7  # no epochs: unchanged
     assert epoch_steps(TrainConfig(epochs=1.5, batch_size=8, warmup_steps=1), 10, "sft").max_steps == 2
     assert epoch_steps(TrainConfig(epochs=0.01, batch_size=8, warmup_steps=0), 10, "sft").max_steps == 1
-    with pytest.raises(StageError, match=r"are 2 steps, not more than warmup_steps \(20\)"):
-        epoch_steps(TrainConfig(epochs=1.5, batch_size=8), 10, "sft")
+    with pytest.raises(StageError, match=r"are 2 steps, not more than warmup_steps \(2\)"):
+        epoch_steps(TrainConfig(epochs=1.5, batch_size=8, warmup_steps=2), 10, "sft")
+    # left unset, the warm-up is a tenth of the counted steps: a short run is not refused
+    assert epoch_steps(TrainConfig(epochs=1.5, batch_size=8), 10, "sft").resolved_warmup() == 0
+    assert epoch_steps(TrainConfig(epochs=3, batch_size=1), 100, "sft").resolved_warmup() == 20
+    assert epoch_steps(TrainConfig(epochs=1, batch_size=1), 150, "sft").resolved_warmup() == 15
 
 
 RECIPE = """\

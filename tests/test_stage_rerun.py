@@ -27,7 +27,7 @@ def sft(tmp_path: Path, tokenizer, nano) -> list[str]:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return [
         "sft", "--model", str(model), "--out", str(tmp_path / "out"), "--data.files", str(data),
-        "--train.max_steps", "2", "--train.warmup_steps", "0", "--train.batch_size", "4",
+        "--train.max_steps", "2", "--train.batch_size", "4",  # the default warm-up fits 2 steps
     ]  # fmt: skip
 
 
@@ -104,22 +104,46 @@ def test_an_interrupted_run_resumes_with_the_same_settings(sft, tmp_path, capsys
     argv = [*sft, "--train.save_every", "1"]
     save = supervised.save_checkpoint
 
-    def save_then_interrupt(root, step, accelerator):
-        save(root, step, accelerator)
+    def save_then_interrupt(root, step, accelerator, **kwargs):
+        save(root, step, accelerator, **kwargs)
         raise KeyboardInterrupt  # Ctrl-C right after the first checkpoint
 
     monkeypatch.setattr(supervised, "save_checkpoint", save_then_interrupt)
     assert main(argv) == 130
     assert (out / "stage.started.json").exists() and not (out / "stage.json").exists()
     monkeypatch.setattr(supervised, "save_checkpoint", save)
-    resumed_from = []
-    load = supervised.load_checkpoint
-    monkeypatch.setattr(
-        supervised, "load_checkpoint", lambda path, acc: resumed_from.append(path.name) or load(path, acc)
-    )
+    capsys.readouterr()
     assert main(argv) == 0
-    assert resumed_from == ["step-0000001"]
+    assert f"out: resuming from step 1 ({out / 'checkpoints' / 'step-0000001'})" in capsys.readouterr().err
     assert json.loads((out / "sft.json").read_text())["steps"] == 2 and (out / "stage.json").exists()
+
+
+def test_a_kill_in_the_final_save_leaves_the_whole_runs_summary(sft, tmp_path, capsys, monkeypatch):
+    """Interrupted while saving the model after its last step: the rerun resumes from that step's
+    checkpoint, says so, and writes the summary of the whole run (tokens, final loss, seconds)."""
+    import temper.stages.sft as sft_stage
+
+    argv = [*sft, "--train.save_every", "1"]
+    whole = [*argv[:4], str(tmp_path / "whole"), *argv[5:]]
+    assert whole[3] == "--out" and main(whole) == 0
+    real = sft_stage.save_trained
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft_stage, "save_trained", killed)
+    assert main(argv) == 130
+    monkeypatch.setattr(sft_stage, "save_trained", real)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert (
+        f"resuming from step 2 ({tmp_path / 'out' / 'checkpoints' / 'step-0000002'})"
+        in capsys.readouterr().err
+    )
+    got = json.loads((tmp_path / "out" / "sft.json").read_text())
+    want = json.loads((tmp_path / "whole" / "sft.json").read_text())
+    assert (got["tokens"], got["final_loss"], got["steps"]) == (want["tokens"], want["final_loss"], 2)
+    assert got["tokens"] > 0 and got["seconds"] > 0.01  # two steps of training, not the rerun's none
 
 
 def test_an_interrupted_run_with_other_settings_is_refused(sft, tmp_path, capsys, monkeypatch):
@@ -145,3 +169,25 @@ def test_changed_keys_name_nested_added_and_removed_settings():
         'new: (unset) -> "x"',
         "train.betas: [0.9, 0.95] -> [0.9, 0.99]",
     ]
+
+
+def test_an_unset_warmup_is_hashed_as_the_steps_it_resolves_to():
+    """Folders recorded when the default warm-up was a flat 20 keep their hash wherever it still
+    resolves to 20 (200 steps or more); where it resolves lower, the training differs and so does
+    the hash; with epochs the steps are not known yet and the unset value is what is hashed."""
+    from temper.stages.markers import stage_settings
+    from temper.stages.sft import SFTStage
+
+    def settings(**train):
+        spec = SFTStage.model_validate({"kind": "sft", "data": {"tasks": ["arithmetic"]}, "train": train})
+        return stage_settings(spec)
+
+    def warmup(**train):
+        return settings(**train)["train"]["warmup_steps"]
+
+    assert warmup() == warmup(warmup_steps=20) == 20  # max_steps 500: the old default's hash
+    assert warmup(max_steps=200) == 20 and warmup(max_steps=199) == 19
+    assert warmup(max_steps=100) == 10 and warmup(max_steps=9) == 0
+    assert settings(max_steps=100) == settings(max_steps=100, warmup_steps=10)
+    assert settings(max_steps=100) != settings(max_steps=100, warmup_steps=20)
+    assert warmup(epochs=2) is None and warmup(epochs=2, warmup_steps=20) == 20

@@ -9,7 +9,6 @@ Written against the survivors of a mutmut run (TESTING.md): each test here faile
 """
 
 import contextlib
-import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -18,9 +17,10 @@ import torch.nn.functional as F
 
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
-from temper.train import TrainConfig, supervised, train_supervised
+from temper.train import NextToken, TrainConfig, supervised, train_supervised
+from temper.train.objective import evaluate_loss
 from temper.train.schedule import lr_at
-from temper.train.supervised import batch_indices, evaluate_loss
+from temper.train.supervised import batch_indices
 
 V = 7
 
@@ -93,13 +93,14 @@ def _lr(config, step):
 
 
 class _Clock:
-    """time.perf_counter advancing 0.5 s per call, from 10 s."""
+    """time.perf_counter advancing 0.5 s per call, from 10 s; `now` is the last value it gave."""
 
     def __init__(self):
-        self.ticks = itertools.count(20)
+        self.now = 9.5
 
     def perf_counter(self):
-        return next(self.ticks) * 0.5
+        self.now += 0.5
+        return self.now
 
 
 class _Progress:
@@ -131,6 +132,7 @@ def clock_and_bar(monkeypatch):
     clock, bar = _Clock(), _Progress()
     monkeypatch.setattr(supervised, "time", clock)
     monkeypatch.setattr(supervised, "progress_bar", bar)
+    bar.clock = clock
     return bar
 
 
@@ -165,7 +167,7 @@ def test_three_steps_match_a_plain_full_batch_loop(tmp_path, clock_and_bar):
     )
     model, ref, seen = ToyLM(), ToyLM(), []
     result = train_supervised(
-        model, TRAIN, config, tmp_path / "sft", pad_id=0, eval_set=EVAL,
+        model, TRAIN, config, tmp_path / "sft", objective=NextToken(0), eval_set=EVAL,
         callbacks=[lambda step, row: seen.append((step, row))],
     )  # fmt: skip
 
@@ -262,7 +264,9 @@ def test_process_zero_of_two_trains_on_its_share_with_the_global_token_count(
         betas=(0.8, 0.9), grad_clip=0.0, log_every=2, eval_every=1, seed=1, progress=False,
     )  # fmt: skip
     model, ref, twin = ToyLM(), ToyLM(), _Twin()
-    result = train_supervised(model, TRAIN, config, ".", pad_id=0, accelerator=twin, eval_set=EVAL[:2])
+    result = train_supervised(
+        model, TRAIN, config, ".", objective=NextToken(0), accelerator=twin, eval_set=EVAL[:2]
+    )
 
     opt = _optimizer(ref, config)
     calls, losses = [], []
@@ -307,19 +311,69 @@ def test_process_zero_of_two_trains_on_its_share_with_the_global_token_count(
 
 def test_a_resumed_run_starts_the_bar_at_the_checkpoint_step(tmp_path, clock_and_bar):
     config = TrainConfig(max_steps=3, batch_size=2, lr=0.05, warmup_steps=0, save_every=2, progress=False)
-    train_supervised(ToyLM(), TRAIN, config, tmp_path, pad_id=0)
+    train_supervised(ToyLM(), TRAIN, config, tmp_path, objective=NextToken(0))
     clock_and_bar.calls.clear()
-    resumed = train_supervised(ToyLM(), TRAIN, config, tmp_path, pad_id=0)
+    resumed = train_supervised(ToyLM(), TRAIN, config, tmp_path, objective=NextToken(0))
     assert [r["step"] for r in resumed.history] == [3]  # the last step is logged (log_every 10)
     assert clock_and_bar.calls[1] == ("add_task", (tmp_path.name,), {"total": 3, "completed": 2, "info": ""})
     assert len(clock_and_bar.calls) == 3  # one step left to run
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_resumed_run_reports_the_whole_run(tmp_path, clock_and_bar):
+    """Interrupted after step 3 (its checkpoint: step 2), then resumed: tokens, final and eval loss,
+    every step's loss and the logged rows are the uninterrupted run's; the seconds are those of
+    the steps before the checkpoint plus the resumed part's."""
+    config = TrainConfig(
+        max_steps=4, batch_size=2, lr=0.05, warmup_steps=0, save_every=2, log_every=1, progress=False
+    )
+    full = train_supervised(ToyLM(), TRAIN, config, tmp_path / "full", objective=NextToken(0), eval_set=EVAL)
+
+    def stop_after_3(step, row):
+        if step == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train_supervised(
+            ToyLM(),
+            TRAIN,
+            config,
+            tmp_path / "cut",
+            objective=NextToken(0),
+            eval_set=EVAL,
+            callbacks=[stop_after_3],
+        )
+    began = clock_and_bar.clock.now
+    resumed = train_supervised(
+        ToyLM(seed=9), TRAIN, config, tmp_path / "cut", objective=NextToken(0), eval_set=EVAL
+    )
+    resumed_part = clock_and_bar.clock.now - began
+    assert (resumed.tokens, resumed.steps) == (full.tokens, 4)
+    assert resumed.final_loss == full.final_loss and resumed.eval_loss == full.eval_loss
+    timing = ("tokens_per_s",)
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed.history] == [
+        {k: v for k, v in r.items() if k not in timing} for r in full.history
+    ]
+    assert resumed.seconds > resumed_part
+
+    # killed after the last checkpoint (in the stage's final save): the rerun trains no step
+    began = clock_and_bar.clock.now
+    again = train_supervised(
+        ToyLM(seed=9), TRAIN, config, tmp_path / "cut", objective=NextToken(0), eval_set=EVAL
+    )
+    assert (again.tokens, again.final_loss, again.eval_loss) == (full.tokens, full.final_loss, full.eval_loss)
+    assert again.history == resumed.history
+    assert again.seconds > clock_and_bar.clock.now - began
 
 
 def test_only_the_main_process_writes_metrics(tmp_path, clock_and_bar):
     twin = _Twin()
     twin.process_index, twin.is_main_process = 1, False
     config = TrainConfig(max_steps=1, batch_size=2, warmup_steps=0, progress=True)
-    train_supervised(ToyLM(), TRAIN, config, tmp_path, pad_id=0, accelerator=twin)
+    train_supervised(ToyLM(), TRAIN, config, tmp_path, objective=NextToken(0), accelerator=twin)
     assert not (tmp_path / "metrics.jsonl").exists()
     assert clock_and_bar.calls[0] == ("progress_bar", False)
 
@@ -379,10 +433,10 @@ def test_evaluate_loss_with_one_supervised_token_divides_by_one():
 
 def test_impossible_batch_splits_are_refused_with_their_numbers(tmp_path):
     with pytest.raises(ValueError, match=r"^no training sequences \(every example was empty or dropped\)$"):
-        train_supervised(ToyLM(), [], TrainConfig(progress=False), tmp_path, pad_id=0)
+        train_supervised(ToyLM(), [], TrainConfig(progress=False), tmp_path, objective=NextToken(0))
     with pytest.raises(ValueError, match=r"^batch_size 3 is not divisible by 2 processes$"):
-        train_supervised(ToyLM(), TRAIN, TrainConfig(batch_size=3, progress=False), tmp_path, pad_id=0,
+        train_supervised(ToyLM(), TRAIN, TrainConfig(batch_size=3, progress=False), tmp_path, objective=NextToken(0),
                          accelerator=_Twin())  # fmt: skip
     with pytest.raises(ValueError, match=r"^per-process batch 4 is not divisible by micro_batch_size 3$"):
         train_supervised(ToyLM(), TRAIN, TrainConfig(batch_size=4, micro_batch_size=3, progress=False),
-                         tmp_path, pad_id=0)  # fmt: skip
+                         tmp_path, objective=NextToken(0))  # fmt: skip

@@ -4,7 +4,7 @@ import pytest
 
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset
-from temper.train import TrainConfig, train_supervised
+from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.supervised import batch_indices
 
 
@@ -33,7 +33,7 @@ def _losses(history):
 def test_loss_goes_down(tokenizer, tmp_path):
     model = build_preset("nano", tokenizer, seed=0)
     result = train_supervised(
-        model, _data(tokenizer), _config(max_steps=20), tmp_path, pad_id=tokenizer.pad_token_id
+        model, _data(tokenizer), _config(max_steps=20), tmp_path, objective=NextToken(tokenizer.pad_token_id)
     )
     losses = _losses(result.history)
     assert losses[-1] < 0.7 * losses[0]
@@ -48,14 +48,18 @@ def test_batches_are_a_function_of_seed_and_step():
 def test_gradient_accumulation_does_not_change_the_losses(tokenizer, tmp_path):
     data = _data(tokenizer)
     whole = train_supervised(
-        build_preset("nano", tokenizer), data, _config(), tmp_path / "a", pad_id=tokenizer.pad_token_id
+        build_preset("nano", tokenizer),
+        data,
+        _config(),
+        tmp_path / "a",
+        objective=NextToken(tokenizer.pad_token_id),
     )
     split = train_supervised(
         build_preset("nano", tokenizer),
         data,
         _config(micro_batch_size=2),
         tmp_path / "b",
-        pad_id=tokenizer.pad_token_id,
+        objective=NextToken(tokenizer.pad_token_id),
     )
     assert _losses(split.history) == pytest.approx(_losses(whole.history), rel=1e-4)
 
@@ -64,7 +68,11 @@ def test_resume_after_interrupt_reproduces_the_uninterrupted_run(tokenizer, tmp_
     data = _data(tokenizer)
     config = _config(save_every=2)
     full = train_supervised(
-        build_preset("nano", tokenizer), data, config, tmp_path / "full", pad_id=tokenizer.pad_token_id
+        build_preset("nano", tokenizer),
+        data,
+        config,
+        tmp_path / "full",
+        objective=NextToken(tokenizer.pad_token_id),
     )
 
     def crash_at_step_5(step, row):
@@ -77,7 +85,7 @@ def test_resume_after_interrupt_reproduces_the_uninterrupted_run(tokenizer, tmp_
             data,
             config,
             tmp_path / "cut",
-            pad_id=tokenizer.pad_token_id,
+            objective=NextToken(tokenizer.pad_token_id),
             callbacks=[crash_at_step_5],
         )
     # a fresh model: everything must come from the checkpoint at step 4
@@ -86,14 +94,15 @@ def test_resume_after_interrupt_reproduces_the_uninterrupted_run(tokenizer, tmp_
         data,
         config,
         tmp_path / "cut",
-        pad_id=tokenizer.pad_token_id,
+        objective=NextToken(tokenizer.pad_token_id),
     )
-    assert [r["step"] for r in resumed.history] == [5, 6]
-    assert _losses(resumed.history) == pytest.approx(_losses(full.history)[4:], rel=1e-5)
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4, 5, 6]  # steps 1-4 read back from the log
+    assert _losses(resumed.history) == pytest.approx(_losses(full.history), rel=1e-5)
+    assert resumed.losses == pytest.approx(_losses(full.history), rel=1e-5)
     logged = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert len(logged) == 6  # rows past the checkpoint were dropped, then rewritten once
 
 
 def test_empty_training_set_is_an_error(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="no training sequences"):
-        train_supervised(build_preset("nano", tokenizer), [], _config(), tmp_path, pad_id=0)
+        train_supervised(build_preset("nano", tokenizer), [], _config(), tmp_path, objective=NextToken(0))

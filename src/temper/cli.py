@@ -632,6 +632,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
     from temper.models import ChatTemplateError, ModelNotFoundError
+    from temper.precision import PrecisionRecordError
     from temper.train.checkpoint import CheckpointError
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
@@ -656,6 +657,7 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
         | DataError
         | StageError
         | CheckpointError
+        | PrecisionRecordError
         | FileNotFoundError
         | ImportError,
     ):

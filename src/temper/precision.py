@@ -1,13 +1,22 @@
 """Training and sampling precision: fp32, or bf16 autocast over fp32 master weights.
 
-`auto` measures which one is faster here, for this model, instead of assuming: on a CPU with AMX
-a 2048^2 bf16 matmul ran ~7x faster than fp32, on one with AVX-512 but no native bf16 ~5x slower,
-on an AVX2 Zen3 ~100x slower, and even with AMX the `tiny` preset trained at 0.94x fp32 in bf16
-(its matmuls are too small to pay for the casts) while `small` gained 1.19x. So the verdict
-depends on the machine and on the model's shape, and is measured once per (machine, torch,
-device, model shape, mode) and cached in `$TEMPER_CACHE_DIR/precision.json`
-(default `~/.cache/temper`; delete it to measure again, e.g. after a run on a busy machine).
-On CUDA `auto` is bf16 without measuring.
+`auto` on a CPU is fp32 without timing anything unless the CPU has AMX (`amx_bf16` in its flags):
+a 2048^2 bf16 matmul ran ~5x slower than fp32 on AVX-512 without native bf16 and ~100x slower on
+an AVX2 Zen3, and on a Zen4 (AVX512_BF16, no AMX) the gain sits inside the noise of the machine's
+load: bf16 sampling of the demo measured 1.14x fp32 on a loaded run and 0.79x on a quiet one, so a
+timing there made the same recipe's weights depend on what else was running (RL test accuracy
+72.0% sampled in bf16, 67.5% in fp32). With AMX a 2048^2 matmul ran ~7x faster, yet the `tiny`
+preset trained at 0.94x fp32 in bf16 (its matmuls are too small to pay for the casts) while
+`small` gained 1.19x: there the verdict depends on the model's shape and is measured, once per
+(machine, torch, device, model shape, mode), and cached in `$TEMPER_CACHE_DIR/precision.json`
+(default `~/.cache/temper`; delete it to measure again). A measurement on a busy machine may not
+choose bf16 (load inflates the gain), and its fp32 verdict is cached like any other, so every
+later run on the machine agrees with the first whatever its load. On CUDA `auto` is bf16 without
+measuring.
+
+A trainer given a `record` path (its output folder's RECORD) writes the choice `auto` made there,
+and a resume of that run reads it back instead of deciding again, so a run never changes
+arithmetic halfway (`PrecisionRecordError` where the recorded choice cannot be kept).
 
 bf16 here always means autocast (as Accelerate's `mixed_precision="bf16"`): weights, gradients
 and optimizer state stay fp32; matmuls run in bf16; the model's logits and hidden states are
@@ -45,8 +54,12 @@ HOPELESS = 2.0
 """A size at which bf16 matmul is this many times slower than fp32 ends the matmul sweep: a
 larger size would only take longer to say the same."""
 BUSY_LOAD = 1.5
-"""A verdict measured at a 1-minute load average above this many times the cores (the run's own
-threads count for about one per core) is used but not cached: the next run measures again."""
+"""A measurement at a 1-minute load average above this many times the cores (the run's own
+threads count for about one per core) may not choose bf16: fp32 is kept, and cached."""
+NATIVE_BF16 = "amx_bf16"
+"""The CPU flag without which `auto` is fp32 untimed (see the module docstring)."""
+RECORD = "precision_choice.json"
+"""In a trainer's output folder: {mode: choice} of each `auto` resolved there, read back on resume."""
 MODEL_BUDGET_S = 0.03
 """Target fp32 time of one measured model step; its batch is sized from the fp32 matmul peak."""
 _FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
@@ -59,7 +72,7 @@ class PrecisionChoice:
     dtype: Literal["fp32", "bf16"]
     requested: Precision = "fp32"
     reason: str = "requested"
-    """requested | cuda | measured | cached | <why auto fell back to fp32>"""
+    """requested | cuda | measured | cached | recorded (by this run, resumed) | <why auto chose fp32>"""
     device_type: str = "cpu"
     figures: dict[str, Any] = field(default_factory=dict)
 
@@ -100,10 +113,17 @@ class PrecisionChoice:
             parts.append(
                 f"{r['size']}^2 matmul fp32 {r['fp32_gflops']:.0f} / bf16 {r['bf16_gflops']:.0f} GFLOP/s"
             )
+        if busy(self.figures):
+            load = self.figures["load"]
+            parts.append(f"measured at load {load['load1']} on {load['cpus']} cores: bf16 not trusted")
         return f"precision {self.dtype} ({'; '.join(parts)})"
 
 
 FP32 = PrecisionChoice("fp32")
+
+
+class PrecisionRecordError(ValueError):
+    """A resumed run recorded a precision this machine cannot run."""
 
 
 def resolve_precision(
@@ -113,25 +133,73 @@ def resolve_precision(
     *,
     cache_dir: str | Path | None = None,
     verbose: bool = True,
+    record: str | Path | None = None,
 ) -> PrecisionChoice:
-    """The choice for `precision` ("auto" measured or read from the cache), printed on the main
-    process unless fp32 was asked for. Under torch.distributed, rank 0 decides and every rank
-    receives its choice, so that all processes run the same arithmetic."""
+    """The choice for `precision` ("auto" decided, read from the cache, or read from `record`),
+    printed on the main process unless fp32 was asked for. With `record` (a file, RECORD in a
+    trainer's folder), an `auto` choice is written there, and one already there for `mode` is
+    used as it is: a resumed run keeps the arithmetic it started with. Under torch.distributed,
+    rank 0 decides (and writes) and every rank receives its choice, so that all processes run the
+    same arithmetic; a refusal is raised on every rank."""
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"unknown precision {precision!r}; valid: auto, fp32, bf16")
     device = next(model.parameters()).device
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     main = not distributed or torch.distributed.get_rank() == 0
-    choice = _decide(precision, model, mode, device, cache_dir) if main else None
+    choice: PrecisionChoice | PrecisionRecordError | None = None
+    if main:
+        try:
+            choice = _recorded(record, precision, mode, device)
+            if choice is None:
+                choice = _decide(precision, model, mode, device, cache_dir)
+                if record is not None and precision == "auto":
+                    _write_record(Path(record), mode, choice)
+        except PrecisionRecordError as err:
+            choice = err
     if distributed:
         box = [choice]
         torch.distributed.broadcast_object_list(box, src=0)
         choice = box[0]
+    if isinstance(choice, PrecisionRecordError):
+        raise choice
     if verbose and main and precision != "fp32":  # fp32 is the default: nothing to say
         from rich.console import Console
 
         Console(stderr=True, soft_wrap=True).print(f"{mode}: {choice.describe()}")
     return choice
+
+
+def _recorded(
+    record: str | Path | None, precision: Precision, mode: Mode, device: torch.device
+) -> PrecisionChoice | None:
+    """The `auto` choice `record` holds for `mode`, or None (no record, or nothing for `mode`);
+    refused when it is bf16 and this device has none (a run resumed on another machine)."""
+    if record is None or precision != "auto":
+        return None  # an explicit precision is in the stage's settings: nothing to pin
+    entry = _read_cache(Path(record)).get(mode)
+    if not isinstance(entry, dict) or entry.get("dtype") not in ("fp32", "bf16"):
+        return None
+    dtype, was = entry["dtype"], entry.get("device_type", "cpu")
+    if dtype == "bf16" and not _bf16_available(device):
+        raise PrecisionRecordError(
+            f"{record}: this run chose precision bf16 for {mode} on {was} (auto) and cannot keep it here "
+            f"({device}, no bf16): resume it where it started, or set train.precision explicitly (the stage "
+            "then starts over)"
+        )
+    figures = entry.get("figures") if isinstance(entry.get("figures"), dict) else {}
+    return PrecisionChoice(dtype, "auto", f"recorded by this run on {was}", device.type, figures)
+
+
+def _bf16_available(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu"  # autocast to bf16 runs on any CPU (slowly without native bf16)
+
+
+def _write_record(path: Path, mode: Mode, choice: PrecisionChoice) -> None:
+    """Add `mode`'s choice to the run's record (re-read first: the sampler's and the trainer's
+    choices of one run share it)."""
+    atomic_write_json(path, _read_cache(path) | {mode: choice.as_dict()})
 
 
 def _decide(
@@ -146,6 +214,10 @@ def _decide(
         )
     if device.type != "cpu":
         return PrecisionChoice("fp32", "auto", f"no measurement on {device.type}", device.type)
+    if NATIVE_BF16 not in (flags := machine()["flags"]):
+        return PrecisionChoice(
+            "fp32", "auto", "no AMX on this CPU: fp32 without timing", "cpu", {"flags": flags}
+        )
     key = cache_key(model, mode, device)
     path = cache_path(cache_dir)
     cache = _read_cache(path)
@@ -153,15 +225,14 @@ def _decide(
     if isinstance(hit, dict) and hit.get("dtype") in ("fp32", "bf16"):
         return PrecisionChoice(hit["dtype"], "auto", "cached", device.type, hit.get("figures", {}))
     figures = measure(model, mode)
-    dtype = "bf16" if figures.get("model") and figures["model"]["speedup"] >= MARGIN else "fp32"
+    faster = figures.get("model") and figures["model"]["speedup"] >= MARGIN
+    dtype = "bf16" if faster and not busy(figures) else "fp32"
     entry = {
         "key": key,
         "dtype": dtype,
         "figures": figures,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    if busy(figures):
-        return PrecisionChoice(dtype, "auto", "measured on a busy machine, not cached", device.type, figures)
     try:  # re-read just before writing: another run may have added its own entry meanwhile
         atomic_write_json(path, _read_cache(path) | {json.dumps(key, sort_keys=True): entry})
     except OSError:  # a read-only home: keep the verdict for this run, measure again next time
@@ -257,7 +328,7 @@ def _load() -> dict[str, float] | None:
 
 
 def busy(figures: dict[str, Any]) -> bool:
-    """Measured while other work held the CPUs (load over BUSY_LOAD x cores): not worth caching."""
+    """Measured while other work held the CPUs (load over BUSY_LOAD x cores): bf16 not trusted."""
     load = figures.get("load")
     return bool(load) and load["load1"] > BUSY_LOAD * load["cpus"]
 

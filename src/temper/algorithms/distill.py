@@ -44,10 +44,11 @@ def forward_kl_loss(
     teacher_logits_B_T_V: torch.Tensor,
     mask_B_T: torch.Tensor,
     temperature: float = 1.0,
+    num_tokens: int | None = None,
 ) -> torch.Tensor:
     """Token-level forward KL from the teacher to the student, averaged over the masked tokens:
 
-        L = sum_{b,t} m_bt KL(p_T(.|b,t) || p_S(.|b,t)) / sum_{b,t} m_bt
+        L = sum_{b,t} m_bt KL(p_T(.|b,t) || p_S(.|b,t)) / N,   N = sum_{b,t} m_bt
         KL(p_T || p_S) = sum_v p_T(v) (log p_T(v) - log p_S(v)),   p = softmax(logits / temperature)
 
     the full next-token distributions at each position of a sequence the teacher sampled (word-level
@@ -56,11 +57,14 @@ def forward_kl_loss(
     covering: the student is pushed to put probability wherever the teacher does. Prompt
     distillation's loss (Snell et al. 2022, "Learning by Distilling Context"): the teacher's
     logits come from a prompt with the instruction, the student's from the same tokens without it.
-    The teacher's logits are constants (detached); an all-zero mask gives 0.
+    The teacher's logits are constants (detached); an all-zero mask gives 0. N is `num_tokens` when
+    given (the masked tokens of the whole optimizer step, so that micro-batches add up to the
+    step's loss, as `losses.sft_loss` does), otherwise the count in this batch.
     """
     dtype = torch.promote_types(student_logits_B_T_V.dtype, torch.float32)  # at least fp32 (bf16 logits)
     log_p_student = torch.log_softmax(student_logits_B_T_V.to(dtype) / temperature, dim=-1)
     log_p_teacher = torch.log_softmax(teacher_logits_B_T_V.detach().to(dtype) / temperature, dim=-1)
     kl_B_T = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
     m = mask_B_T.to(kl_B_T.dtype)
-    return (kl_B_T * m).sum() / m.sum().clamp(min=1.0)
+    n = m.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=kl_B_T.dtype)
+    return (kl_B_T * m).sum() / n.clamp(min=1.0)

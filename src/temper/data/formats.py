@@ -20,13 +20,15 @@ silently win), a line that is not UTF-8, and a row whose format differs from the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temper.data.errors import DataError
 from temper.data.sources import SourceLabel, dataset_rows, locate, read_rows
+
+T = TypeVar("T")
 
 ROLES = ("system", "user", "assistant", "tool")
 """The chat roles a row may use; the built-in tokenizer has a special token and template case for each."""
@@ -236,47 +238,53 @@ def parse_row(row: Any, source: str, line: int) -> Example:
     )
 
 
-def _format(row: Any) -> str | None:
-    """The TRL format a decoded row claims by its keys (None: no known format)."""
-    if not isinstance(row, dict):
-        return None
-    if "messages" in row:
+def example_format(example: Example) -> str:
+    """The TRL format of a validated row (one file holds one)."""
+    if example.messages is not None:
         return "messages"
-    if "prompt" in row or "completion" in row:
-        chat = isinstance(row.get("prompt"), list) or isinstance(row.get("completion"), list)
+    if example.prompt is not None:
+        chat = isinstance(example.prompt, list) or isinstance(example.completion, list)
         return "prompt/completion (messages)" if chat else "prompt/completion (text)"
-    return "text" if "text" in row else None
+    return "text"
 
 
 def validate_rows(
-    rows: Iterable[tuple[int, Any]], source: str, skip_bad_rows: bool = False
-) -> tuple[list[Example], LoadReport]:
-    examples, report = [], LoadReport()
+    rows: Iterable[tuple[int, Any]],
+    source: str,
+    skip_bad_rows: bool = False,
+    parse: Callable[[Any, str, int], T] = parse_row,
+    kind: Callable[[T], str] = example_format,
+) -> tuple[list[T], LoadReport]:
+    """Every (line, decoded row) of `source` through `parse` (SFT rows by default; preference rows
+    with `temper.data.preferences.parse_preference`), refusing a row whose `kind` differs from the
+    source's first good row. A bad row raises its `DataError`; with `skip_bad_rows` it is counted
+    in the report (the first five messages kept) and left out."""
+    items: list[T] = []
+    report = LoadReport()
     first: tuple[str, int] | None = None  # the format of the source's first good row, and its line
     for line_no, row in rows:
         report.rows += 1
         try:
             if isinstance(row, DataError):
                 raise row
-            example = parse_row(row, source, line_no)
-            kind = _format(row)
+            item = parse(row, source, line_no)
             if first is None:
-                first = (kind, line_no)
-            elif kind != first[0]:
+                first = (kind(item), line_no)
+            elif kind(item) != first[0]:
                 raise DataError(
                     source,
                     line_no,
                     "<row>",
-                    f"is a {kind} row but line {first[1]} is a {first[0]} row; keep one format per file",
+                    f"is a {kind(item)} row but line {first[1]} is a {first[0]} row; keep one format per file",
                 )
-            examples.append(example)
+            items.append(item)
         except DataError as err:
             if not skip_bad_rows:
                 raise
             report.skipped += 1
             if len(report.errors) < 5:
                 report.errors.append(str(err))
-    return examples, report
+    return items, report
 
 
 def load_rows(

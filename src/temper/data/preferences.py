@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.dataset import Sequence
-from temper.data.formats import DataError, Example, LoadReport, parse_row
+from temper.data.formats import DataError, Example, LoadReport, parse_row, validate_rows
 from temper.data.sources import locate, read_rows
 
 Text = str | list[dict[str, Any]]
@@ -148,7 +148,8 @@ def parse_preference(row: Any, source: str, line: int) -> Pair | Labelled:
     )
 
 
-def _kind(item: Pair | Labelled) -> str:
+def preference_format(item: Pair | Labelled) -> str:
+    """The format of a validated preference row (one file holds one): paired or unpaired, text or messages."""
     chat = not isinstance(item.prompt, str)
     return ("paired" if isinstance(item, Pair) else "unpaired") + (" (messages)" if chat else " (text)")
 
@@ -159,32 +160,8 @@ def load_preferences(
     """Validated rows of any source `temper.data.sources.read_rows` reads; relative paths resolve
     against `base_dir`. One format per source (paired or unpaired, text or messages)."""
     source = locate(spec, base_dir)
-    out: list[Pair | Labelled] = []
-    report = LoadReport()
-    first: tuple[str, int] | None = None
-    for label, line, row in read_rows(source, errors="yield"):
-        report.rows += 1
-        try:
-            if isinstance(row, DataError):
-                raise row
-            item = parse_preference(row, label, line)
-            if first is None:
-                first = (_kind(item), line)
-            elif _kind(item) != first[0]:
-                raise DataError(
-                    label,
-                    line,
-                    "<row>",
-                    f"is a {_kind(item)} row but line {first[1]} is a {first[0]} row; keep one format per file",
-                )
-            out.append(item)
-        except DataError as err:
-            if not skip_bad_rows:
-                raise
-            report.skipped += 1
-            if len(report.errors) < 5:
-                report.errors.append(str(err))
-    return out, report
+    rows = ((n, row) for _, n, row in read_rows(source, errors="yield"))
+    return validate_rows(rows, source.label, skip_bad_rows, parse_preference, preference_format)
 
 
 def unpair(items: list[Pair | Labelled]) -> list[Labelled]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,6 +28,8 @@ from temper.atomic import atomic_dir
 from temper.models.chat import sync_eos
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
+# in an adapter folder trained on another adapter: the merged model it was trained on, its base
+STACKED_BASE = "base"
 
 
 class ModelNotFoundError(RuntimeError):
@@ -167,9 +170,10 @@ def is_adapter_dir(name: str | os.PathLike) -> bool:
 
 
 def adapter_base(folder: str | os.PathLike) -> str:
-    """The model an adapter folder was trained on: its `base_model_name_or_path`, a local path taken
-    as written when it exists, else relative to the adapter folder (a run folder that was moved
-    with its base inside), else as a hub id."""
+    """The model an adapter folder was trained on: its `base_model_name_or_path`, a relative path
+    taken relative to the adapter folder first (a run folder that was moved with its base inside:
+    a folder of the same name under the working directory must not win), then as written, else
+    as a hub id."""
     folder = Path(folder).expanduser()
     try:
         base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
@@ -180,7 +184,8 @@ def adapter_base(folder: str | os.PathLike) -> str:
     if not base:
         raise ModelNotFoundError(f"{folder / ADAPTER_CONFIG} names no base_model_name_or_path")
     path = Path(base).expanduser()
-    for candidate in (path, folder / path):
+    inside = (folder / STACKED_BASE,) if path.name == STACKED_BASE else ()  # moved with its folder
+    for candidate in (folder / path, path, *inside):  # folder / an absolute path is that path
         if candidate.is_dir():
             return str(candidate.resolve())
     if looks_like_path(base):
@@ -225,7 +230,8 @@ def _absolute(name: str | os.PathLike) -> str:
 
 def _load_adapter(folder: Path, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
     """The adapter's base (itself possibly an adapter folder) with the adapter merged in. Its
-    `name_or_path` is the adapter folder, so an adapter trained on it records that as its base."""
+    `name_or_path` is the adapter folder, so an adapter trained on it knows its base is an adapter
+    (PEFT records `model.name_or_path`, `temper.models.lora.save_adapter` reads it)."""
     from peft import PeftModel
 
     _check_files(folder, weights=False)
@@ -236,15 +242,22 @@ def _load_adapter(folder: Path, device: torch.device, dtype: torch.dtype | None)
         raise _not_found(str(folder), err) from err
     if (folder / "generation_config.json").is_file():  # the eos ids this stage saved (sync_eos)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
-    model.config._name_or_path = str(folder.resolve())
+    model.config._name_or_path = model.name_or_path = str(folder.resolve())
     return model.requires_grad_(True)  # PEFT loads an adapter frozen; a loaded model trains like any other
 
 
-def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+def save_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    stacked_base: Callable[[], PreTrainedModel] | None = None,
+) -> Path:
     """Write model + tokenizer with `save_pretrained`, atomically: readers never see half a model.
     The model's generation config stops at the tokenizer's eos too (`sync_eos`), so a plain
     `generate` on the folder stops where temper's sampler does. A PEFT model writes its adapter
-    (adapter_config.json, adapter_model.safetensors) and the generation config beside it.
+    (adapter_config.json, adapter_model.safetensors) and the generation config beside it, and the
+    model `stacked_base` builds (on the main process only), if given, in `<out>/base`, within the
+    same atomic write.
 
     Under a multi-process launch only the main process writes; the others wait for it."""
     state = distributed.state()
@@ -252,9 +265,17 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_d
     sync_eos(generating, tokenizer)
     if state.is_main_process:
         with atomic_dir(out_dir) as tmp:
-            model.save_pretrained(tmp)
+            # a stacked base is the model under the adapter, so its vocabulary is the adapter's;
+            # PEFT would otherwise look for the base's config at a path not there until the
+            # rename, then on the hub
+            model.save_pretrained(tmp, **({"save_embedding_layers": False} if stacked_base else {}))
             tokenizer.save_pretrained(tmp)
             if generating is not model and generating.generation_config is not None:
                 generating.generation_config.save_pretrained(tmp)
+            if stacked_base is not None:
+                base = stacked_base()
+                sync_eos(base, tokenizer)
+                base.save_pretrained(tmp / STACKED_BASE)
+                tokenizer.save_pretrained(tmp / STACKED_BASE)
     state.wait_for_everyone()
     return Path(out_dir)

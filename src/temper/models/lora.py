@@ -3,6 +3,7 @@ adapt all linear layers including the MLP, and use a learning rate ~10x full fin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -10,7 +11,7 @@ from typing import Any, Literal
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from temper.models.loading import save_model
+from temper.models.loading import STACKED_BASE, is_adapter_dir, save_model
 
 
 def apply_lora(
@@ -67,9 +68,23 @@ def merge_and_save(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir
 def save_adapter(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """Save the adapter alone. Its `base_model_name_or_path` is the folder (or hub id) the base
     was loaded from, a local folder as an absolute path, so the adapter loads from any working
-    directory (`temper.models.loading.adapter_base` also tries it relative to the adapter)."""
+    directory (`temper.models.loading.adapter_base` also tries it relative to the adapter).
+
+    An adapter trained on another adapter folder (a `save: adapter` stage after another) cannot
+    name that folder as its base: transformers loads an adapter folder with its adapter unmerged,
+    and PEFT's second adapter on top gives neither model. The merged model it was trained on is
+    saved beside it instead, in `<out>/base` (STACKED_BASE), and named as its base, so
+    `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(<out>/base), <out>)` is the
+    model that was trained, and the folder is whole on its own (a full copy of the base's weights)."""
+    stacked = False
     for config in model.peft_config.values():
         base = config.base_model_name_or_path or model.get_base_model().name_or_path
         local = Path(str(base)).expanduser()
-        config.base_model_name_or_path = str(local.resolve()) if local.is_dir() else base
-    return save_model(model, tokenizer, out_dir)
+        if is_adapter_dir(local):
+            stacked, base = True, str(Path(out_dir).resolve() / STACKED_BASE)
+        elif local.is_dir():
+            base = str(local.resolve())
+        config.base_model_name_or_path = base
+    # the base layers hold the merged model trained on, untouched by LoRA: a copy without the adapter
+    unloaded = (lambda: copy.deepcopy(model).unload()) if stacked else None
+    return save_model(model, tokenizer, out_dir, stacked_base=unloaded)

@@ -22,6 +22,7 @@ from temper.report.common import (
     read_metrics,
 )
 from temper.report.contamination import contamination_html
+from temper.train import overfitting
 
 # whitespace drawn as visible marks inside a token; a newline also breaks the line after the token
 _VISIBLE = {" ": "·", "\t": "→", "\n": "↵", "\r": "␍"}
@@ -74,6 +75,7 @@ def training_section(stage: Stage, plots: Path) -> str:
     if fig is not None:
         name = stage.folder.name
         parts.append(embed_figure(fig, plots / f"{name}-loss.png", f"{name} loss"))
+        parts.append(overfitting_table(rows))
         tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
         if tps:
             mean = sum(tps) / len(tps)
@@ -93,6 +95,44 @@ def training_section(stage: Stage, plots: Path) -> str:
     parts.append(best_of_n_table(summary.get("best_of_n") or {}))
     parts.append(contamination_html(summary.get("contamination")))
     return "".join(parts) + mask_section(stage.folder / "examples.json")
+
+
+def overfitting_table(rows: list[dict[str, Any]]) -> str:
+    """The overfitting check (`temper.train.overfitting`) shown as the RL section shows its
+    monitors: the latest value, the step it first flagged, and its rule, highlighted once it has
+    flagged (and a warning box while it flags). Nothing for a run without held-out evaluations, a
+    note for one with too few to tell."""
+    held = [r for r in rows if any(r.get(k) is not None for k in overfitting.HELD_OUT_KEYS)]
+    if not held:
+        return ""
+    found, first = overfitting.check(rows), overfitting.first_flagged(rows)
+    if found is None:
+        value = (
+            f"{len(held)} held-out evaluation(s); the check needs {overfitting.MIN_EVALS} (train.eval_every)"
+        )
+        flagged = "–"
+    else:
+        value = (
+            f"{found.last:.3g} at step {found.last_step}, lowest {found.best:.3g} at step {found.best_step} "
+            f"({found.rise:+.1%}); train loss {found.train_at_best:.3g} -> {found.train_last:.3g}"
+        )
+        flagged = (
+            "no"
+            if first is None
+            else f"step {first}" + ("" if found.flagged else " (not at the last evaluation)")
+        )
+    rule = (
+        f"flags when the latest held-out loss is at least {overfitting.RISE:.0%} above its lowest earlier "
+        f"value while the train loss (mean of the last {overfitting.SMOOTH} logged) fell since that step: "
+        "the model memorizes its training rows. Fewer steps, more data or an earlier checkpoint (a select "
+        "stage) should generalize better"
+    )
+    warn = [found.describe()] if found is not None and found.flagged else []
+    head = ["check", "current value", "flagged", "what it means"]
+    table = html_table(
+        [["held-out loss rising", value, flagged, rule]], head, {0} if first is not None else set()
+    )
+    return "<h3>Overfitting check</h3>" + boxes(warn) + table
 
 
 def best_of_n_table(by_task: dict[str, Any]) -> str:

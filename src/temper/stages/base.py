@@ -85,12 +85,13 @@ def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
     """Cross-field rules of a supervised `train:` block (the ranges are on the fields). With
     `epochs` the steps are known only once the data is read: `epoch_steps` checks them then."""
     out: list[tuple[Loc, str]] = []
-    if config.epochs is None and config.warmup_steps >= config.max_steps:
+    warmup = config.warmup_steps  # unset resolves below the steps (`TrainConfig.resolved_warmup`)
+    if config.epochs is None and warmup is not None and warmup >= config.max_steps:
         out.append(
             (
                 ("warmup_steps",),
-                f"{config.warmup_steps} must be below max_steps ({config.max_steps}): the lr would never reach its peak "
-                "(the default warm-up is 20 steps)",
+                f"{warmup} must be below max_steps ({config.max_steps}): the lr would never reach its peak "
+                "(leave it unset for a tenth of the steps)",
             )
         )
     if config.micro_batch_size and config.batch_size % config.micro_batch_size:
@@ -123,16 +124,18 @@ def epoch_steps(config: TrainConfig, sequences: int, stage: str) -> TrainConfig:
     if config.epochs is None:
         return config
     steps = max(1, math.ceil(config.epochs * sequences / config.batch_size))
-    if config.warmup_steps >= steps:
+    if config.warmup_steps is not None and config.warmup_steps >= steps:
         raise StageError(
             f"{stage}: {config.epochs:g} epochs of {sequences} sequences at batch_size {config.batch_size} "
             f"are {steps} steps, not more than warmup_steps ({config.warmup_steps}): lower "
-            "train.warmup_steps or raise train.epochs"
+            "train.warmup_steps (or leave it unset) or raise train.epochs"
         )
+    config = dataclasses.replace(config, max_steps=steps)
     Console(stderr=True).print(
-        f"{stage}: {config.epochs:g} epochs of {sequences} sequences at batch_size {config.batch_size} = {steps} steps"
+        f"{stage}: {config.epochs:g} epochs of {sequences} sequences at batch_size {config.batch_size} = {steps} steps "
+        f"(warm-up {config.resolved_warmup()})"
     )
-    return dataclasses.replace(config, max_steps=steps)
+    return config
 
 
 class StageError(RuntimeError):

@@ -57,8 +57,8 @@ def build(tokenizer, rows, max_len: int):
 
 
 def run(stage: DPOStage, job) -> Any:
-    objective = DPO(beta=stage.beta, loss_type=stage.loss, label_smoothing=stage.label_smoothing)
-    return run_preference(stage, "dpo", job.ctx, job.source, job.out, build, objective)
+    method = DPO(beta=stage.beta, loss_type=stage.loss, label_smoothing=stage.label_smoothing)
+    return run_preference(stage, "dpo", job.ctx, job.source, job.out, build, method)
 
 
 def describe(stage: DPOStage, recipe: Any) -> str:

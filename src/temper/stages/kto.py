@@ -44,8 +44,8 @@ def build(tokenizer, rows, max_len: int):
 
 
 def run(stage: KTOStage, job) -> Any:
-    objective = KTO(stage.beta, stage.desirable_weight, stage.undesirable_weight)
-    return run_preference(stage, "kto", job.ctx, job.source, job.out, build, objective)
+    method = KTO(stage.beta, stage.desirable_weight, stage.undesirable_weight)
+    return run_preference(stage, "kto", job.ctx, job.source, job.out, build, method)
 
 
 def describe(stage: KTOStage, recipe: Any) -> str:

@@ -39,7 +39,23 @@ def stage_settings(stage: Any) -> dict[str, Any]:
     settings = stage.model_dump(exclude=exclude or None)
     if replaced:
         settings["train"] |= replaced
+    train = getattr(stage, "train", None)
+    if _unset_warmup_known(train):
+        # an unset warm-up is hashed as the steps it resolves to: runs recorded when the default
+        # was a flat 20 keep their hash wherever it still resolves to 20 (max_steps >= 200), and
+        # an explicit value equal to the resolved one is the same run; with `epochs` the steps
+        # (and so the warm-up) are known only once the data is read, and it is hashed unset
+        settings["train"]["warmup_steps"] = train.resolved_warmup()
     return settings
+
+
+def _unset_warmup_known(train: Any) -> bool:
+    """A supervised `train:` block (`TrainConfig`) whose warm-up is unset and its steps known."""
+    return (
+        hasattr(train, "resolved_warmup")
+        and train.warmup_steps is None
+        and getattr(train, "epochs", None) is None
+    )
 
 
 def _default(obj: Any, name: str) -> Any:

@@ -40,8 +40,8 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
 from temper.tasks.base import Task, grade_batch
-from temper.train.preference import Objective, train_preference
-from temper.train.supervised import TrainConfig
+from temper.train.preference import Preference, PreferenceMethod
+from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
 
@@ -339,18 +339,17 @@ def run_preference(
     source: Path | str,
     out: Path,
     build: Callable[[Any, list[Pair | Labelled], int], tuple[list[Any], Any]],
-    objective: Objective,
+    method: PreferenceMethod,
 ) -> Path:
     """Read or generate the data, tokenize it (`build(tokenizer, rows, max_len) -> (items, stats)`),
-    train `objective` from `source` against itself as the reference, save the model and `<kind>.json`."""
+    train `method` from `source` against itself as the reference, save the model and `<kind>.json`."""
     tokenizer, model, items, eval_items, stats, summary = preference_items(
         stage, kind, ctx, source, out, build
     )
     config = epoch_steps(stage.train, len(items), kind)
     model = with_lora(model, stage.lora and stage.lora.adapter_args())
-    result = train_preference(
-        model, items, objective, config, out, pad_id=tokenizer.pad_token_id, eval_items=eval_items
-    )
+    objective = Preference(method, tokenizer.pad_token_id)
+    result = train_supervised(model, items, config, out, objective=objective, eval_set=eval_items)
     model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     if distributed.is_main():
         final = result.history[-1] if result.history else {}

@@ -31,6 +31,7 @@ from temper.stages.base import (
     train_rules,
 )
 from temper.stages.context import StageContext, settings_hash
+from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         f"{stats.tokens} tokens, {stats.truncated} truncated"
     )
     config = epoch_steps(stage.train, len(sequences), "pretrain")
-    result = train_supervised(model, sequences, config, out, pad_id=tokenizer.pad_token_id)
+    result = train_supervised(model, sequences, config, out, objective=NextToken(tokenizer.pad_token_id))
     save_model(model, tokenizer, model_dir)
     summary = {
         "hash": digest,

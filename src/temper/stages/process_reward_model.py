@@ -50,6 +50,7 @@ from temper.stages.base import (
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
 from temper.tasks.steps import STEP_LABELLERS, label_steps
+from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -260,9 +261,8 @@ def run(stage: ProcessRewardModelStage, job) -> Path:
         if held_out and (step == config.max_steps or (config.eval_every and step % config.eval_every == 0)):
             evals.append({"step": step, **step_metrics(model, held_out, tokenizer.pad_token_id)})
 
-    result = train_supervised(
-        model, train, config, out, pad_id=tokenizer.pad_token_id, loss_fn=_loss, callbacks=[on_step]
-    )
+    objective = NextToken(tokenizer.pad_token_id, loss_fn=_loss)
+    result = train_supervised(model, train, config, out, objective=objective, callbacks=[on_step])
     saved = save_model(model, tokenizer, out / PROCESS_REWARD_MODEL_DIR)
     if distributed.is_main():
         final = evals[-1] if evals else {}

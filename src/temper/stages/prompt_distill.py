@@ -15,7 +15,9 @@ models' distributions over the same token ids.
 Before and after training the stage measures the greedy accuracy on `eval_problems` held-out
 problems of each task, with and without the instruction (`prompt_distill.json`, the summary table):
 for a task whose grade is obeying the instruction (`instructed_arithmetic`) that is the
-instruction-following rate. An interrupted stage starts over (it is minutes on a CPU).
+instruction-following rate. Training is the supervised loop's (`temper.train.supervised`) with the
+`temper.train.prompt_distill.PromptDistill` objective: an interrupted stage resumes from its newest
+checkpoint (`train.save_every`), the teacher's samples drawn again (seeded: the same ones).
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
-from temper.algorithms.distill import forward_kl_loss
+from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
 from temper.models import load_model, save_trained
@@ -42,8 +43,8 @@ from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
 from temper.stages.teachers import load_frozen_teacher
 from temper.tasks.base import Problem, Task, grade_batch
-from temper.train.metrics import MetricsLog
-from temper.train.supervised import TrainConfig, adamw, batch_indices, lr_schedule
+from temper.train.prompt_distill import Pair, PromptDistill
+from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
 
@@ -110,56 +111,6 @@ class Instructed:
         return getattr(self.task, name)
 
 
-@dataclass(frozen=True)
-class Pair:
-    """One teacher sample: the completion's ids after the teacher's and after the student's prompt."""
-
-    teacher_prompt: list[int]
-    student_prompt: list[int]
-    completion: list[int]
-
-
-def completion_logits(
-    model: torch.nn.Module, rows: list[list[int]], starts: list[int], lengths: list[int], pad_id: int
-):
-    """(logits_B_L_V, mask_B_L): the model's next-token logits at the positions that predict each
-    row's completion tokens (row b's tokens starts[b] .. starts[b] + lengths[b] - 1)."""
-    width = max(len(r) for r in rows)
-    ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids_B_T[b, : len(r)] = torch.tensor(r)
-    logits_B_T_V = model(input_ids=ids_B_T, use_cache=False).logits  # right pads are never attended to
-    longest = max(lengths)
-    pos_B_L = torch.zeros((len(rows), longest), dtype=torch.long)
-    mask_B_L = torch.zeros((len(rows), longest), dtype=torch.bool)
-    for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
-        pos_B_L[b, :n] = torch.arange(s - 1, s - 1 + n)  # position t predicts token t + 1
-        mask_B_L[b, :n] = True
-    index = pos_B_L[:, :, None].expand(-1, -1, logits_B_T_V.shape[-1])
-    return logits_B_T_V.gather(1, index), mask_B_L
-
-
-def distill_loss(student, teacher, batch: list[Pair], pad_id: int) -> torch.Tensor:
-    """The forward KL of the student without the instruction to the teacher with it, on `batch`."""
-    lengths = [len(p.completion) for p in batch]
-    with torch.no_grad():
-        t_logits, mask = completion_logits(
-            teacher,
-            [p.teacher_prompt + p.completion for p in batch],
-            [len(p.teacher_prompt) for p in batch],
-            lengths,
-            pad_id,
-        )
-    s_logits, _ = completion_logits(
-        student,
-        [p.student_prompt + p.completion for p in batch],
-        [len(p.student_prompt) for p in batch],
-        lengths,
-        pad_id,
-    )
-    return forward_kl_loss(s_logits, t_logits, mask)
-
-
 def _problems(tasks: dict[str, Task], n: int, seed: int) -> list[tuple[str, Problem]]:
     out = []
     for i, (name, task) in enumerate(tasks.items()):
@@ -183,30 +134,11 @@ def accuracy(
     return out
 
 
-def run_prompt_distill(stage: PromptDistillStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
-    began = time.perf_counter()
-    tasks = {name: ctx.tasks[name] for name in stage.tasks}
-    if envs := [n for n, t in tasks.items() if getattr(t, "make_env", None) is not None]:
-        raise StageError(f"prompt_distill: {envs} are environment tasks; it distills single-turn prompts")
-    tokenizer, student = load_chat_model(source, ctx)
-    if stage.teacher:
-        teacher = load_frozen_teacher(
-            ctx,
-            stage.teacher,
-            tokenizer,
-            source,
-            "prompt_distill",
-            "The student matches the teacher's next-token distribution over the same ids at every token",
-        )
-    else:  # the starting model reading the instruction: a frozen copy
-        teacher = load_model(source).eval().requires_grad_(False)
-    student.eval()
-    before = accuracy(student, tokenizer, tasks, stage)
-    teacher_acc = accuracy(teacher, tokenizer, tasks, stage) if stage.teacher else before
-    console.print(
-        f"prompt_distill: before, greedy accuracy without the instruction {before['without']}, with it {before['with']}"
-    )
-
+def teacher_samples(
+    teacher, tokenizer, tasks: dict[str, Task], stage: PromptDistillStage, out: Path
+) -> tuple[list[Pair], float, dict[str, float]]:
+    """The teacher's samples on the train prompts (with the instruction) as student `Pair`s, its
+    graded accuracy on them and the mean prompt lengths with and without it; `samples.jsonl`."""
     drawn = _problems(tasks, stage.prompts, stage.seed)
     students = [prompt_ids(tokenizer, p.messages()) for _, p in drawn]
     teachers = [prompt_ids(tokenizer, with_system(p.messages(), stage.system)) for _, p in drawn]
@@ -232,54 +164,69 @@ def run_prompt_distill(stage: PromptDistillStage, ctx: StageContext, source: Pat
                     )
                 )
     atomic_write_text(out / "samples.jsonl", "".join(line + "\n" for line in lines))
+    lengths = {
+        "with": sum(map(len, teachers)) / len(teachers),
+        "without": sum(map(len, students)) / len(students),
+    }
+    return pairs, obeyed / (len(drawn) * stage.k), lengths
+
+
+def run_prompt_distill(stage: PromptDistillStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+    began = time.perf_counter()
+    tasks = {name: ctx.tasks[name] for name in stage.tasks}
+    if envs := [n for n, t in tasks.items() if getattr(t, "make_env", None) is not None]:
+        raise StageError(f"prompt_distill: {envs} are environment tasks; it distills single-turn prompts")
+    tokenizer, student = load_chat_model(source, ctx)
+    if stage.teacher:
+        teacher = load_frozen_teacher(
+            ctx,
+            stage.teacher,
+            tokenizer,
+            source,
+            "prompt_distill",
+            "The student matches the teacher's next-token distribution over the same ids at every token",
+        )
+    else:  # the starting model reading the instruction: a frozen copy
+        teacher = load_model(source).eval().requires_grad_(False)
+    student.eval()
+    # sampling and greedy evaluation on the main process; every process trains its share
+    before = distributed.on_main(accuracy, student, tokenizer, tasks, stage)
+    teacher_acc = distributed.on_main(accuracy, teacher, tokenizer, tasks, stage) if stage.teacher else before
+    if distributed.is_main():
+        console.print(
+            f"prompt_distill: before, greedy accuracy without the instruction {before['without']}, with it {before['with']}"
+        )
+    pairs, sample_accuracy, prompt_tokens = distributed.on_main(
+        teacher_samples, teacher, tokenizer, tasks, stage, out
+    )
     if not pairs:
         raise StageError("prompt_distill: every teacher sample was empty: nothing to distill")
 
-    config = stage.train
-    torch.manual_seed(config.seed)
-    optimizer, lr_for = adamw(student, config), lr_schedule(config)
-    log = MetricsLog(out / "metrics.jsonl", True)
-    student.train()
-    history = []
-    for step in range(config.max_steps):
-        batch = [pairs[i] for i in batch_indices(step, len(pairs), config.batch_size, config.seed)]
-        for group in optimizer.param_groups:
-            group["lr"] = lr_for(step)
-        loss = distill_loss(student, teacher, batch, tokenizer.pad_token_id)
-        loss.backward()
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(student.parameters(), config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        row = {"step": step + 1, "kl": loss.item(), "lr": lr_for(step)}
-        history.append(row)
-        if (step + 1) % config.log_every == 0 or step + 1 == config.max_steps:
-            log.log(row)
-    log.close()
+    objective = PromptDistill(teacher, tokenizer.pad_token_id)
+    result = train_supervised(student, pairs, stage.train, out, objective=objective)
     student.eval()
-    after = accuracy(student, tokenizer, tasks, stage)
-    window = min(10, len(history))
+    after = distributed.on_main(accuracy, student, tokenizer, tasks, stage)
+    window = min(10, len(result.losses))
     summary = {
         "teacher": stage.teacher or "start (frozen)",
         "system_chars": len(stage.system),
-        "prompt_tokens": {
-            "with": sum(map(len, teachers)) / len(teachers),
-            "without": sum(map(len, students)) / len(students),
-        },
+        "prompt_tokens": prompt_tokens,
         "samples": len(pairs),
-        "teacher_sample_accuracy": obeyed / (len(drawn) * stage.k),
-        "steps": config.max_steps,
-        "kl_first": sum(r["kl"] for r in history[:window]) / window,
-        "kl_last": sum(r["kl"] for r in history[-window:]) / window,
+        "teacher_sample_accuracy": sample_accuracy,
+        "steps": result.steps,
+        "kl_first": sum(result.losses[:window]) / window,
+        "kl_last": sum(result.losses[-window:]) / window,
         "teacher_accuracy": teacher_acc,
         "before": before,
         "after": after,
-        "seconds": time.perf_counter() - began,
+        # the whole stage's, with the training seconds before a resume
+        "seconds": time.perf_counter() - began + result.earlier_seconds,
     }
-    atomic_write_json(out / "prompt_distill.json", summary)
-    console.print(
-        f"prompt_distill: after, greedy accuracy without the instruction {after['without']}, with it {after['with']}"
-    )
+    if distributed.is_main():
+        atomic_write_json(out / "prompt_distill.json", summary)
+        console.print(
+            f"prompt_distill: after, greedy accuracy without the instruction {after['without']}, with it {after['with']}"
+        )
     return save_trained(student, tokenizer, out / "model")
 
 
@@ -318,7 +265,6 @@ KIND = StageKind(
     outputs=("prompt_distill.json", "samples.jsonl"),
     tasks=lambda stage: stage.tasks,
     uses=lambda stage: [(("teacher",), stage.teacher)] if stage.teacher else [],
-    main_only=True,
     summary=prompt_distill_table,
     order=36,
 )

@@ -3,8 +3,8 @@
 The head goes on the source stage's model: its backbone's weights are loaded into the
 architecture's `AutoModelForSequenceClassification` with one label (a fresh linear `score` head,
 as TRL's RewardTrainer and InstructGPT's RM start from the SFT model), and the pair's rewards
-are trained with `algorithms.preference.bradley_terry_loss`, by the preference trainer
-(`temper.train.preference.BradleyTerry` is one more `Objective` beside DPO and KTO). With `lora`
+are trained with `algorithms.preference.bradley_terry_loss` in the supervised loop
+(`temper.train.preference.BradleyTerry` is one more preference method beside DPO and KTO). With `lora`
 the backbone gets an adapter and the head trains in full (PEFT's SEQ_CLS `modules_to_save`);
 the adapter is merged before saving, so `<out>/reward_model` is always a whole model any
 `AutoModelForSequenceClassification.from_pretrained` (and `temper.rewards.RewardModel.load`) reads.
@@ -38,8 +38,8 @@ from temper.models import save_model, with_lora
 from temper.rewards.reward_model import REWARD_MODEL_DIR, reward_model_from_policy
 from temper.stages.base import Loc, StageKind, epoch_steps, length, raise_located
 from temper.stages.preference import PreferenceDataStage, preference_items, tasks_of
-from temper.train.preference import BradleyTerry, reward_forward, train_preference
-from temper.train.supervised import TrainConfig
+from temper.train.preference import BradleyTerry, Preference, reward_forward
+from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
 
@@ -168,10 +168,8 @@ def run(stage: RewardModelStage, job) -> Path:
     # the untrained head's held-out accuracy: the point the curve starts from (chance, or a bias
     # the fresh head happens to have, e.g. for the longer answer)
     before = held_out_rewards(model, eval_items, tokenizer.pad_token_id, batch)
-    objective = BradleyTerry(center_coef=stage.center_rewards_coefficient)
-    result = train_preference(
-        model, items, objective, config, out, pad_id=tokenizer.pad_token_id, eval_items=eval_items
-    )
+    objective = Preference(BradleyTerry(center_coef=stage.center_rewards_coefficient), tokenizer.pad_token_id)
+    result = train_supervised(model, items, config, out, objective=objective, eval_set=eval_items)
     if stage.lora:
         model = model.merge_and_unload()
     heldout = held_out_rewards(model, eval_items, tokenizer.pad_token_id, batch)

@@ -64,6 +64,7 @@ from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
 from temper.stages.teachers import load_frozen_teacher
 from temper.tasks.base import Problem, Task, grade_batch
+from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -295,7 +296,9 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
         config = epoch_steps(
             dataclasses.replace(stage.train, seed=stage.train.seed + r), len(sequences), f"rft round {r}"
         )
-        result = train_supervised(model, sequences, config, folder, pad_id=tokenizer.pad_token_id)
+        result = train_supervised(
+            model, sequences, config, folder, objective=NextToken(tokenizer.pad_token_id)
+        )
         model.eval()
         save_trained(model, tokenizer, folder / "model")
         rounds.append(
@@ -309,7 +312,7 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
                 "final_loss": result.final_loss,
             }
             | _accuracy(HFSampler(model, tokenizer), tokenizer, tasks, stage)
-            | {"seconds": time.perf_counter() - began}
+            | {"seconds": time.perf_counter() - began + result.earlier_seconds}  # a resumed round: all of it
         )
         if distributed.is_main():
             atomic_write_json(folder / "round.json", rounds[-1])

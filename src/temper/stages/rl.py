@@ -18,6 +18,7 @@ from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
 from temper.models.tokenizer import tokenizer_mismatch
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
 from temper.rollout import HFSampler, Sampler
@@ -318,7 +319,8 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
         sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
     else:
-        sampler = HFSampler(model, tokenizer, precision=resolve_precision(config.precision, model, "sample"))
+        chosen = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
+        sampler = HFSampler(model, tokenizer, precision=chosen)
     setup = ScorerSetup(
         tokenizer,
         next(model.parameters()).device,

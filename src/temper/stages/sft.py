@@ -43,6 +43,7 @@ from temper.stages.ranking import (
     load_ranker,
     reward_model_use,
 )
+from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
 console = Console(stderr=True)
@@ -259,7 +260,9 @@ def run_sft(stage: SFTStage, ctx: StageContext, source: Path, out: Path) -> Path
     )
     config = epoch_steps(stage.train, len(train), "sft")
     model = with_lora(model, stage.lora and stage.lora.adapter_args())
-    result = train_supervised(model, train, config, out, pad_id=tokenizer.pad_token_id, eval_set=eval_set)
+    result = train_supervised(
+        model, train, config, out, objective=NextToken(tokenizer.pad_token_id), eval_set=eval_set
+    )
     model_dir = save_trained(model, tokenizer, out / "model", stage.lora.save if stage.lora else "merged")
     if distributed.is_main():
         atomic_write_json(

@@ -3,7 +3,9 @@
 numpy, torch, cuda), enough to resume exactly under the same number of processes.
 
 A checkpoint is the folder `step-<step>`; it appears in one rename once every process has
-written its part, so a crash never leaves a checkpoint that looks complete but is not.
+written its part, so a crash never leaves a checkpoint that looks complete but is not. Its
+`state.json` also keeps the run's totals so far (tokens, seconds, each step's loss), so that a
+resumed run's summary covers the steps before the resume as well.
 """
 
 from __future__ import annotations
@@ -12,23 +14,30 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from accelerate import Accelerator
+from rich.console import Console
 
 from temper.distributed import shared_atomic_dir
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+console = Console(stderr=True)
 
 
-def save_checkpoint(root: Path, step: int, accelerator: Accelerator, keep: int = 2) -> Path:
-    """Write `root/step-<step>` (every process calls this); keep the newest `keep` checkpoints."""
+def save_checkpoint(
+    root: Path, step: int, accelerator: Accelerator, keep: int = 2, totals: dict[str, Any] | None = None
+) -> Path:
+    """Write `root/step-<step>` (every process calls this); keep the newest `keep` checkpoints.
+    `totals`: what the run's summary adds up over its steps so far (the main process's), which
+    `resume` hands back."""
     target = root / f"step-{step:07d}"
     with shared_atomic_dir(target) as tmp:
         # safetensors would refuse tied weights (embeddings shared with the LM head) in a raw
         # state dict; torch.save keeps the sharing.
         accelerator.save_state(str(tmp), safe_serialization=False)
         if accelerator.is_main_process:
-            (tmp / "state.json").write_text(json.dumps({"step": step}))
+            (tmp / "state.json").write_text(json.dumps({"step": step, "totals": totals or {}}))
     if accelerator.is_main_process:
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -68,3 +77,17 @@ def load_checkpoint(path: Path, accelerator: Accelerator) -> int:
             f"resume from the checkpoint before it, or remove {path.parent.parent} to start the stage over"
         ) from err
     return step
+
+
+def resume(root: Path, accelerator: Accelerator) -> tuple[int, dict[str, Any]]:
+    """Load the newest checkpoint under `root` into what `accelerator` prepared and say so on the
+    console -> (its step, the run's totals up to it); (0, {}) when there is none. A checkpoint
+    written before totals were kept gives {}."""
+    checkpoints = list_checkpoints(root)
+    if not checkpoints:
+        return 0, {}
+    step = load_checkpoint(checkpoints[-1], accelerator)
+    if accelerator.is_main_process:
+        message = f"{root.parent.name}: resuming from step {step} ({checkpoints[-1]})"
+        console.print(message, markup=False, highlight=False, soft_wrap=True)  # a path, whole
+    return step, json.loads((checkpoints[-1] / "state.json").read_text()).get("totals", {})

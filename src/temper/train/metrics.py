@@ -57,6 +57,12 @@ class MetricsLog:
         rows = [r for _, _, r in iter_jsonl(self.path) if isinstance(r, dict) and r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows logged so far (after a resume: those up to its step); none when not enabled."""
+        if not self.enabled or not self.path.exists():
+            return []
+        return [r for _, _, r in iter_jsonl(self.path) if isinstance(r, dict)]
+
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return

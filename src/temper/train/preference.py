@@ -1,27 +1,24 @@
-"""The preference trainer (DPO, IPO, KTO): a loop over optimizer steps on pairs or labelled completions.
+"""Preference objectives (DPO, IPO, KTO, and the reward model's Bradley-Terry) for the one
+supervised loop, `temper.train.supervised.train_supervised`.
 
-What it optimizes comes from an `Objective` it is given (`DPO`, `KTO`), not from subclasses. The
-reference model's logprobs are computed once, before the first step, from the model as it starts
-(with a LoRA adapter: with the adapter disabled), so no frozen copy is held in memory; a resumed
-run recomputes them from the starting weights before loading its checkpoint. Batches are a pure
-function of (seed, step), as in `temper.train.supervised`; each process takes a contiguous share of
-the global batch, and every micro-batch adds its per-example losses divided by the global batch
-size, so micro-batching and data parallelism never change a gradient.
+A method (`DPO`, `KTO`, `BradleyTerry`) says how an item's sequences are scored and which pure
+loss of `temper.algorithms.preference` they go through; `Preference(method, pad_id)` is the loop's
+`Objective` over it. The reference model's logprobs are computed once, before the first step, from
+the model as it starts (with a LoRA adapter: with the adapter disabled), so no frozen copy is held
+in memory; a resumed run recomputes them from the starting weights before loading its checkpoint.
+Every micro-batch adds its per-item losses divided by the global batch size, so micro-batching
+and data parallelism never change a gradient.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 
-from temper import distributed
 from temper.algorithms.preference import (
     bradley_terry_loss,
     dpo_loss,
@@ -33,22 +30,9 @@ from temper.algorithms.preference import (
 from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence
 from temper.data.preferences import TokenizedLabelled, TokenizedPair, mismatched
-from temper.precision import resolve_precision
 from temper.rewards.reward_model import right_pad, sequence_rewards
-from temper.train.checkpoint import save_checkpoint
-from temper.train.metrics import progress_bar
+from temper.train.objective import Stats, add_stat
 from temper.train.rollouts import pack
-from temper.train.supervised import (
-    TrainConfig,
-    TrainResult,
-    adamw,
-    batch_indices,
-    lr_schedule,
-    process_batches,
-    resume_or_start,
-)
-
-Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (sum, count); the metric is sum / count
 
 
 def sequence_logps(
@@ -95,15 +79,7 @@ def _as_completions(
     return [s.input_ids[:1] for s in seqs], completions_N_T, mask_N_T, labels_N_T[mask_N_T]
 
 
-def _add(stats: Stats, name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> None:
-    values = values.detach().float()
-    where = torch.ones_like(values, dtype=torch.bool) if where is None else where
-    s, c = torch.where(where, values, 0.0).sum(), where.sum().float()
-    old = stats.get(name)
-    stats[name] = (s, c) if old is None else (old[0] + s, old[1] + c)
-
-
-class Objective(Protocol):
+class PreferenceMethod(Protocol):
     """What a preference stage optimizes: the sequences of an item, how the model scores them,
     the loss, its metrics."""
 
@@ -171,12 +147,12 @@ class DPO:
         r_chosen = implicit_rewards(chosen, refs[:, 0], self.beta)
         r_rejected = implicit_rewards(rejected, refs[:, 1], self.beta)
         # named as TRL's DPOTrainer logs them
-        _add(stats, "rewards/chosen", r_chosen)
-        _add(stats, "rewards/rejected", r_rejected)
-        _add(stats, "rewards/margins", r_chosen - r_rejected)
-        _add(stats, "rewards/accuracies", (r_chosen > r_rejected).float())
-        _add(stats, "logps/chosen", chosen)
-        _add(stats, "logps/rejected", rejected)
+        add_stat(stats, "rewards/chosen", r_chosen)
+        add_stat(stats, "rewards/rejected", r_rejected)
+        add_stat(stats, "rewards/margins", r_chosen - r_rejected)
+        add_stat(stats, "rewards/accuracies", (r_chosen > r_rejected).float())
+        add_stat(stats, "logps/chosen", chosen)
+        add_stat(stats, "logps/rejected", rejected)
         return losses
 
 
@@ -226,11 +202,11 @@ class KTO:
         )
         rewards = implicit_rewards(logp, refs[:, 0], self.beta)
         # named as TRL's KTOTrainer logs them: means over the desirable / undesirable completions
-        _add(stats, "rewards/chosen", rewards, desirable)
-        _add(stats, "rewards/rejected", rewards, ~desirable)
-        _add(stats, "logps/chosen", logp, desirable)
-        _add(stats, "logps/rejected", logp, ~desirable)
-        _add(stats, "kl", ctx.expand(len(items)))
+        add_stat(stats, "rewards/chosen", rewards, desirable)
+        add_stat(stats, "rewards/rejected", rewards, ~desirable)
+        add_stat(stats, "logps/chosen", logp, desirable)
+        add_stat(stats, "logps/rejected", logp, ~desirable)
+        add_stat(stats, "kl", ctx.expand(len(items)))
         return losses
 
 
@@ -269,10 +245,10 @@ class BradleyTerry:
         margin = torch.tensor([p.margin for p in items], dtype=chosen.dtype, device=chosen.device)
         losses = bradley_terry_loss(chosen, rejected, margin, self.center_coef)
         # named as TRL's RewardTrainer logs them (accuracy, margin), and DPO's rewards/*
-        _add(stats, "accuracy", (chosen > rejected).float())
-        _add(stats, "margin", chosen - rejected)
-        _add(stats, "rewards/chosen", chosen)
-        _add(stats, "rewards/rejected", rejected)
+        add_stat(stats, "accuracy", (chosen > rejected).float())
+        add_stat(stats, "margin", chosen - rejected)
+        add_stat(stats, "rewards/chosen", chosen)
+        add_stat(stats, "rewards/rejected", rejected)
         return losses
 
 
@@ -298,183 +274,79 @@ def reference_logps(
     return torch.stack(out, dim=1)
 
 
-def _means(stats: Stats, accelerator: Accelerator) -> dict[str, float]:
-    names = sorted(stats)
-    if not names:
-        return {}
-    sums = torch.stack([torch.stack(stats[n]) for n in names]).to(accelerator.device)  # (names, 2)
-    if accelerator.num_processes > 1:
-        sums = accelerator.reduce(sums, reduction="sum")
-    out = {n: float(s / c) for n, (s, c) in zip(names, sums.tolist()) if c > 0}
-    if "rewards/chosen" in out and "rewards/rejected" in out and "rewards/margins" not in out:
-        out["rewards/margins"] = (
-            out["rewards/chosen"] - out["rewards/rejected"]
-        )  # KTO: TRL's difference of means
-    return out
-
-
-def evaluate_objective(
+def evaluate_method(
     model: torch.nn.Module,
-    objective: Objective,
+    method: PreferenceMethod,
     items: list[Any],
     refs: torch.Tensor,
     pad_id: int,
     batch_size: int,
 ) -> dict[str, float]:
-    """The objective's loss and metrics over `items` (held out), without gradient, one process."""
+    """The method's loss and metrics over `items` (held out), without gradient, one process."""
     was_training = model.training
     model.eval()
     stats: Stats = {}
     with torch.no_grad():
-        ctx = objective.prepare(model, items, refs, pad_id)
+        ctx = method.prepare(model, items, refs, pad_id)
         for i in range(0, len(items), batch_size):
             chunk, r = items[i : i + batch_size], refs[i : i + batch_size]
-            logp, tokens = objective.forward(model, objective.sequences(chunk), pad_id)
-            _add(stats, "loss", objective.loss(chunk, logp, tokens, r.to(logp.device), ctx, stats))
+            logp, tokens = method.forward(model, method.sequences(chunk), pad_id)
+            add_stat(stats, "loss", method.loss(chunk, logp, tokens, r.to(logp.device), ctx, stats))
     model.train(was_training)
     return {n: float(s / c) for n, (s, c) in stats.items() if c > 0}
 
 
-def backward_batch(
-    model: torch.nn.Module,
-    items: list[Any],
-    idx: list[int],
-    refs: torch.Tensor,
-    objective: Objective,
-    ctx: Any,
-    micro: int,
-    batch_size: int,
-    pad_id: int,
-    stats: Stats,
-    accelerator: Accelerator | None = None,
-) -> tuple[torch.Tensor, int]:
-    """Accumulate into `.grad` the gradient of sum_i l_i / batch_size over the items `idx` (this
-    process's share of a global batch of `batch_size`), `micro` items per forward; return the
-    loss summed over the micro-batches and the tokens processed. Any split of `idx` into
-    micro-batches, and of the global batch into processes, gives the same summed gradient."""
-    world = accelerator.num_processes if accelerator else 1
-    loss_sum, tokens = torch.zeros(()), 0
-    for m in range(0, len(idx), micro):
-        chunk_idx = idx[m : m + micro]
-        chunk = [items[i] for i in chunk_idx]
-        last = m + micro >= len(idx)
-        sync = accelerator.no_sync(model) if accelerator and not last else nullcontext()
-        with sync:
-            seqs = objective.sequences(chunk)
-            logp, n_tokens = objective.forward(model, seqs, pad_id)
-            losses = objective.loss(chunk, logp, n_tokens, refs[chunk_idx].to(logp.device), ctx, stats)
-            loss = losses.sum() / batch_size
-            # DDP averages the gradients over processes; each holds sum_local / batch_size
-            if accelerator is not None:
-                accelerator.backward(loss * world)
-            else:
-                loss.backward()
-        loss_sum = loss_sum + loss.detach().cpu()
-        tokens += sum(len(s.input_ids) for s in seqs)
-    return loss_sum, tokens
+@dataclass(frozen=True)
+class Referenced:
+    """An item with its reference logprobs, one per column of the method's `reference_sequences`."""
+
+    item: Any
+    refs: torch.Tensor  # (columns,)
 
 
-def train_preference(
-    model: torch.nn.Module,
-    items: list[Any],
-    objective: Objective,
-    config: TrainConfig,
-    out_dir: str | Path,
-    *,
-    pad_id: int,
-    eval_items: list[Any] | None = None,
-    accelerator: Accelerator | None = None,
-) -> TrainResult:
-    """Train `model` in place on `items` for `config.max_steps` steps; resume from the newest
-    checkpoint under `out_dir/checkpoints`. Metrics go to `out_dir/metrics.jsonl` (eval metrics
-    as `eval/<name>`, at `eval_every` and at the end)."""
-    if not items:
-        raise ValueError("no preference items to train on")
-    out_dir = Path(out_dir)
-    accelerator = accelerator or distributed.make_accelerator()
-    world, rank, per_process, micro = process_batches(config, accelerator)
+def _refs(items: list[Referenced]) -> torch.Tensor:
+    return torch.stack([it.refs for it in items])  # (N, columns)
 
-    torch.manual_seed(config.seed)
-    optimizer = adamw(model, config)
-    model.train()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
-    with precision.applied(unwrapped):  # the reference, from the starting weights (before any resume)
-        refs = reference_logps(unwrapped, objective.reference_sequences(items), pad_id, micro, len(items))
-        eval_refs = (
-            reference_logps(
-                unwrapped, objective.reference_sequences(eval_items), pad_id, micro, len(eval_items)
+
+@dataclass(frozen=True)
+class Preference:
+    """The supervised loop's objective for a preference `method`: a micro-batch's per-item losses
+    summed and divided by the global batch size; the reference logprobs of every train and
+    held-out item computed once, from the starting model, before any checkpoint loads. Held out:
+    the method's loss and metrics, scored on the main process, logged as `eval/<name>`."""
+
+    method: PreferenceMethod
+    pad_id: int
+    loss_name = "loss"
+    eval_name = "eval/loss"
+
+    def start(self, model, train: list[Any], eval_set: list[Any], batch_size: int):
+        return self._referenced(model, train, batch_size), self._referenced(model, eval_set, batch_size)
+
+    def _referenced(self, model, items: list[Any], batch_size: int) -> list[Referenced]:
+        if not items:
+            return []
+        columns = self.method.reference_sequences(items)
+        refs = reference_logps(model, columns, self.pad_id, batch_size, len(items))
+        return [Referenced(it, r) for it, r in zip(items, refs, strict=True)]
+
+    def context(self, model, batch: list[Referenced]) -> tuple[Any, int]:
+        return self.method.prepare(model, [b.item for b in batch], _refs(batch), self.pad_id), len(batch)
+
+    def loss(self, model, items: list[Referenced], context, stats: Stats) -> tuple[torch.Tensor, int]:
+        prepared, batch_size = context
+        chunk = [b.item for b in items]
+        seqs = self.method.sequences(chunk)
+        scores, n_tokens = self.method.forward(model, seqs, self.pad_id)
+        losses = self.method.loss(chunk, scores, n_tokens, _refs(items).to(scores.device), prepared, stats)
+        return losses.sum() / batch_size, sum(len(s.input_ids) for s in seqs)
+
+    def evaluate(self, model, items: list[Referenced], batch_size: int, accelerator) -> dict[str, float]:
+        metrics = {}
+        if accelerator.is_main_process:
+            found = evaluate_method(
+                model, self.method, [b.item for b in items], _refs(items), self.pad_id, batch_size
             )
-            if eval_items
-            else None
-        )
-
-    ckpt_root = out_dir / "checkpoints"
-    log, start = resume_or_start(out_dir, config, accelerator)
-    lr_for = lr_schedule(config)
-
-    history: list[dict[str, Any]] = []
-    tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
-    loss_value = float("nan")
-    progress = progress_bar(config.progress and accelerator.is_main_process)
-    with progress, precision.applied(unwrapped):
-        bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
-        for step in range(start, config.max_steps):
-            global_idx = batch_indices(step, len(items), config.batch_size, config.seed)
-            ctx = objective.prepare(unwrapped, [items[i] for i in global_idx], refs[global_idx], pad_id)
-            local = global_idx[rank * per_process : (rank + 1) * per_process]
-            for group in optimizer.param_groups:
-                group["lr"] = lr_for(step)
-            stats: Stats = {}
-            loss_sum, n = backward_batch(
-                model,
-                items,
-                local,
-                refs,
-                objective,
-                ctx,
-                micro,
-                config.batch_size,
-                pad_id,
-                stats,
-                accelerator,
-            )
-            tokens_total, tok_window = tokens_total + n, tok_window + n
-            grad_norm = None
-            if config.grad_clip > 0:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = accelerator.reduce(loss_sum.to(accelerator.device), reduction="sum").item()
-            done = step + 1
-            row: dict[str, Any] = {"step": done, "loss": loss_value, "lr": lr_for(step)} | _means(
-                stats, accelerator
-            )
-            if grad_norm is not None:
-                row["grad_norm"] = float(grad_norm)
-            is_last = done == config.max_steps
-            if eval_items and ((config.eval_every and done % config.eval_every == 0) or is_last):
-                if accelerator.is_main_process:
-                    metrics = evaluate_objective(unwrapped, objective, eval_items, eval_refs, pad_id, micro)
-                    row |= {f"eval/{k}": v for k, v in metrics.items()}
-                accelerator.wait_for_everyone()
-            if done % config.log_every == 0 or is_last or any(k.startswith("eval/") for k in row):
-                now = time.perf_counter()
-                row["tokens_per_s"] = tok_window * world / max(now - t_window, 1e-9)
-                t_window, tok_window = now, 0
-                log.log(row)
-                history.append(row)
-            progress.update(bar, advance=1, info=f"loss {loss_value:.4f}")
-            if config.save_every and done % config.save_every == 0:
-                save_checkpoint(ckpt_root, done, accelerator)
-    log.close()
-    return TrainResult(
-        config.max_steps,
-        loss_value,
-        history[-1].get("eval/loss") if history else None,
-        tokens_total * world,
-        time.perf_counter() - t_start,
-        history,
-        precision.as_dict(),
-    )
+            metrics = {f"eval/{k}": v for k, v in found.items()}
+        accelerator.wait_for_everyone()
+        return metrics

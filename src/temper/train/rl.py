@@ -30,13 +30,14 @@ from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
 from temper.jsonl import iter_jsonl
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
 from temper.rewards import BATCH_COMPONENTS
 from temper.rewards.judge import GroupScorer
 from temper.rollout import HFSampler, Sampler
 from temper.tasks.base import Task
 from temper.train import features as rl_features
-from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, step_of
+from temper.train.checkpoint import list_checkpoints, resume, save_checkpoint, step_of
 from temper.train.collect import (
     collect_groups,
     episode_limits,
@@ -91,21 +92,20 @@ def require(
 
 def _resume_point(
     out_dir: Path, main: bool, log: MetricsLog, rollouts: MetricsLog
-) -> tuple[Path | None, int, list[dict[str, Any]]]:
-    """(the newest checkpoint or None, the step the run resumes from, the metrics rows logged
-    before it). The logs are cut back to that step (replayed steps are logged again); a fresh
-    run's are removed."""
+) -> tuple[int, list[dict[str, Any]]]:
+    """(the step the run resumes from, the newest checkpoint's; the metrics rows logged before
+    it), read before the checkpoint is loaded. The logs are cut back to that step (replayed
+    steps are logged again); a fresh run's are removed."""
     checkpoints = list_checkpoints(out_dir / "checkpoints")
     if not checkpoints:
         if main:
             for path in (log.path, rollouts.path):
                 path.unlink(missing_ok=True)
-        return None, 0, []
+        return 0, []
     start = step_of(checkpoints[-1])
     log.truncate_after(start)
     rollouts.truncate_after(start)
-    past = [r for _, _, r in iter_jsonl(log.path) if isinstance(r, dict)] if log.path.exists() else []
-    return checkpoints[-1], start, past
+    return start, [r for _, _, r in iter_jsonl(log.path) if isinstance(r, dict)] if log.path.exists() else []
 
 
 def _eval_due(config: RLConfig, step: int) -> bool:
@@ -151,7 +151,11 @@ def train_rl(
     scorers = scorers or {}
     require(config, reference, scorers, world)
     sampler = sampler or HFSampler(
-        model, tokenizer, precision=resolve_precision(config.precision, model, "sample")
+        model,
+        tokenizer,
+        precision=resolve_precision(
+            config.precision, model, "sample", record=Path(out_dir) / PRECISION_RECORD
+        ),
     )
     trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
     params = [p for p in trainable.parameters() if p.requires_grad]
@@ -159,10 +163,11 @@ def train_rl(
     # DDP wraps the one module the update differentiates; the sampler keeps the bare model, whose
     # parameters are the same tensors, so sampling and evaluation run no collective
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
-    precision = resolve_precision(config.precision, model)  # after the accelerator: rank 0 decides
+    # after the accelerator: rank 0 decides (a resumed run keeps its recorded choice)
+    precision = resolve_precision(config.precision, model, record=Path(out_dir) / PRECISION_RECORD)
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
     rollouts = MetricsLog(out_dir / "rollouts.jsonl", enabled=main)
-    checkpoint, start, past = _resume_point(out_dir, main, log, rollouts)
+    start, past = _resume_point(out_dir, main, log, rollouts)
     # the features start from the starting weights (AdaptThink's reference accuracy), then a
     # resumed run's checkpoint is loaded
     features = rl_features.start(config, RunStart(
@@ -170,13 +175,14 @@ def train_rl(
         lambda step: problems_for_step(tasks, config.prompts_per_step, config.seed, step), episode_limits(config),
     ))  # fmt: skip
     train_sampler = features.sampler(sampler)
-    if checkpoint is not None:
-        load_checkpoint(checkpoint, accelerator)
+    loaded, totals = resume(out_dir / "checkpoints", accelerator)
+    assert loaded == start, (loaded, start)
     accelerator.wait_for_everyone()
 
-    history: list[dict[str, Any]] = []
-    sampled_tokens = trained_tokens = 0
-    t_start = time.perf_counter()
+    # a resumed run's result is the whole run's: its rows and totals before the resume come back
+    history: list[dict[str, Any]] = list(past)
+    sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
+    t_start = time.perf_counter() - totals.get("seconds", 0.0)
     progress = progress_bar(config.progress and main)
     with progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
@@ -252,7 +258,9 @@ def train_rl(
                 cb(step + 1, row)
             # 7. checkpoint
             if config.save_every and (step + 1) % config.save_every == 0:
-                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator)
+                totals = {"sampled_tokens": sampled_tokens, "trained_tokens": trained_tokens}
+                totals["seconds"] = time.perf_counter() - t_start
+                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals)
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start

@@ -1,11 +1,14 @@
-"""The supervised trainer (pre-training, SFT): a loop over optimizer steps, built on Accelerate.
+"""The supervised loop: pre-training, SFT, rft rounds, DPO/IPO/KTO, reward models and prompt
+distillation, a loop over optimizer steps built on Accelerate.
 
-Behaviour comes from what it is given (sequences and a loss), not from subclasses. Batches are a
-pure function of (seed, step), so resuming from a checkpoint replays exactly the batches the
-uninterrupted run would have seen, and N processes (`torchrun --nproc_per_node N`, see
-`temper.distributed`) split the same global batch N ways: each takes a contiguous share of it,
-and the loss is normalized by the global token count, so the DDP-averaged gradient equals one
-process's gradient at the same global batch.
+What it optimizes comes from the `Objective` it is given (`temper.train.objective`: a batch builder
+and a loss), not from subclasses. Batches are a pure function of (seed, step), so resuming from a
+checkpoint replays exactly the batches the uninterrupted run would have seen, and N processes
+(`torchrun --nproc_per_node N`, see `temper.distributed`) split the same global batch N ways: each
+takes a contiguous share of it, and the objective normalizes its loss by the global batch, so the
+DDP-averaged gradient equals one process's gradient at the same global batch. A resumed run's
+result covers the whole run: the totals up to its checkpoint come back from it, the logged rows
+from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -22,17 +25,21 @@ from accelerate import Accelerator
 from pydantic import Field
 
 from temper import distributed
-from temper.algorithms.losses import IGNORE, sft_loss
-from temper.data.dataset import Sequence, collate
+from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import Precision, resolve_precision
-from temper.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from temper.train import overfitting
+from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
+from temper.train.objective import Objective, Stats, stat_means
 from temper.train.schedule import lr_at
 
 # Ranges pydantic checks when a recipe or a CLI flag sets a field (`Annotated` metadata is inert
 # in plain Python, so tests and benchmarks still construct these directly); cross-field rules are
 # in `temper.stages.base.train_rules`.
 Beta = Annotated[float, Field(ge=0, lt=1)]
+
+# the most warm-up steps an unset `warmup_steps` resolves to (it was the flat default before)
+DEFAULT_WARMUP = 20
 
 
 @dataclass
@@ -52,7 +59,9 @@ class TrainConfig:
     """Peak learning rate."""
     schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """One of cosine, wsd (warmup-stable-decay), constant."""
-    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    warmup_steps: Annotated[int, Field(ge=0)] | None = None
+    """Steps of linear warm-up to the peak lr; unset: a tenth of the steps, at most 20 (20 from
+    200 steps on, none below 10). A value given must be below the steps."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Final lr as a fraction of the peak."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
@@ -72,16 +81,26 @@ class TrainConfig:
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
 
+    def resolved_warmup(self) -> int:
+        """The warm-up steps: the given value, or min(DEFAULT_WARMUP, max_steps // 10)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(DEFAULT_WARMUP, self.max_steps // 10)
+
 
 @dataclass
 class TrainResult:
+    """A run's summary, over the whole run: a resumed run's covers the steps before the resume."""
+
     steps: int
     final_loss: float
     eval_loss: float | None
     tokens: int  # input tokens processed (pads excluded)
-    seconds: float
-    history: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float  # of the training steps, those before a resume included
+    history: list[dict[str, Any]] = field(default_factory=list)  # the logged rows (main process: all)
     precision: dict[str, Any] = field(default_factory=dict)  # PrecisionChoice.as_dict()
+    losses: list[float] = field(default_factory=list)  # every step's loss
+    earlier_seconds: float = 0.0  # the part of `seconds` before the resume (0: not resumed)
 
 
 def batch_indices(step: int, n_examples: int, batch_size: int, seed: int) -> list[int]:
@@ -93,41 +112,6 @@ def batch_indices(step: int, n_examples: int, batch_size: int, seed: int) -> lis
         perm = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         out += perm[offset : offset + batch_size - len(out)].tolist()
     return out
-
-
-def _count_supervised(batch: list[Sequence]) -> int:
-    return sum(sum(label != IGNORE for label in s.labels[1:]) for s in batch)
-
-
-def evaluate_loss(
-    model: torch.nn.Module,
-    sequences: list[Sequence],
-    pad_id: int,
-    batch_size: int,
-    device,
-    accelerator: Accelerator | None = None,
-) -> float:
-    """Token-weighted mean loss over `sequences`; with an `accelerator`, each process scores its
-    share and the sums are added up. Pass the unwrapped model: no DDP collective may run here."""
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    mine = sequences[distributed.share(len(sequences), rank, world)]
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # (loss x tokens, tokens)
-    with torch.no_grad():
-        for i in range(0, len(mine), batch_size):
-            chunk = mine[i : i + batch_size]
-            batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
-            labels = batch.pop("labels")
-            n = _count_supervised(chunk)
-            logits = model(**batch, use_cache=False).logits
-            sums += torch.tensor(
-                [sft_loss(logits, labels, n).item() * n, n], dtype=torch.float64, device=device
-            )
-    if accelerator is not None and world > 1:
-        sums = accelerator.reduce(sums, reduction="sum")
-    model.train(was_training)
-    return float(sums[0] / sums[1].clamp_min(1))
 
 
 def process_batches(config: TrainConfig, accelerator: Accelerator) -> tuple[int, int, int, int]:
@@ -156,23 +140,25 @@ def adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     )
 
 
-def resume_or_start(out_dir: Path, config: TrainConfig, accelerator: Accelerator) -> tuple[MetricsLog, int]:
-    """The run's metrics log and the step to start from: the newest checkpoint under
-    `out_dir/checkpoints` is loaded and the log cut back to it; without one a stale log is removed."""
+def resume_or_start(
+    out_dir: Path, config: TrainConfig, accelerator: Accelerator
+) -> tuple[MetricsLog, int, dict[str, Any]]:
+    """The run's metrics log, the step to start from and the run's totals up to it: the newest
+    checkpoint under `out_dir/checkpoints` is loaded and the log cut back to it; without one a
+    stale log is removed."""
     log = MetricsLog(
         out_dir / "metrics.jsonl",
         accelerator.is_main_process,
         trackers=config.trackers,
         config=asdict(config),
     )
-    start = 0
-    if checkpoints := list_checkpoints(out_dir / "checkpoints"):
-        start = load_checkpoint(checkpoints[-1], accelerator)
+    start, totals = resume(out_dir / "checkpoints", accelerator)
+    if start:
         log.truncate_after(start)
     elif accelerator.is_main_process and log.path.exists():
         log.path.unlink()
     accelerator.wait_for_everyone()  # nobody reads the checkpoint folder while it changes
-    return log, start
+    return log, start, totals
 
 
 def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
@@ -181,26 +167,56 @@ def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
         step,
         lr=config.lr,
         max_steps=config.max_steps,
-        warmup_steps=config.warmup_steps,
+        warmup_steps=config.resolved_warmup(),
         schedule=config.schedule,
         min_lr_ratio=config.min_lr_ratio,
     )
 
 
+def backward_batch(
+    model: torch.nn.Module,
+    objective: Objective,
+    items: list[Any],
+    context: Any,
+    micro: int,
+    stats: Stats,
+    accelerator: Accelerator | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Accumulate into `.grad` the gradient of this process's share `items` of a step's loss,
+    `micro` items per forward (gradients synchronized on the last); return the loss summed over
+    the micro-batches and the tokens read. Any split into micro-batches, and of the global batch
+    into processes, gives the same summed gradient (the objective normalizes by the global batch)."""
+    world = accelerator.num_processes if accelerator else 1
+    loss_sum, tokens = torch.zeros((), device=accelerator.device if accelerator else "cpu"), 0
+    for m in range(0, len(items), micro):
+        last = m + micro >= len(items)
+        sync = accelerator.no_sync(model) if accelerator and not last else nullcontext()
+        with sync:
+            loss, n = objective.loss(model, items[m : m + micro], context, stats)
+            # DDP averages the gradients over processes; each holds its share of the global sum
+            if accelerator is not None:
+                accelerator.backward(loss * world)
+            else:
+                loss.backward()
+        loss_sum += loss.detach().to(loss_sum.device)
+        tokens += n
+    return loss_sum, tokens
+
+
 def train_supervised(
     model: torch.nn.Module,
-    train: list[Sequence],
+    train: list[Any],
     config: TrainConfig,
     out_dir: str | Path,
     *,
-    pad_id: int,
-    eval_set: list[Sequence] | None = None,
-    loss_fn: Callable[..., torch.Tensor] = sft_loss,
+    objective: Objective,
+    eval_set: list[Any] | None = None,
     callbacks: list[Callable[[int, dict[str, Any]], None]] = (),
     accelerator: Accelerator | None = None,
 ) -> TrainResult:
-    """Train `model` in place on `train` for `config.max_steps` steps; resume from the newest
-    checkpoint under `out_dir/checkpoints` if there is one. Metrics go to `out_dir/metrics.jsonl`."""
+    """Train `model` in place on `train` for `config.max_steps` steps of `objective`; resume from
+    the newest checkpoint under `out_dir/checkpoints` if there is one. Metrics go to
+    `out_dir/metrics.jsonl` (held-out ones, `objective.evaluate`, at `eval_every` and at the end)."""
     if not train:
         raise ValueError("no training sequences (every example was empty or dropped)")
     out_dir = Path(out_dir)
@@ -212,68 +228,78 @@ def train_supervised(
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    precision = resolve_precision(config.precision, unwrapped)
+    precision = resolve_precision(config.precision, unwrapped, record=out_dir / PRECISION_RECORD)
+    with precision.applied(unwrapped):  # from the starting weights (before any resume)
+        train, eval_set = objective.start(unwrapped, train, eval_set or [], micro)
 
     ckpt_root = out_dir / "checkpoints"
-    log, start = resume_or_start(out_dir, config, accelerator)
+    log, start, totals = resume_or_start(out_dir, config, accelerator)
     lr_for = lr_schedule(config)
 
-    history: list[dict[str, Any]] = []
-    tokens_total, t_start, t_window, tok_window = 0, time.perf_counter(), time.perf_counter(), 0
-    loss_value, eval_loss = float("nan"), None
+    history: list[dict[str, Any]] = log.rows()  # the steps before a resume
+    losses: list[float] = list(totals.get("losses", []))
+    earlier_seconds: float = totals.get("seconds", 0.0)
+    tokens_total = totals.get("tokens", 0)  # this process's (resumed: the main process's so far)
+    t_start, t_window, tok_window = time.perf_counter(), time.perf_counter(), 0
     progress = progress_bar(config.progress and accelerator.is_main_process)
     with progress, precision.applied(unwrapped):
         bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
         for step in range(start, config.max_steps):
             global_idx = batch_indices(step, len(train), config.batch_size, config.seed)
-            n_tokens = _count_supervised([train[i] for i in global_idx])  # same on every process
+            context = objective.context(unwrapped, [train[i] for i in global_idx])
             local = [train[i] for i in global_idx[rank * per_process : (rank + 1) * per_process]]
             for group in optimizer.param_groups:
                 group["lr"] = lr_for(step)
-            loss_sum = torch.zeros((), device=accelerator.device)
-            for m in range(0, per_process, micro):
-                chunk = local[m : m + micro]
-                batch = {k: v.to(accelerator.device) for k, v in collate(chunk, pad_id).items()}
-                labels = batch.pop("labels")
-                last = m + micro >= per_process
-                ctx = accelerator.no_sync(model) if not last else nullcontext()
-                with ctx:
-                    logits = model(**batch, use_cache=False).logits
-                    loss = loss_fn(logits, labels, n_tokens)
-                    # DDP averages gradients over processes; each holds sum_local / N_global.
-                    accelerator.backward(loss * world)
-                loss_sum += loss.detach()
-                tokens_total += sum(len(s.input_ids) for s in chunk)
-                tok_window += sum(len(s.input_ids) for s in chunk)
+            stats: Stats = {}
+            loss_sum, n = backward_batch(model, objective, local, context, micro, stats, accelerator)
+            tokens_total, tok_window = tokens_total + n, tok_window + n
             grad_norm = None
             if config.grad_clip > 0:
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
+            losses.append(loss_value)
             done = step + 1
 
-            row: dict[str, Any] = {"step": done, "loss": loss_value, "lr": lr_for(step)}
+            row: dict[str, Any] = {"step": done, objective.loss_name: loss_value, "lr": lr_for(step)}
+            row |= stat_means(stats, accelerator)
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
             is_last = done == config.max_steps
-            if eval_set and ((config.eval_every and done % config.eval_every == 0) or is_last):
-                eval_loss = evaluate_loss(unwrapped, eval_set, pad_id, micro, accelerator.device, accelerator)
-                row["eval_loss"] = eval_loss
-            if done % config.log_every == 0 or is_last or "eval_loss" in row:
+            evaluated = bool(eval_set) and bool(
+                (config.eval_every and done % config.eval_every == 0) or is_last
+            )
+            if evaluated:
+                row |= objective.evaluate(unwrapped, eval_set, micro, accelerator)
+            if done % config.log_every == 0 or is_last or evaluated:
                 now = time.perf_counter()
                 row["tokens_per_s"] = tok_window * world / max(now - t_window, 1e-9)
                 t_window, tok_window = now, 0
                 log.log(row)
                 history.append(row)
-            progress.update(bar, advance=1, info=f"loss {loss_value:.4f}")
+            progress.update(bar, advance=1, info=f"{objective.loss_name} {loss_value:.4f}")
             for cb in callbacks:
                 cb(done, row)
             if config.save_every and done % config.save_every == 0:
-                save_checkpoint(ckpt_root, done, accelerator)  # every process: its RNG is saved too
+                seconds = earlier_seconds + time.perf_counter() - t_start
+                totals = {"tokens": tokens_total, "seconds": seconds, "losses": losses}
+                # every process saves: its RNG state is in the checkpoint too
+                save_checkpoint(ckpt_root, done, accelerator, totals=totals)
 
     log.close()
+    if accelerator.is_main_process:
+        overfitting.warn(log.path, out_dir.name)
     seconds = time.perf_counter() - t_start
+    eval_loss = next((r[objective.eval_name] for r in reversed(history) if objective.eval_name in r), None)
     return TrainResult(
-        config.max_steps, loss_value, eval_loss, tokens_total * world, seconds, history, precision.as_dict()
+        config.max_steps,
+        losses[-1] if losses else float("nan"),
+        eval_loss,
+        tokens_total * world,
+        earlier_seconds + seconds,
+        history,
+        precision.as_dict(),
+        losses,
+        earlier_seconds,
     )
