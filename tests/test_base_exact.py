@@ -2,7 +2,9 @@
 repeats, a problem's chat messages, and `grade` / `grade_batch` turning verifier failures into
 graded rows. Written for the mutation run (TESTING.md)."""
 
+import inspect
 import random
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,14 @@ def test_messages_of_a_problem():
     assert p.messages() == chat and p.messages()[0] is not chat[0]
 
 
+def _at(fn, text: str) -> str:
+    """`file.py:line` of the first line of `fn` holding `text` (where a failure's line points)."""
+    lines, first = inspect.getsourcelines(fn)
+    return (
+        f"{Path(inspect.getsourcefile(fn)).name}:{first + next(i for i, x in enumerate(lines) if text in x)}"
+    )
+
+
 class Task:
     name = "t"
 
@@ -53,12 +63,24 @@ class Task:
 def test_grade_turns_a_verifier_failure_into_a_graded_row():
     p = Problem("t", "test", "1", "q")
     assert grade(Task(), p, "ok") == Score(1.0, True, True, {"reason": "correct", "id": "1"})
-    assert grade(Task(), p, "boom") == Score(
-        0.0, False, False, {"reason": "verifier_error", "error": "KeyError('x')"}
-    )
+    # the line names the task, the problem, the exception and the line of the (user's) verifier
+    said = f"the verifier of task 't' raised on problem 1: KeyError: 'x' (at {_at(Task.score, 'raise')})"
+    assert grade(Task(), p, "boom") == Score(0.0, False, False, {"reason": "verifier_error", "error": said})
     assert verifier_error(ValueError("v")) == Score(
         0.0, False, False, {"reason": "verifier_error", "error": "ValueError('v')"}
     )
+
+
+def test_a_non_finite_reward_is_a_verifier_error_naming_the_task():
+    class Inf(Task):
+        def score(self, problem, completion):
+            return Score(float(completion), False, True)
+
+    p = Problem("t", "test", "1", "q")
+    assert grade(Inf(), p, "2.5").reward == 2.5
+    for bad in ("inf", "-inf", "nan"):
+        said = f"the verifier of task 't' returned a non-finite reward ({float(bad)!r}) on problem 1"
+        assert grade(Inf(), p, bad) == Score(0.0, False, False, {"reason": "verifier_error", "error": said})
 
 
 def test_grade_batch_one_by_one_or_through_score_batch():
@@ -87,8 +109,12 @@ def test_grade_batch_one_by_one_or_through_score_batch():
     assert grade_batch(task, (p, p), ("a", "b"), [[1], [2]]) == [good, good]
     assert task.calls == [([p, p], ["a", "b"], [[1], [2]])]
     short = grade_batch(Batch([good]), [p, p], ["a", "b"])
-    assert short == [verifier_error(ValueError("score_batch returned 1 scores for 2 completions"))] * 2
+    said = "the verifier of task 't' (score_batch) returned 1 scores for 2 completions on problem 1"
+    assert short == [Score(0.0, False, False, {"reason": "verifier_error", "error": said})] * 2
     failed = grade_batch(Batch(RuntimeError("r")), [p, p], ["a", "b"])
-    assert (
-        failed == [Score(0.0, False, False, {"reason": "verifier_error", "error": "RuntimeError('r')"})] * 2
-    )
+    said = f"the verifier of task 't' raised on problem 1: RuntimeError: r (at {_at(Batch.score_batch, 'raise')})"
+    assert failed == [Score(0.0, False, False, {"reason": "verifier_error", "error": said})] * 2
+    q = Problem("t", "test", "2", "q")
+    infinite = grade_batch(Batch([good, Score(float("inf"), True, True)]), [p, q], ["a", "b"])
+    said = "the verifier of task 't' returned a non-finite reward (inf) on problem 2"
+    assert infinite == [good, Score(0.0, False, False, {"reason": "verifier_error", "error": said})]

@@ -15,6 +15,7 @@ with `@case("class/name")`.
 
 from __future__ import annotations
 
+import faulthandler
 import gzip
 import json
 import os
@@ -26,12 +27,14 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 import temper
+from temper import guard
 from temper.cli import main
 from temper.models import build_preset, build_tokenizer, load_model, save_model
 from temper.train.checkpoint import list_checkpoints
@@ -63,6 +66,8 @@ class Bad:
     """No `temper:` line is expected (a kill -9 says nothing; its rerun finishes)."""
     then: Callable[[], None] | None = None
     """Further checks, after the common ones."""
+    limit: float = 300.0
+    """Seconds the case may take at most (a hang fails it, naming the case, instead of hanging the suite)."""
 
 
 @dataclass
@@ -928,6 +933,482 @@ def _no_model(out: Path) -> None:
     assert not (out / "model").exists()
 
 
+# --- user code (reward functions, env factories and envs, MCP servers, judges) ----------------
+# Each case is an RL run (`temper run`) of a tiny data task whose user code fails: it stops with
+# one line naming the function or file and its error, exit 2, no traceback, no model saved, no
+# folder left when nothing was trained, and a hung call costs its time limit (0.5 s), not the run.
+# Hung user code waits for RELEASE, made when the case ends; then no thread of it may be left.
+
+RELEASE_ENV = "TEMPER_BATTERY_RELEASE"
+
+REWARDS = """\
+import asyncio, math, os, sys, time
+
+CALLS = [0]
+
+
+def hang():
+    while not os.path.exists(os.environ["TEMPER_BATTERY_RELEASE"]):
+        time.sleep(0.01)
+
+
+def raises(completions, **kw):
+    raise ValueError("my reward blew up")
+
+
+def too_few(completions, **kw):
+    return []
+
+
+def strings(completions, **kw):
+    return ["1.0" for _ in completions]
+
+
+def scalar(completions, **kw):
+    return 1.0
+
+
+def nothing(completions, **kw):
+    return None
+
+
+def mapping(completions, **kw):
+    return {"reward": 1.0}
+
+
+def wrong_signature(text):
+    return [0.0]
+
+
+def nan(completions, **kw):
+    return [math.nan for _ in completions]
+
+
+def inf(completions, **kw):
+    return [math.inf for _ in completions]
+
+
+def minus_inf_sometimes(completions, **kw):
+    return [-math.inf if i == 1 else 0.0 for i, _ in enumerate(completions)]
+
+
+def hangs(completions, **kw):
+    hang()
+
+
+async def async_hangs(completions, **kw):
+    await asyncio.sleep(0)
+    hang()
+
+
+async def async_raises(completions, **kw):
+    raise KeyError("no such column")
+
+
+def exits(completions, **kw):
+    sys.exit(3)
+
+
+def zero(completions, **kw):
+    return [0.0 for _ in completions]
+
+
+def fails_after_two_calls(completions, **kw):
+    CALLS[0] += 1
+    if CALLS[0] > 2:
+        raise RuntimeError("the grading service went away")
+    return [float(i) for i, _ in enumerate(completions)]
+
+
+def fails_once(completions, **kw):
+    CALLS[0] += 1
+    if CALLS[0] in (1, 2):  # the first group's batch, then its first completion alone
+        raise ValueError("a flaky grader")
+    return [0.0 for _ in completions]
+"""
+
+ENVS = """\
+import math, os, time
+from temper.envs.base import StepResult
+
+
+def hang():
+    while not os.path.exists(os.environ["TEMPER_BATTERY_RELEASE"]):
+        time.sleep(0.01)
+
+
+class Env:
+    stop = ()
+
+    def __init__(self, how):
+        self.how = how
+
+    def reset(self):
+        if self.how == "reset_raises":
+            raise KeyError("no map for this row")
+        if self.how == "reset_hangs":
+            hang()
+        if self.how == "reset_text":
+            return "hello"
+        return None
+
+    def step(self, action):
+        if self.how == "step_raises":
+            raise ConnectionError("the backend died")
+        if self.how == "step_hangs":
+            hang()
+        if self.how == "step_dict":
+            return {"done": True}
+        if self.how == "step_nan":
+            return StepResult(done=True, reward=math.nan)
+        return StepResult(done=True)
+
+    def close(self):
+        if self.how == "close_raises":
+            raise OSError("workspace busy")
+
+
+def factory_raises(row):
+    raise RuntimeError("no server for " + row["prompt"])
+
+
+def factory_hangs(row):
+    hang()
+
+
+def factory_int(row):
+    return 42
+
+
+def make(how):
+    return lambda row: Env(how)
+
+
+reset_raises, reset_hangs, reset_text = make("reset_raises"), make("reset_hangs"), make("reset_text")
+step_raises, step_hangs, step_dict = make("step_raises"), make("step_hangs"), make("step_dict")
+step_nan, close_raises = make("step_nan"), make("close_raises")
+"""
+
+ROWS = "".join(
+    json.dumps({"prompt": f"say {w}", "answer": w, "split": s}) + "\n"
+    for w, s in [("a", "train"), ("b", "train"), ("c", "train"), ("d", "train"), ("e", "test"), ("f", "test")]
+)
+
+
+def _line_of(source: str, text: str) -> int:
+    return next(i + 1 for i, line in enumerate(source.splitlines()) if text in line)
+
+
+def _code_recipe(
+    w: World, task: str, user: str = "", train: str = "", stage: str = "", steps: int = 1
+) -> list[str]:
+    """`temper run` of an RL stage on a 6-row data task (`task`: its reward / env keys), `steps`
+    steps of 2 prompts x 2 samples of 4 tokens, user code limited to 0.5 s (`user`: more of
+    `train.user_code`, `train`: more of `train`, `stage`: more stage lines), into `w.out`."""
+    w.file("rows.jsonl", ROWS)
+    w.file("rewards.py", REWARDS)
+    w.file("envs.py", ENVS)
+    stage = stage or "    probe_groups: 0\n"
+    text = f"""\
+name: code
+model: {{path: {w.saved}}}
+tasks:
+  words:
+    task: dataset
+    data: rows.jsonl
+    split_column: split
+    {task}
+stages:
+  - kind: rl
+    tasks: [words]
+{stage}    train: {{steps: {steps}, prompts_per_step: 2, group_size: 2, max_new_tokens: 4, step_timeout: 0.5, progress: false{train}, user_code: {{timeout: 0.5{user}}}}}
+"""
+    path = w.file("recipe.yaml", text)
+    return ["run", path, "--output-dir", str(w.out)]
+
+
+def _stopped(w: World, names: list[str], task: str, stage: str = "") -> Bad:
+    """A run the policy stops before it trains: the line names the code; the folder is gone."""
+    return Bad(_code_recipe(w, task, stage=stage), names, fresh=w.out, limit=60)
+
+
+def _reward_case(fn: str, *said: str, where: str = "rl step 1") -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        return _stopped(w, [where, f"reward function rewards.py:{fn}", *said], f"rewards: [rewards.py:{fn}]")
+
+    return build
+
+
+def _raised_at(text: str) -> str:
+    return f"(at rewards.py:{_line_of(REWARDS, text)})"
+
+
+case("code/reward-raises")(
+    _reward_case(
+        "raises", "raised on problem rows.jsonl:", "ValueError: my reward blew up", _raised_at("blew up")
+    )
+)
+case("code/reward-returns-too-few")(
+    _reward_case(
+        "too_few",
+        "returned 0 rewards, but 2 were expected (one per prompt-completion pair)",
+        "on problem rows.jsonl:",
+    )
+)
+case("code/reward-returns-strings")(
+    _reward_case("strings", "returned str '1.0' for completion 1, not a float")
+)
+case("code/reward-returns-a-scalar")(_reward_case("scalar", "returned float, not a list of floats or None"))
+case("code/reward-returns-none")(_reward_case("nothing", "returned NoneType, not a list of floats or None"))
+case("code/reward-returns-a-dict")(_reward_case("mapping", "returned dict, not a list of floats or None"))
+case("code/reward-wrong-signature")(
+    _reward_case("wrong_signature", "TypeError: wrong_signature() got an unexpected keyword argument")
+)
+case("code/reward-returns-nan")(_reward_case("nan", "returned a non-finite reward (nan) for completion 1"))
+case("code/reward-returns-inf")(_reward_case("inf", "returned a non-finite reward (inf) for completion 1"))
+case("code/reward-returns-minus-inf-for-one-sample")(
+    _reward_case("minus_inf_sometimes", "returned a non-finite reward (-inf) for completion 2")
+)
+case("code/reward-hangs")(_reward_case("hangs", "did not return within 0.5 s on problem rows.jsonl:"))
+case("code/async-reward-hangs")(_reward_case("async_hangs", "did not return within 0.5 s"))
+case("code/async-reward-raises")(
+    _reward_case("async_raises", "KeyError: 'no such column'", _raised_at("no such column"))
+)
+case("code/reward-calls-sys-exit")(_reward_case("exits", "SystemExit: 3", _raised_at("sys.exit(3)")))
+
+
+@case("code/reward-fails-on-one-sample-of-step-1")
+def _(w: World) -> Bad:
+    """1 of the 4 samples fails: under max_failed_share, but the first step's rule stops the run."""
+    names = ["rl step 1", "reward function rewards.py:fails_once raised on problem rows.jsonl:",
+             "ValueError: a flaky grader", "train.user_code.first_step: count"]  # fmt: skip
+    return _stopped(w, names, "rewards: [rewards.py:fails_once]")
+
+
+@case("code/reward-fails-in-the-reachability-probe")
+def _(w: World) -> Bad:
+    return _stopped(w, ["reachability probe", "reward function rewards.py:raises", "ValueError: my reward blew up"],
+                    "rewards: [rewards.py:raises]", stage="    probe_groups: 1\n")  # fmt: skip
+
+
+@case("code/reward-fails-in-the-format-gate")
+def _(w: World) -> Bad:
+    gate = "    gate: {min_parse_rate: 0.0, n_problems: 2}\n    probe_groups: 0\n"
+    return _stopped(w, ["format gate", "reward function rewards.py:raises", "ValueError: my reward blew up"],
+                    "rewards: [rewards.py:raises]", stage=gate)  # fmt: skip
+
+
+@case("code/reward-fails-in-step-1-after-a-clean-probe")
+def _(w: World) -> Bad:
+    """The probe (2 groups, 2 calls) passes and writes probe.json; step 1 fails: stopped before
+    training, so probe.json goes too and the folder with it."""
+    return _stopped(w, ["rl step 1", "rewards.py:fails_after_two_calls", "the grading service went away"],
+                    "rewards: [rewards.py:fails_after_two_calls]", stage="    probe_groups: 2\n")  # fmt: skip
+
+
+@case("code/reward-fails-in-step-2-on-more-than-the-share")
+def _(w: World) -> Bad:
+    """Step 1 trains (2 calls); every call of step 2 fails: more than max_failed_share, a stop
+    before step 2 trains, no model saved; step 1's folder stays, unfinished."""
+    argv = _code_recipe(w, "rewards: [rewards.py:fails_after_two_calls]", steps=2)
+    names = ["rl step 2", "4 of 4 samples failed in user code (100%", "max_failed_share 0.25",
+             "rewards.py:fails_after_two_calls", "the grading service went away"]  # fmt: skip
+    return Bad(argv, names, limit=60, then=lambda: _unfinished(w.out / "01-rl"))
+
+
+@case("code/reward-failures-counted-when-asked")
+def _(w: World) -> Bad:
+    """first_step: count and a share of 1: the run goes on, the failed groups left out, and the
+    console names the first failure (not only a json)."""
+    argv = _code_recipe(w, "rewards: [rewards.py:raises]", ", first_step: count, max_failed_share: 1.0")
+
+    def said() -> None:
+        assert "first verifier_error: reward function rewards.py:raises raised on problem" in w.said, w.said
+        assert "4 of 4 samples failed in user code (verifier_error 4)" in w.said, w.said
+
+    return Bad(argv, [], code=0, quiet=True, limit=60, then=said)
+
+
+@case("code/every-step-without-a-learning-signal")
+def _(w: World) -> Bad:
+    argv = _code_recipe(w, "rewards: [rewards.py:zero]", ", zero_variance_steps: 2", steps=2)
+    names = ["rl step 2", "2 steps in a row without a learning signal", "every group's rewards are equal",
+             "truncated 100%", "raise max_new_tokens"]  # fmt: skip
+    return Bad(argv, names, limit=60, then=lambda: _unfinished(w.out / "01-rl"))
+
+
+@case("code/every-step-without-a-learning-signal-warned")
+def _(w: World) -> Bad:
+    argv = _code_recipe(
+        w, "rewards: [rewards.py:zero]", ", zero_variance_steps: 2, on_zero_variance: warn", steps=2
+    )
+
+    def warned() -> None:
+        assert "warning: rl step 2: 2 steps in a row without a learning signal" in w.said, w.said
+
+    return Bad(argv, [], code=0, quiet=True, limit=60, then=warned)
+
+
+@case("code/reward-module-raises-on-import")
+def _(w: World) -> Bad:
+    w.file("broken.py", "import json\nraise ImportError('no such backend')\n")
+    argv = _code_recipe(w, "rewards: [broken.py:f]")
+    file = str((w.tmp / "broken.py").resolve())
+    names = [f"reward module {file!r} raised on import: ImportError: no such backend (at broken.py:2)"]
+    return Bad(argv, names, fresh=w.out, limit=60)
+
+
+def _env_case(fn: str, *said: str, where: str = "rl step 1") -> Callable[[World], Bad]:
+    def build(w: World) -> Bad:
+        return _stopped(w, [where, *said], f"env: envs.py:{fn}")
+
+    return build
+
+
+def _env_at(text: str) -> str:
+    return f"(at envs.py:{_line_of(ENVS, text)})"
+
+
+ENV = "env Env (env envs.py:{})"
+case("code/env-factory-raises")(
+    _env_case(
+        "factory_raises",
+        "env factory envs.py:factory_raises raised on problem rows.jsonl:",
+        "RuntimeError: no server for say",
+        _env_at("no server for"),
+    )  # fmt: skip
+)
+case("code/env-factory-returns-an-int")(
+    _env_case("factory_int", "env factory envs.py:factory_int returned int, not an Env")
+)
+case("code/env-factory-hangs")(
+    _env_case(
+        "factory_hangs",
+        "env factory envs.py:factory_hangs on problem rows.jsonl:",
+        "did not return within 0.5 s",
+    )
+)
+case("code/env-reset-raises")(
+    _env_case(
+        "reset_raises",
+        ENV.format("reset_raises") + ".reset raised",
+        "KeyError: 'no map for this row'",
+        _env_at("no map for this row"),
+    )  # fmt: skip
+)
+case("code/env-reset-hangs")(
+    _env_case("reset_hangs", ENV.format("reset_hangs") + ".reset on problem", "did not return within 0.5 s")
+)
+case("code/env-reset-returns-text")(
+    _env_case(
+        "reset_text", ENV.format("reset_text") + ".reset returned str, not a list of {role, content} messages"
+    )
+)
+case("code/env-step-raises")(
+    _env_case(
+        "step_raises",
+        ENV.format("step_raises") + ".step raised",
+        "ConnectionError: the backend died",
+        _env_at("the backend died"),
+    )  # fmt: skip
+)
+case("code/env-step-hangs")(
+    _env_case(
+        "step_hangs",
+        ENV.format("step_hangs") + ".step on problem",
+        "did not return within 0.5 s (step_timeout)",
+    )
+)
+case("code/env-step-returns-a-dict")(
+    _env_case("step_dict", ENV.format("step_dict") + ".step returned dict, not a StepResult")
+)
+case("code/env-step-reward-nan")(
+    _env_case("step_nan", ENV.format("step_nan") + ".step on problem", "returned a non-finite reward (nan)")
+)
+case("code/env-close-raises")(
+    _env_case(
+        "close_raises",
+        ENV.format("close_raises") + ".close raised",
+        "OSError: workspace busy",
+        _env_at("workspace busy"),
+    )  # fmt: skip
+)
+
+
+@case("code/env-factory-raises-in-the-format-gate")
+def _(w: World) -> Bad:
+    """The gate's evaluation builds envs through the same guarded path (evaluate -> make_env)."""
+    gate = "    gate: {min_parse_rate: 0.0, n_problems: 2}\n    probe_groups: 0\n"
+    return _stopped(w, ["format gate", "env factory envs.py:factory_raises raised", "RuntimeError: no server"],
+                    "env: envs.py:factory_raises", stage=gate)  # fmt: skip
+
+
+@case("code/env-module-raises-on-import")
+def _(w: World) -> Bad:
+    w.file("badenv.py", "import nosuchmodule\n")
+    argv = _code_recipe(w, "env: badenv.py:make")
+    file = str((w.tmp / "badenv.py").resolve())
+    return Bad(
+        argv,
+        [f"env module {file!r} raised on import", "No module named 'nosuchmodule'"],
+        fresh=w.out,
+        limit=60,
+    )
+
+
+MCP_DIES = """\
+import sys
+sys.stderr.write("shop server: database is locked\\n")
+sys.stderr.flush()
+sys.exit(1)
+"""
+
+
+@case("code/mcp-server-fails-to-start")
+def _(w: World) -> Bad:
+    pytest.importorskip("mcp")
+    server = w.file("server.py", MCP_DIES)
+    text = f"name: m\nmodel: {{path: {w.saved}}}\ntasks:\n  multi_tool:\n    mcp: {{command: [python, {server}]}}\nstages:\n  - kind: rl\n    tasks: [multi_tool]\n"
+    path = w.file("recipe.yaml", text)
+    names = [f"{path}:5:", "tasks.multi_tool.mcp", f"MCP server '{sys.executable} {server}'", "failed to start",
+             "its stderr: shop server: database is locked"]  # fmt: skip
+    return Bad(["run", path, "--output-dir", str(w.out)], names, fresh=w.out, limit=60)
+
+
+@case("code/judge-endpoint-unreachable")
+def _(w: World) -> Bad:
+    judge = (
+        ", rewards: {judge: 1.0}, judge: {url: 'http://127.0.0.1:9/v1', model: j, retries: 0, timeout: 0.5}"
+    )
+    argv = _code_recipe(w, "rewards: [exact_match]", train=judge)
+    return Bad(
+        argv, ["judge endpoint http://127.0.0.1:9/v1/chat/completions unreachable"], fresh=w.out, limit=60
+    )
+
+
+@case("code/eval-says-which-reward-function-failed")
+def _(w: World) -> Bad:
+    """`temper eval` counts a failing reward function's completions as wrong and says, on the
+    console, which function failed and how (not only in eval.json)."""
+    _code_recipe(w, "rewards: []")  # (writes rows.jsonl and rewards.py)
+    argv = ["eval", "--model", str(w.saved), "--out", str(w.out), "--task-data", str(w.tmp / "rows.jsonl"),
+            "--reward", f"{w.tmp / 'rewards.py'}:raises", "--task-option", "rows.split_column=split",
+            "--n_problems", "2", "--k", "1", "--max_new_tokens", "4", "--splits", "test"]  # fmt: skip
+
+    def said() -> None:
+        said = f"first verifier_error: reward function {w.tmp / 'rewards.py'}:raises raised on 2 completions (problem rows.jsonl:5, problem rows.jsonl:6): ValueError: my reward blew up"
+        assert "user code failed (verifier_error 4); counted as wrong answers" in w.said and said in w.said, (
+            w.said
+        )
+
+    return Bad(argv, [], code=0, quiet=True, limit=60, then=said)
+
+
+def _unfinished(stage: Path) -> None:
+    """A stage stopped after it trained: no model, not marked complete, no scratch."""
+    assert stage.is_dir() and not (stage / "model").exists() and not (stage / "stage.json").exists()
+
+
 # --- the battery -------------------------------------------------------------------------------
 
 
@@ -961,6 +1442,32 @@ def _fresh_ctrl_c(name: str) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
+class _Hung(BaseException):
+    """A case ran past its hard time limit (a BaseException: nothing in temper may catch it)."""
+
+
+@contextmanager
+def _hard_limit(seconds: float, name: str):
+    """Fail the case once it has run `seconds` (SIGALRM interrupts a wait or a sleep in the main
+    thread); if even that cannot interrupt it, faulthandler ends the process 60 s later, with
+    every thread's stack, rather than let the suite hang."""
+
+    def hung(signum, frame):
+        raise _Hung(f"{name} ran past its hard time limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds + 60, exit=True, file=sys.__stderr__)
+    try:
+        yield
+    except _Hung as err:
+        pytest.fail(str(err))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_bad_input_is_refused_cleanly(name, saved, tmp_path, capsys, monkeypatch):
     if name.startswith("interrupt/"):
@@ -970,19 +1477,28 @@ def test_a_bad_input_is_refused_cleanly(name, saved, tmp_path, capsys, monkeypat
     monkeypatch.chdir(root)
     w = World(tmp_path / "w", saved, capsys, monkeypatch)
     w.tmp.mkdir()
+    release = tmp_path / "release"
+    monkeypatch.setenv(RELEASE_ENV, str(release))  # hung user code waits for this file
     bad = CASES[name](w)
     before = _files(bad.keep) if bad.keep else None
     capsys.readouterr()
-    if bad.run:
-        code, err = bad.run()
-    else:
-        try:
-            code = main(bad.argv)
-        except SystemExit as exit:  # argparse's refusal of an unknown flag
-            code = exit.code
-        except KeyboardInterrupt:  # would stop pytest itself rather than fail the test
-            pytest.fail("KeyboardInterrupt escaped temper.cli.main")
-        err = capsys.readouterr().err
+    try:
+        with _hard_limit(bad.limit, name):
+            if bad.run:
+                code, err = bad.run()
+            else:
+                try:
+                    code = main(bad.argv)
+                except SystemExit as exit:  # argparse's refusal of an unknown flag
+                    code = exit.code
+                except KeyboardInterrupt:  # would stop pytest itself rather than fail the test
+                    pytest.fail("KeyboardInterrupt escaped temper.cli.main")
+                err = capsys.readouterr().err
+    finally:
+        release.touch()
+        for thread in guard.user_threads():  # the abandoned calls of hung user code end now
+            thread.join(10)
+    assert guard.user_threads() == [], "a thread of user code outlived the case"
     w.said = err
 
     assert code == bad.code, err
@@ -1008,5 +1524,6 @@ def test_a_bad_input_is_refused_cleanly(name, saved, tmp_path, capsys, monkeypat
 
 def test_the_battery_is_large_and_spans_every_class():
     classes = {name.split("/")[0] for name in CASES}
-    assert len(CASES) >= 50
-    assert classes == {"recipe", "data", "model", "flag", "interrupt", "fault"}
+    assert len(CASES) >= 50 + 30  # 30 and more of them user code's (issue 24)
+    assert classes == {"recipe", "data", "model", "flag", "interrupt", "fault", "code"}
+    assert len([n for n in CASES if n.startswith("code/")]) >= 30

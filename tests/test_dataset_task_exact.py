@@ -345,7 +345,11 @@ def test_a_raising_reward_is_a_verifier_error_of_its_completion(tmp_path):
         0.0,
         False,
         False,
-        {"reason": "verifier_error", "error": "ZeroDivisionError('float division by zero')"},
+        {
+            "reason": "verifier_error",
+            "error": "reward function r:picky raised on problem d.jsonl:1: ZeroDivisionError: float "
+            "division by zero (at r.py:2)",
+        },
     )
 
 

@@ -340,6 +340,7 @@ def test_rl_gate_and_periodic_evals_are_evaluates_numbers(tokenizer, tmp_path):
     from temper.stages.context import StageContext
     from temper.stages.rl import HELD_OUT_SEED, RLStage, greedy_eval, run_rl
     from temper.train.rl import RLConfig
+    from temper.train.user_code import UserCodeConfig
 
     base = build_preset("nano", tokenizer, seed=3)
     save_model(base, tokenizer, tmp_path / "base")
@@ -358,6 +359,8 @@ def test_rl_gate_and_periodic_evals_are_evaluates_numbers(tokenizer, tmp_path):
             seed=0,
             eval_every=1,
             eval_problems=n,
+            # the grader raises on a third of the completions by design: counted, not a stop
+            user_code=UserCodeConfig(first_step="count", max_failed_share=1.0),
             progress=False,
         ),
     )

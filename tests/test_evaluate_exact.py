@@ -121,9 +121,18 @@ def test_the_whole_record_by_hand(tokenizer):
         "greedy_correct",
         "graded",
         "verifier_errors",
+        "failures",
         "examples",
         "special_tokens",
         "stop_warning",
+    }
+    line = Task.score.__code__.co_firstlineno + 4  # `raise RuntimeError("verifier bug")`
+    assert r["failures"] == {
+        "verifier_error": {
+            "count": 1,
+            "first": "the verifier of task 'scripted' raised on problem p3: RuntimeError: verifier bug "
+            f"(at test_evaluate_exact.py:{line})",
+        }
     }
     assert (r["special_tokens"], r["stop_warning"]) == (
         {},
@@ -183,7 +192,8 @@ def test_the_whole_record_by_hand(tokenizer):
                 "parsed": False,
                 "reason": "verifier_error",
                 "answer": None,
-                "error": "RuntimeError('verifier bug')",
+                "error": "the verifier of task 'scripted' raised on problem p3: RuntimeError: verifier bug "
+                f"(at test_evaluate_exact.py:{Task.score.__code__.co_firstlineno + 4})",
             },
         },
     ]

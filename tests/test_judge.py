@@ -210,6 +210,28 @@ def test_endpoint_unreachable_names_the_url():
         backend([[{"role": "user", "content": "x"}]])
 
 
+def test_an_endpoint_that_never_finishes_is_given_up_at_its_deadline():
+    """A server that keeps every read under the timeout but never finishes (here: a request that
+    hangs) is cut at the whole request's deadline: (retries + 2) x timeout plus the backoffs."""
+    from temper import guard
+    from temper.guard import UserCodeError
+
+    release = threading.Event()
+    backend = EndpointJudge("http://127.0.0.1:1/v1", "m", retries=1, timeout=0.1, backoff=0.05)
+    backend.one = lambda messages: release.wait()
+    try:
+        with pytest.raises(UserCodeError) as err:
+            backend([[{"role": "user", "content": "x"}]])
+        assert str(err.value) == (
+            "judge endpoint http://127.0.0.1:1/v1/chat/completions did not return within 0.35 s on a request"
+        )
+    finally:
+        release.set()
+        for t in guard.user_threads():
+            t.join(10)
+    assert issubclass(JudgeUnreachable, UserCodeError)  # the CLI prints it as one line
+
+
 def test_missing_api_key_is_an_error():
     with pytest.raises(JudgeUnreachable, match="NOPE_KEY, which is not set"):
         endpoint_judge(JudgeSpec(url="http://127.0.0.1:1/v1", api_key_env="NOPE_KEY"), environ={})

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "temper",
             "temper.atomic",
             "temper.distributed",
+            "temper.guard",
             "temper.jsonl",
             "temper.labels",
             "temper.precision",

@@ -297,7 +297,9 @@ def test_a_killed_server_is_an_env_error_in_the_loop(tokenizer):
             Script(tokenizer, cheapest_reply(task)), tokenizer, [[task.make_env(p)]], [0], limits
         )
         assert dead.stop_reason == "env_error" and dead.score is None
-        assert "ToolServerError" in dead.signals[-1]["error"]
+        # one line naming the env, the server (its command line) and what its stderr said
+        assert dead.error.startswith("env MultiToolEnv.step raised: ToolServerError: MCP server '")
+        assert "temper.envs.mcp_servers.shop --seed 0'" in dead.error and "stderr" in dead.error
     finally:
         close_connections()
 

@@ -11,6 +11,7 @@ from temper.models import build_preset
 from temper.report import write_report
 from temper.report.training import overfitting_table
 from temper.train import TrainConfig, train_supervised
+from temper.train.objective import NextToken
 from temper.train.overfitting import RISE, check, first_flagged, warn
 from test_report import _stage  # tests/ is on the path (pytest rootdir mode)
 
@@ -104,7 +105,12 @@ def test_the_console_says_it_at_the_end_of_an_overfitting_run(tokenizer, tmp_pat
     )
     model = build_preset("nano", tokenizer, seed=0)
     result = train_supervised(
-        model, train_seqs, config, tmp_path / "sft", pad_id=tokenizer.pad_token_id, eval_set=held_seqs
+        model,
+        train_seqs,
+        config,
+        tmp_path / "sft",
+        objective=NextToken(tokenizer.pad_token_id),
+        eval_set=held_seqs,
     )
     assert check(result.history).flagged
     err = capsys.readouterr().err

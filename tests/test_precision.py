@@ -320,11 +320,11 @@ def test_a_resumed_training_run_keeps_its_recorded_precision(tokenizer, monkeypa
         max_steps=2, batch_size=4, log_every=1, save_every=1, progress=False, precision="auto"
     )
     pad = tokenizer.pad_token_id
-    first = train_supervised(model, _data(tokenizer, 8), config, tmp_path / "run", pad_id=pad)
+    first = train_supervised(model, _data(tokenizer, 8), config, tmp_path / "run", objective=NextToken(pad))
     assert first.precision["dtype"] == "bf16" and (tmp_path / "run" / prec.RECORD).exists()
     calls = _measuring(monkeypatch, {"train": 0.5})
     monkeypatch.setenv("TEMPER_CACHE_DIR", str(tmp_path / "cache2"))
-    again = train_supervised(model, _data(tokenizer, 8), config, tmp_path / "run", pad_id=pad)
+    again = train_supervised(model, _data(tokenizer, 8), config, tmp_path / "run", objective=NextToken(pad))
     assert (
         again.precision["dtype"] == "bf16" and again.precision["reason"].startswith("recorded") and not calls
     )

@@ -1,5 +1,6 @@
 """Exact tests of `temper.tasks.reward_functions`: the loading errors a recipe author reads (whole
-messages), TRL's batch call (columns, ids, retries one completion at a time, None for nan), and
+messages), TRL's batch call (columns, ids, retries one completion at a time, NaN and inf refused,
+the time limit, every failure's one line), and
 every built-in grader's extraction and comparison on hand-picked texts. Written against the
 mutants mutmut left alive (TESTING.md)."""
 
@@ -7,10 +8,13 @@ import asyncio
 import json
 import re
 import sys
+import threading
 from fractions import Fraction
 
 import pytest
 
+from temper import guard
+from temper.guard import Done, UserCodeFailure
 from temper.tasks import reward_functions as rf
 from temper.tasks.reward_functions import (
     EXCLUDED_COLUMNS,
@@ -86,11 +90,16 @@ def test_a_module_that_raises_on_import(tmp_path):
     path_before = list(sys.path)
     with pytest.raises(ValueError) as err:
         load_reward_function("bad:f", tmp_path)
-    assert (
-        str(err.value)
-        == f"reward module {str((tmp_path / 'bad.py').resolve())!r} raised on import: RuntimeError('boom')"
-    )
+    file = str((tmp_path / "bad.py").resolve())
+    assert str(err.value) == f"reward module {file!r} raised on import: RuntimeError: boom (at bad.py:1)"
     assert sys.path == path_before
+    (tmp_path / "envs.py").write_text("import nosuchmodule\n")
+    with pytest.raises(ValueError) as err:  # an env module is named as one
+        load_reward_function("envs:make", tmp_path, what="env")
+    file = str((tmp_path / "envs.py").resolve())
+    assert str(err.value) == (
+        f"env module {file!r} raised on import: ModuleNotFoundError: No module named 'nosuchmodule' (at envs.py:1)"
+    )
 
 
 def test_local_modules_files_and_installed_modules_load_with_their_source(tmp_path):
@@ -155,7 +164,7 @@ def test_call_all_passes_trl_arguments_and_columns():
     assert seen[0][2] == [[1, 2], [3]]
 
 
-def test_a_failing_batch_is_retried_one_completion_at_a_time():
+def test_a_raising_batch_is_retried_one_completion_at_a_time_a_miscounted_one_is_not():
     calls = []
 
     def picky(completions, **kw):
@@ -177,25 +186,71 @@ def test_a_failing_batch_is_retried_one_completion_at_a_time():
     assert calls == [["ab", "bad", "c"], ["ab"], ["bad"], ["c"]]
     assert out.values[0] == [2.0, None, 1.0]
     assert out.values[1] == [None, None, None]
-    assert isinstance(out.errors[1], ZeroDivisionError)  # the first function's error is kept
-    assert str(out.errors[0]) == (
-        "reward function 'short' must return a list of floats or None: could not convert string to float: 'x'"
-    )
+    assert isinstance(out.errors[1].error, ZeroDivisionError)  # the first function's failure is kept
+    at = f"test_reward_functions_exact.py:{picky.__code__.co_firstlineno + 3}"
+    assert out.errors[1].line == f"reward function picky raised: ZeroDivisionError: bad one (at {at})"
+    assert [e.line for e in out.errors[::2]] == [  # short's answer to the batch fails every completion
+        "reward function short returned 2 rewards, but 3 were expected (one per prompt-completion pair)"
+    ] * 2
 
+    def always(completions, **kw):
+        raise ValueError("never")
 
-def test_checked_messages_and_nan():
-    assert str(rf._checked("f", [1.0], 2)) == (
-        "The reward function 'f' returned 1 rewards, but 2 were expected (one per prompt-completion pair)."
+    [every] = call_all([RewardFunction("always", always)], ["p"] * 2, ["a", "b"], None, [{}] * 2,
+                       labels=["problem q"] * 2).errors[:1]  # fmt: skip
+    # it fails on each completion alone too: the line of its failure on the batch is kept
+    assert every.line.startswith(
+        "reward function always raised on problem q (2 completions): ValueError: never"
     )
-    assert isinstance(rf._checked("f", [1.0], 2), ValueError)
-    err = rf._checked("f", 3, 1)
-    assert isinstance(err, TypeError)
+    labelled = call_all(
+        [RewardFunction("rw.py:picky", picky)], ["p"], ["bad"], None, [{}], labels=["problem d:3"]
+    )
     assert (
-        str(err) == "reward function 'f' must return a list of floats or None: 'int' object is not iterable"
+        labelled.errors[0].line
+        == f"reward function rw.py:picky raised on problem d:3: ZeroDivisionError: bad one (at {at})"
     )
-    assert rf._checked("f", [float("nan"), 2, None], 3) == [None, 2.0, None]
+
+
+def _done(value):
+    return Done(value=value)
+
+
+def test_checked_messages_nan_and_inf():
+    f = RewardFunction("m.py:f", None)
+    assert rf._checked(f, _done([1.0]), 2).line == (
+        "reward function m.py:f returned 1 rewards, but 2 were expected (one per prompt-completion pair)"
+    )
+    assert rf._checked(f, _done([1.0]), 2, "problem a:1").kind == "returned"
+    assert (
+        rf._checked(f, _done(3), 1).line
+        == "reward function m.py:f returned int, not a list of floats or None"
+    )
+    assert (
+        rf._checked(f, _done("1.0"), 1).line
+        == "reward function m.py:f returned str, not a list of floats or None"
+    )
+    for bad in (float("nan"), float("inf"), float("-inf")):  # only that completion fails
+        rewards, failures = rf._checked(
+            f, _done([2, bad, None]), 3, "", ["problem a:1", "problem a:2", "problem a:3"]
+        )
+        assert rewards == [2.0, None, None] and failures[0] is None is failures[2]
+        assert failures[1].line == (
+            f"reward function m.py:f returned a non-finite reward ({bad}) for completion 2: return None where "
+            "it does not apply on problem a:2"
+        )
+    assert rf._checked(f, _done(["0.5"]), 1)[1][0].line == (
+        "reward function m.py:f returned str '0.5' for completion 1, not a float or None"
+    )
+    assert rf._checked(f, _done([True, 2, None]), 3) == ([1.0, 2.0, None], [None] * 3)
     boom = KeyError("k")
-    assert rf._checked("f", boom, 1) is boom
+    failed = rf._checked(f, Done(error=boom), 1, "problem a:1")
+    assert isinstance(failed, UserCodeFailure) and failed.error is boom and failed.kind == "raised"
+    assert failed.line == "reward function m.py:f raised on problem a:1: KeyError: 'k'"
+    hung = rf._checked(f, Done(timed_out=True, seconds=2.5), 1, "problem a:1")
+    assert (hung.kind, hung.line) == (
+        "timeout",
+        "reward function m.py:f did not return within 2.5 s on problem a:1",
+    )
 
 
 def test_async_functions_are_awaited_also_inside_a_running_loop():
@@ -211,7 +266,9 @@ def test_async_functions_are_awaited_also_inside_a_running_loop():
 
     out = call()
     assert out.values[0] == [6.0] and out.values[1] == [None]
-    assert isinstance(out.errors[0], KeyError)
+    assert isinstance(out.errors[0].error, KeyError) and out.errors[0].line.startswith(
+        "reward function f raised: KeyError: 'nope'"
+    )
 
     async def inside():
         return call()
@@ -392,7 +449,62 @@ def test_make_grader_refusals():
 
 
 def test_checked_keeps_none_without_nan():
-    assert rf._checked("f", [None, 1.0], 2) == [None, 1.0]
+    assert rf._checked(RewardFunction("f", None), Done(value=[None, 1.0]), 2) == ([None, 1.0], [None, None])
+
+
+@pytest.fixture
+def release():
+    """An event the hung functions of a test wait on, set when the test ends; then no thread of
+    user code may be left (a hung call's thread ends once released)."""
+    event = threading.Event()
+    yield event
+    event.set()
+    for t in guard.user_threads():
+        t.join(10)
+    assert guard.user_threads() == []
+
+
+def test_a_hung_function_times_out_once_for_the_whole_batch_and_is_not_retried(release):
+    calls = []
+
+    def stuck(completions, **kw):
+        calls.append(list(completions))
+        release.wait()
+
+    async def stuck_async(completions, **kw):
+        await asyncio.get_running_loop().run_in_executor(None, release.wait)
+
+    def fine(completions, **kw):
+        return [1.0] * len(completions)
+
+    functions = [RewardFunction("r.py:stuck", stuck), RewardFunction("r.py:fine", fine)]
+    with guard.time_limit(0.2):
+        out = call_all(functions, ["p", "p"], ["a", "b"], None, [{}, {}], labels=["problem d:1"] * 2)
+        assert calls == [["a", "b"]]  # one call: retrying each completion would wait the limit each
+        assert out.values == [[None, None], [1.0, 1.0]]
+        said = "reward function r.py:stuck did not return within 0.2 s on problem d:1 (2 completions)"
+        assert [e.line for e in out.errors] == [said, said] and out.errors[0].kind == "timeout"
+        late = call_all([RewardFunction("r.py:stuck_async", stuck_async)], ["p"], ["a"], None, [{}])
+        assert late.errors[0].line == "reward function r.py:stuck_async did not return within 0.2 s"
+
+
+def test_a_function_that_hangs_on_one_completion_of_a_retry_fails_the_rest(release):
+    def odd(completions, **kw):
+        if len(completions) > 1:
+            raise ValueError("not in a batch")
+        if completions[0] == "hang":
+            release.wait()
+        return [1.0]
+
+    with guard.time_limit(0.2):
+        out = call_all([RewardFunction("odd", odd)], ["p"] * 3, ["ok", "hang", "ok"], None, [{}] * 3,
+                       labels=["problem a", "problem b", "problem c"])  # fmt: skip
+    assert out.values == [[1.0, None, None]]
+    assert [e and e.line for e in out.errors] == [
+        None,
+        "reward function odd did not return within 0.2 s on problem b",
+        "reward function odd did not return within 0.2 s on problem b",
+    ]
 
 
 def test_parse_number_strips_only_dollars_and_a_final_dot():

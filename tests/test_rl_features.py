@@ -53,6 +53,7 @@ def _rollout(reward=1.0, signals=None, first=7):
 
 def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
     assert [f.name for f in FEATURES] == [
+        "user_code",  # first: a step whose user code failed stops before any other hook
         "dynamic_sampling",
         "adaptthink",
         "teacher_context",

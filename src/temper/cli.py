@@ -631,9 +631,13 @@ def _expected(err: BaseException, out: Path | None = None) -> tuple[str, str | N
     """(one-line message, hint) for an error the user can act on; None for a bug. `out` is the
     output folder, named when a full disk's error does not say what was being written."""
     from temper.data import DataError
+    from temper.guard import UserCodeError
     from temper.models import ChatTemplateError, ModelNotFoundError
     from temper.precision import PrecisionRecordError
     from temper.train.checkpoint import CheckpointError
+
+    if isinstance(err, UserCodeError):  # user code failed (a reward function, an env...): one line, a hint
+        return str(err), err.hint
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
         what, hint = _FILE_ERRORS[err.errno]

@@ -122,6 +122,9 @@ def evaluate(
     counts them among the `graded` completions (greedy and sampled), `reasons` among the greedy
     ones, and the tables show them in a column of their own. `greedy_correct` is one character per
     problem, in order ("1" correct): models evaluated on the same problems pair up problem by problem.
+    `failures` gives, per kind of failure that is not the model's (verifier_error, env_error,
+    timeout: user code that raised, hung or returned what it must not), its count and the line
+    of the first one (`failures`), so a console or a report can say which function failed and how.
 
     `special_tokens` counts, per special token, the completions (greedy and sampled) holding it
     where generation went on past it, and `stop_warning` turns that into one line naming the fix
@@ -141,6 +144,7 @@ def evaluate(
     Cohen's kappa, the unparseable verdicts counted, never read as 0).
     """
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
+    from temper.envs.base import make_env
     from temper.models.chat import stop_warning, unstopped_specials
     from temper.rollout.loop import EpisodeLimits, run_episodes
     from temper.rollout.sampler import sampler_stop_ids
@@ -163,7 +167,7 @@ def evaluate(
 
         def draw(n: int, temp: float) -> list[list[Sample]]:
             groups = run_episodes(
-                sampler, tokenizer, [[task.make_env(p) for _ in range(n)] for p in problems],
+                sampler, tokenizer, [[make_env(task, p) for _ in range(n)] for p in problems],
                 [seed] * len(problems), limits, temperature=temp,
             )  # fmt: skip
             episodes.setdefault("all", []).extend(t for g in groups for t in g)
@@ -230,6 +234,7 @@ def evaluate(
         "greedy_correct": "".join("1" if s.correct else "0" for s in scores),
         "graded": len(graded),
         "verifier_errors": sum(_is_verifier_error(s) for s in graded),
+        "failures": failures(graded, episodes.get("all", [])),
         "examples": _with_episodes(
             _examples(problems, greedy, scores, n_examples, tokenizer),
             problems,
@@ -330,8 +335,34 @@ def as_sample(t: Trajectory) -> Sample:
     from temper.rollout.sampler import Sample
 
     text = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
-    last = next(s for s in reversed(t.segments) if s.trainable)
+    last = next((s for s in reversed(t.segments) if s.trainable), None)  # None: its env never started
+    if last is None:
+        return Sample(t.prompt_ids, [], [], text, t.last_stop)
     return Sample(t.prompt_ids, last.token_ids, last.logprobs or [], text, t.last_stop)
+
+
+FAILURE_KINDS = ("verifier_error", "env_error", "timeout")
+"""How a graded completion or an episode fails for a reason that is not the model's: its grader
+failed, its environment failed, or one of them ran past its time limit."""
+
+
+def failures(scores: Sequence[Score], trajectories: Sequence[Trajectory] = ()) -> dict[str, dict[str, Any]]:
+    """Per failure kind that occurred: {"count", "first": the first one's line}. The graded
+    completions' verifier errors and, for an environment task, its episodes' env errors and
+    timeouts (their line from the last step's signals)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def add(kind: str, line: str) -> None:
+        entry = out.setdefault(kind, {"count": 0, "first": line})
+        entry["count"] += 1
+
+    for s in scores:
+        if _is_verifier_error(s):
+            add("verifier_error", str(s.details.get("error", "")))
+    for t in trajectories:
+        if t.stop_reason in ("env_error", "timeout"):
+            add(t.stop_reason, t.error or t.stop_reason)
+    return out
 
 
 def _lengths(

@@ -17,8 +17,11 @@ them with the recipe's weights (`process` and `outcome` reward components), and 
 `signals` are named, verifiable facts about the step (a tool error, a bump into a wall), logged.
 
 An env is used for one episode: `reset` once, then `step` until `done`. It never raises on model
-output (a bad action is an observation or a penalty); an exception from `step` is an
-infrastructure error that ends the episode with stop reason "env_error", never a silent zero.
+output (a bad action is an observation or a penalty); an exception from `reset` or `step` (or
+either running past its time limit) is an infrastructure error that ends the episode with stop
+reason "env_error" (or "timeout") and one line saying what failed in the last step's
+`signals["error"]`, never a silent zero. The agent loop calls every env method as user code
+(`temper.guard`): under a time limit, in a thread of its own.
 
 Optional, `cut(reason) -> signals`: the agent loop ended the episode before the env did (its
 token budget, turn limit, an unfinished turn, a turn it could not render: stop reasons max_tokens,
@@ -34,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from temper import guard
+from temper.guard import UserCodeFailure
 from temper.tasks.base import Problem, Score, Task, grade, grade_batch
 
 
@@ -106,6 +111,29 @@ class TaskEnv:
 
 def make_env(task: Task, problem: Problem) -> Env:
     """The env of one problem: the task's own (`task.make_env`) for an environment task, else a
-    one-step `TaskEnv`."""
+    one-step `TaskEnv`. Never raises: a factory that fails gives a `FailedEnv`, which the agent
+    loop ends at `reset` as an env_error with the failure's line (an episode, counted, never a
+    crash of the batch)."""
     factory = getattr(task, "make_env", None)
-    return factory(problem) if factory is not None else TaskEnv(task, problem)
+    if factory is None:
+        return TaskEnv(task, problem)
+    try:
+        return factory(problem)
+    except Exception as err:  # the task's or the user's factory; KeyboardInterrupt still stops
+        return FailedEnv(guard.raised(err, f"task {task.name!r} make_env", f"problem {problem.id}"))
+
+
+class FailedEnv:
+    """The env of a problem whose factory failed: `reset` raises the failure (`UserCodeFailure`),
+    so the episode ends before it starts, as an env_error naming what failed."""
+
+    stop: Sequence[str] = ()
+
+    def __init__(self, failure: UserCodeFailure):
+        self.failure = failure
+
+    def reset(self) -> list[dict[str, Any]]:
+        raise self.failure
+
+    def step(self, action: str) -> StepResult:
+        raise self.failure

@@ -22,12 +22,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import ConfigDict
 
+from temper import guard
+from temper.guard import UserCodeError
 from temper.stats import wilson_interval
 
 RUBRIC = (
@@ -279,8 +280,9 @@ class ChoiceJudge:
         ]
 
 
-class JudgeUnreachable(RuntimeError):
-    """The endpoint did not answer after every retry (the message names it and the last error)."""
+class JudgeUnreachable(UserCodeError):
+    """The endpoint did not answer after every retry (the message names it and the last error): a
+    failure of what the recipe names, so a run stops with this one line (`temper.guard`)."""
 
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -313,10 +315,24 @@ class EndpointJudge:
         self.retries, self.backoff, self.concurrency, self.sleep = retries, backoff, concurrency, sleep
 
     def __call__(self, chats: list[list[dict[str, str]]]) -> list[str]:
+        """Every chat's reply, `concurrency` requests at a time, each under a deadline of its
+        retries' timeouts and backoffs (a server that trickles bytes keeps every read under its
+        timeout but may never finish)."""
         if not chats:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chats))) as pool:
-            return list(pool.map(self.one, chats))
+        limit = (self.retries + 2) * self.timeout + self.backoff * (
+            2**self.retries - 1
+        )  # (a timeout to spare)
+        what = f"judge endpoint {self.endpoint}"
+        done = guard.run_all([lambda m=m: self.one(m) for m in chats], limit, self.concurrency, "judge")
+        for d in done:
+            if d.timed_out:
+                raise guard.timed_out(what, limit, "a request")
+            if isinstance(d.error, JudgeUnreachable):
+                raise d.error
+            if d.error is not None:
+                raise guard.raised(d.error, what) from d.error
+        return [d.value for d in done]
 
     def one(self, messages: list[dict[str, str]]) -> str:
         body = json.dumps(

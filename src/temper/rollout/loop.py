@@ -22,28 +22,37 @@ group's seed, exactly as single-turn RL sampled its groups, so a task run as one
 gives the samples it gave before environments existed. Later rounds sample each episode with
 n = 1 and a seed derived from (group seed, sample, round).
 
-Why threads for environment steps, not processes: the slow environments are the sandboxed ones,
-whose time is spent waiting on a subprocess (the GIL is released), and a thread needs no pickling
-of the env. A step that runs past `step_timeout` ends its episode ("timeout") and the batch goes
-on without waiting for it (its thread is abandoned; the sandbox's own wall-clock limit kills the
-code it runs).
+Environments are user code (`temper.guard`): every `reset` (with the factory of a user's env,
+which runs then), `step`, `cut` and `close` runs in a daemon thread of its own, at most `workers`
+at once, `reset`, `cut` and `close` under the user-code time limit (`guard.timeout_s()`) and
+`step` under `step_timeout`. One that raises ends its episode with stop reason "env_error", one
+that runs past its limit with "timeout", and either way the last step's `signals["error"]` is one
+line naming the env, the method and what went wrong; the batch goes on without waiting (a hung
+call's thread is abandoned; the sandbox's own wall-clock limit kills the code it runs). A step
+that returns something other than a `StepResult`, or a non-finite reward, is an env_error too.
+Batched envs (`step_batch`: TaskEnv grading a group in one call) are stepped in this thread; the
+user code they call (a data task's reward functions) is guarded where it is called.
+
+Why threads, not processes: the slow environments are the sandboxed ones, whose time is spent
+waiting on a subprocess (the GIL is released), and a thread needs no pickling of the env.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from temper import guard
 from temper.data.chat import check_tool_template, prompt_ids
-from temper.envs.base import Env, StepResult
+from temper.envs.base import Env, StepResult, TaskEnv
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 from temper.rollout.trajectory import Segment, StopReason, Trajectory
+from temper.tasks.base import Score
 
 
 @dataclass(frozen=True)
@@ -104,27 +113,88 @@ def run_episodes(
     """Play one episode in every env; -> trajectories[g][n]. `seeds[g]` is group g's seed."""
     if len(seeds) != len(envs_G_N):
         raise ValueError(f"got {len(seeds)} seeds for {len(envs_G_N)} groups")
-    episodes: list[_Episode] = []
-    if any(getattr(env, "tools", None) for envs in envs_G_N for env in envs):
+    flat = [(g, n, env) for g, envs in enumerate(envs_G_N) for n, env in enumerate(envs)]
+    resets = _resets([env for _, _, env in flat], workers)
+    if any(getattr(env, "tools", None) for (_, _, env), r in zip(flat, resets, strict=True) if r.ok):
         check_tool_template(tokenizer)  # a template without tool support fails here, not mid-batch
-    for g, envs in enumerate(envs_G_N):
-        for n, env in enumerate(envs):
-            messages = [dict(m) for m in env.reset()]
-            ids = prompt_ids(tokenizer, messages, getattr(env, "tools", None))
-            episodes.append(_Episode(env, g, n, Trajectory([Segment(ids, None, False)]), list(ids), messages))
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="temper-env")
-    try:
-        rnd = 0
-        while live := [e for e in episodes if e.live]:
-            _sample_round(sampler, tokenizer, live, seeds, limits, rnd, temperature, top_p)
-            _step_round(pool, tokenizer, live, limits)
-            rnd += 1
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    episodes: list[_Episode] = []
+    failed: list[_Episode] = []
+    for (g, n, env), done in zip(flat, resets, strict=True):
+        error = _failure(env, "reset", done, guard.timeout_s())
+        messages = [] if error else _messages(done.value)
+        ids: list[int] = []
+        if messages is None:
+            error = guard.returned(
+                _what(env, "reset"), f"{type(done.value).__name__}, not a list of messages"
+            ).line
+        elif not error:
+            try:
+                ids = prompt_ids(tokenizer, messages, getattr(env, "tools", None))
+            except Exception as err:  # messages of the env's making that the chat template cannot render
+                error = guard.raised(
+                    err, f"the chat template, on the messages {_what(env, 'reset')} returned"
+                ).line
+        if error:  # the episode ends before it starts: no prompt, nothing sampled
+            e = _Episode(env, g, n, Trajectory([Segment([], None, False)]), [], [], live=False)
+            e.trajectory.seconds_in_env = done.seconds
+            _end(e, "timeout" if done.timed_out else "env_error", "", error)
+            failed.append(e)
+        else:
+            e = _Episode(env, g, n, Trajectory([Segment(ids, None, False)]), list(ids), messages)
+            e.trajectory.seconds_in_env = done.seconds
+        episodes.append(e)
+    _close(failed, workers)
+    rnd = 0
+    while live := [e for e in episodes if e.live]:
+        _sample_round(sampler, tokenizer, live, seeds, limits, rnd, temperature, top_p)
+        _step_round(tokenizer, live, limits, workers)
+        rnd += 1
     out: list[list[Trajectory]] = [[] for _ in envs_G_N]
     for e in episodes:
         out[e.group].append(e.trajectory)
     return out
+
+
+def _resets(envs: list[Env], workers: int) -> list[guard.Done]:
+    """Every env's `reset`: as user code (guarded, in parallel), but temper's own one-step
+    `TaskEnv`, whose reset only renders its problem, here (a thread per sample would cost more
+    than the reset)."""
+    own = [isinstance(env, TaskEnv) for env in envs]
+    guarded = iter(
+        guard.run_all([e.reset for e, mine in zip(envs, own) if not mine], workers=workers, name="reset")
+    )
+    return [guard.Done(value=e.reset()) if mine else next(guarded) for e, mine in zip(envs, own)]
+
+
+def _label(env: Any) -> str:
+    """What a failure's line calls an env: its own `label` (a user's env names its factory), else its class."""
+    return getattr(env, "label", None) or type(env).__name__
+
+
+def _what(env: Any, method: str) -> str:
+    """What a failure's line calls a call of `env.<method>`."""
+    describe = getattr(env, "describe", None)
+    return describe(method) if callable(describe) else f"env {_label(env)}.{method}"
+
+
+def _failure(env: Any, method: str, done: guard.Done, limit: float) -> str:
+    """The line of a call of `env.<method>` that failed ('' when it did not); an env that says
+    what its calls are (`describe(method)`: a user's env names its factory and problem) says so."""
+    what = _what(env, method)
+    if done.timed_out:
+        return guard.timed_out(what, limit).line
+    if done.error is not None:
+        return guard.raised(done.error, what).line
+    return ""
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    """A reset's chat prompt as a list of message dicts (None: it is not one)."""
+    try:
+        messages = [dict(m) for m in value]
+    except (TypeError, ValueError):
+        return None
+    return messages if all(isinstance(m.get("role"), str) for m in messages) else None
 
 
 def _sample_round(
@@ -170,12 +240,13 @@ def _sample_round(
 
 
 def _step_round(
-    pool: ThreadPoolExecutor, tokenizer: PreTrainedTokenizerBase, live: list[_Episode], limits: EpisodeLimits
+    tokenizer: PreTrainedTokenizerBase, live: list[_Episode], limits: EpisodeLimits, workers: int
 ) -> None:
     """Step every live episode's env with its new action and apply the answers."""
     actions = {id(e): action_text(e.last, tokenizer, e.env.stop) for e in live}
     results: dict[int, StepResult | StopReason] = {}
     seconds: dict[int, float] = {}  # each episode's own step time (a batch's time is split evenly)
+    errors: dict[int, str] = {}
     # envs that step as a batch (TaskEnv: one grade_batch call per group, as TRL calls reward functions)
     batched: dict[tuple, list[_Episode]] = {}
     threaded: list[_Episode] = []
@@ -186,7 +257,6 @@ def _step_round(
             batched.setdefault((type(e.env), -1 if across else e.group), []).append(e)
         else:
             threaded.append(e)
-    futures = {pool.submit(_timed, e.env.step, actions[id(e)]): e for e in threaded}
     for (cls, _), members in batched.items():
         t0 = time.perf_counter()
         try:
@@ -199,22 +269,55 @@ def _step_round(
         except Exception as err:  # an infrastructure error: counted, never a reward
             for e in members:
                 results[id(e)] = "env_error"
-                e.trajectory.signals.append({"error": repr(err)})
+                errors[id(e)] = guard.raised(err, f"env {cls.__name__}.step_batch").line
         seconds.update({id(e): (time.perf_counter() - t0) / len(members) for e in members})
-    done, not_done = wait_futures(futures, timeout=limits.step_timeout)
-    for f in done:
-        e = futures[f]
-        try:
-            results[id(e)], seconds[id(e)] = f.result()
-        except Exception as err:
+    steps = guard.run_all(
+        [lambda e=e: e.env.step(actions[id(e)]) for e in threaded], limits.step_timeout, workers, "step"
+    )
+    for e, done in zip(threaded, steps, strict=True):
+        seconds[id(e)] = done.seconds
+        if done.ok:
+            results[id(e)] = done.value
+        else:
+            results[id(e)] = "timeout" if done.timed_out else "env_error"
+            errors[id(e)] = _failure(e.env, "step", done, limits.step_timeout)
+            if done.timed_out:
+                errors[id(e)] += " (step_timeout)"
+    for e in live:
+        result = results[id(e)]
+        if isinstance(result, str):
+            continue
+        if (bad := _bad_result(result)) is not None:
+            errors[id(e)] = guard.returned(_what(e.env, "step"), bad).line
             results[id(e)] = "env_error"
-            e.trajectory.signals.append({"error": repr(err)})
-    for f in not_done:
-        results[id(futures[f])] = "timeout"
-        seconds[id(futures[f])] = limits.step_timeout
+    ended = []
     for e in live:
         e.trajectory.seconds_in_env += seconds.get(id(e), 0.0)
-        _apply(e, results[id(e)], actions[id(e)], tokenizer, limits)
+        _apply(e, results[id(e)], actions[id(e)], tokenizer, limits, errors.get(id(e), ""))
+        if not e.live:
+            ended.append(e)
+    _close(ended, workers)
+
+
+def _bad_result(result: Any) -> str | None:
+    """What is wrong with what a step returned, in words (None: it is a sound `StepResult`)."""
+    if not isinstance(result, StepResult):
+        return f"{type(result).__name__}, not a StepResult"
+    try:
+        finite = math.isfinite(float(result.reward))
+    except (TypeError, ValueError):
+        finite = False
+    if not finite:
+        return f"a non-finite reward ({result.reward!r})"
+    if not isinstance(result.signals, dict):
+        return f"signals of type {type(result.signals).__name__}, not a dict"
+    if result.score is not None and not isinstance(result.score, Score):
+        return f"a score of type {type(result.score).__name__}, not a Score"
+    if result.inline is not None and not isinstance(result.inline, str):
+        return f"inline text of type {type(result.inline).__name__}, not a str"
+    if not isinstance(result.messages, list) or not all(isinstance(m, dict) for m in result.messages):
+        return "messages that are not a list of {role, content} dicts"
+    return None
 
 
 def _round_trips(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> bool:
@@ -228,23 +331,18 @@ def _round_trips(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> bool:
     return tokenizer.encode(text, add_special_tokens=False) == ids
 
 
-def _timed(step, action: str) -> tuple[StepResult, float]:
-    t0 = time.perf_counter()
-    result = step(action)
-    return result, time.perf_counter() - t0
-
-
 def _apply(
     e: _Episode,
     result: StepResult | StopReason,
     action: str,
     tokenizer: PreTrainedTokenizerBase,
     limits: EpisodeLimits,
+    error: str = "",
 ) -> None:
     e.actions += 1
     e.trajectory.last_stop = e.last.stop_reason
-    if isinstance(result, str):  # the env failed or hung
-        return _end(e, result, action)
+    if isinstance(result, str):  # the env failed or hung: `error` says how
+        return _end(e, result, action, error)
     e.trajectory.step_rewards.append(float(result.reward))
     e.trajectory.signals.append(dict(result.signals))
     if result.done:
@@ -262,7 +360,13 @@ def _apply(
     else:
         e.messages += [{"role": "assistant", "content": e.turn_text + action}, *result.messages]
         e.turn_text = ""
-        full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
+        try:
+            full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
+        except Exception as err:  # messages of the env's making that the chat template cannot render
+            line = guard.raised(
+                err, f"the chat template, on the messages {_what(e.env, 'step')} returned"
+            ).line
+            return _end(e, "env_error", "", line)
         if full[: len(e.ids)] != e.ids:
             if not _round_trips(tokenizer, e.last):  # the policy wrote what text cannot hold
                 e.trajectory.signals[-1]["error"] = (
@@ -285,19 +389,52 @@ CUT = ("max_tokens", "max_turns", "length", "not_prefix", "bad_tokens")
 for its end-of-episode signals (envs/base.py)."""
 
 
-def _end(e: _Episode, reason: StopReason, action: str) -> None:
+def _end(e: _Episode, reason: StopReason, action: str, error: str = "") -> None:
+    """End the episode; its env's `cut` and `close` run afterwards, for all the round's ended
+    episodes at once (`_close`). A failed or hung env's `error` goes into the last step's signals
+    (a step of its own when the env never answered one)."""
     e.live = False
-    cut = getattr(e.env, "cut", None)
-    if cut is not None and reason in CUT:
-        last = e.trajectory.signals[-1] if e.trajectory.signals else {}
-        for k, v in cut(reason).items():  # added to the last step's (its rewards stay aligned)
-            last[k] = last[k] + v if isinstance(last.get(k), int | float) else v
-        if not e.trajectory.signals:
-            e.trajectory.signals.append(last)
-    close = getattr(e.env, "close", None)
-    if close is not None:  # the env's resources (a sandbox workspace), whatever ended the episode
-        close()
     e.trajectory.stop_reason = reason
+    if error:
+        e.trajectory.signals.append({"error": error})
     if e.turn_text or action:
         e.messages.append({"role": "assistant", "content": e.turn_text + action})
     e.trajectory.messages = e.messages
+
+
+def _close(ended: list[_Episode], workers: int) -> None:
+    """The ended episodes' envs' `cut` (when the loop, not the env, ended a sound episode) and
+    `close` (whatever ended it: a sandbox workspace is freed), run as user code, all at once. The
+    cut's signals are added to the last step's (its rewards stay aligned); a cut or close that
+    fails or hangs makes the episode an env_error (or timeout) naming it."""
+
+    def finish(e: _Episode) -> dict[str, Any]:
+        signals: dict[str, Any] = {}
+        cut = getattr(e.env, "cut", None)
+        if cut is not None and e.trajectory.stop_reason in CUT:
+            signals = dict(cut(e.trajectory.stop_reason) or {})
+        close = getattr(e.env, "close", None)
+        if close is not None:
+            close()
+        return signals
+
+    calls = [
+        e
+        for e in ended
+        if getattr(e.env, "close", None) is not None or getattr(e.env, "cut", None) is not None
+    ]
+    limit = guard.timeout_s()
+    for e, done in zip(
+        calls, guard.run_all([lambda e=e: finish(e) for e in calls], limit, workers, "close"), strict=True
+    ):
+        t = e.trajectory
+        if not done.ok:
+            t.stop_reason = "timeout" if done.timed_out else "env_error"
+            t.signals.append({"error": _failure(e.env, "cut/close", done, limit)})
+            continue
+        if done.value:
+            last = t.signals[-1] if t.signals else {}
+            for k, v in done.value.items():
+                last[k] = last[k] + v if isinstance(last.get(k), int | float) else v
+            if not t.signals:
+                t.signals.append(last)

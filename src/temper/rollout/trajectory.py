@@ -85,6 +85,12 @@ class Trajectory:
     def policy_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.trainable)
 
+    @property
+    def error(self) -> str:
+        """Why the episode failed, in one line: the last step's `error` signal ('' when none; the
+        agent loop puts one there for every env_error and timeout, naming the env and the call)."""
+        return next((str(s["error"]) for s in reversed(self.signals) if s.get("error")), "")
+
 
 def mean_signals(trajectories: list[Trajectory]) -> dict[str, float]:
     """Every numeric step signal (tool calls, tool errors, invalid moves...) summed over each

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from rich.console import Console
+from rich.markup import escape
 
 from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
 from temper.models import load_model
@@ -161,9 +162,25 @@ def run_eval(
             if rm_dir is not None:
                 for r in results[task][model_name].values():
                     r["best_of_n"]["reward_model"] = str(rm_dir)
+            for split, r in results[task][model_name].items():
+                say_failures(f"eval: {model_name} on {task} {split}", r)
         del sampler, model, judge  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
+
+
+def say_failures(where: str, result: dict[str, Any]) -> None:
+    """On the console: how many of a result's graded completions and episodes failed in user code
+    (a reward function, an env), and the first failure of each kind, not only in eval.json."""
+    found = result.get("failures") or {}
+    if not found:
+        return
+    said = ", ".join(f"{kind} {entry['count']}" for kind, entry in found.items())
+    console.print(
+        f"[yellow]{escape(where)}[/]: user code failed ({said}); counted as wrong answers", soft_wrap=True
+    )
+    for kind, entry in found.items():
+        console.print(f"  first {kind}: {escape(str(entry['first']))}", soft_wrap=True)
 
 
 def eval_table(results: dict[str, dict[str, Any]]) -> str:

@@ -63,7 +63,10 @@ def _default(obj: Any, name: str) -> Any:
     import dataclasses
 
     if dataclasses.is_dataclass(obj):
-        return next(f.default for f in dataclasses.fields(obj) if f.name == name)
+        f = next(f for f in dataclasses.fields(obj) if f.name == name)
+        return (
+            f.default_factory() if f.default is dataclasses.MISSING else f.default
+        )  # (a block: its factory)
     return type(obj).model_fields[name].default
 
 

@@ -11,7 +11,7 @@ import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
-from temper import distributed
+from temper import distributed, guard
 from temper.atomic import atomic_write_json
 from temper.data import contamination
 from temper.evaluate import evaluate
@@ -36,7 +36,7 @@ from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task, TaskOptionError
-from temper.train import features
+from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
 from temper.train.features.base import SetupError
 from temper.train.features.privileged import SELF
@@ -168,11 +168,13 @@ def greedy_eval(
     max_new_tokens: int,
     split: str = "test",
     stop_warnings: dict[str, str] | None = None,
+    failures: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy and parse rate per task on `n` held-out problems: `evaluate` with k = 0, so
     the numbers are the eval stage's for the same problems (seed HELD_OUT_SEED, `n` problems).
     A task whose verifier raised also reports how many completions it failed on; a task whose
-    completions ran past an end-of-turn token has its `stop_warning` put in `stop_warnings`."""
+    completions ran past an end-of-turn token has its `stop_warning` put in `stop_warnings`, and
+    one whose user code failed its `evaluate` failures (kind -> count, first line) in `failures`."""
     out: dict[str, float] = {}
     for name, task in tasks.items():
         r = evaluate(
@@ -192,16 +194,30 @@ def greedy_eval(
             out[f"{name}/verifier_errors"] = r["verifier_errors"]
         if stop_warnings is not None and r["stop_warning"]:
             stop_warnings[name] = r["stop_warning"]
+        if failures is not None and r["failures"]:
+            failures[name] = r["failures"]
     return out
 
 
 def format_gate(
-    gate: GateSpec, sampler: Sampler, tokenizer, tasks: dict[str, Task], max_new_tokens: int
+    gate: GateSpec,
+    sampler: Sampler,
+    tokenizer,
+    tasks: dict[str, Task],
+    max_new_tokens: int,
+    policy: user_code.Policy | None = None,
 ) -> dict[str, Any]:
     """Refuse (or warn) when the greedy parse rate on held-out prompts is below the threshold. When
-    the completions ran past the template's end of turn, that is named as the cause, not SFT."""
+    the completions ran past the template's end of turn, that is named as the cause, not SFT. User
+    code that failed on the gate's problems is judged first, by `policy` (before training: a stop
+    naming it, by default), since a failing grader reads as an unparsed answer."""
     unstopped: dict[str, str] = {}
-    evals = greedy_eval(sampler, tokenizer, tasks, gate.n_problems, max_new_tokens, stop_warnings=unstopped)
+    found: dict[str, dict[str, Any]] = {}
+    evals = greedy_eval(
+        sampler, tokenizer, tasks, gate.n_problems, max_new_tokens, stop_warnings=unstopped, failures=found
+    )
+    if policy is not None:
+        policy.eval_failures("format gate", found, gate.n_problems * len(tasks), before=True)
     rates = {k: v for k, v in evals.items() if k.endswith("parse_rate")}
     errors = {k.split("/")[0]: int(v) for k, v in evals.items() if k.endswith("verifier_errors")}
     failing = {k: v for k, v in rates.items() if v < gate.min_parse_rate}
@@ -243,10 +259,12 @@ def reachability_probe(
     config: RLConfig,
     groups: int,
     scorers: dict[str, Any] | None = None,
+    policy: user_code.Policy | None = None,
 ) -> dict[str, Any]:
     """Sample `groups` groups from the starting policy, as RL will, and report the share whose
     rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
-    ran past a special token such as the template's end of turn."""
+    ran past a special token such as the template's end of turn. Groups whose user code failed
+    are left out, and judged by `policy` (before training: a stop naming it, by default)."""
     probe = RLConfig(
         **{
             **config.__dict__,
@@ -255,7 +273,12 @@ def reachability_probe(
             "seed": config.seed + 7919,
         }
     )
-    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0, scorers=scorers)
+    failed: list[user_code.GroupFailure] = []
+    sampled, stats = collect_groups(sampler, tokenizer, tasks, probe, step=0, scorers=scorers, failed=failed)
+    if policy is not None:
+        policy.before_training("reachability probe", failed, groups * config.group_size)
+    if not sampled:  # (only when failures were counted, not stopped on)
+        return {"groups": 0, "group_size": config.group_size, "failed_groups": len(failed)}
     rollouts = [r for g in sampled for r in g.rollouts]
     stats = breakdown([g.cause for g in sampled]) | {
         "groups": len(sampled),
@@ -307,6 +330,20 @@ class _AdapterDisabled(torch.nn.Module):
 
 
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+    """The stage (module docstring), every call of user code under `train.user_code.timeout`. A
+    run that user code stops before any step trained (no metrics logged, no checkpoint) leaves
+    nothing of its own behind (its probe.json): the folder is then as a refused stage leaves it."""
+    with guard.time_limit(stage.train.user_code.timeout):
+        try:
+            return _run_rl(stage, ctx, source, out)
+        except guard.UserCodeError:
+            trained = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+            if not trained and distributed.is_main():
+                (out / "probe.json").unlink(missing_ok=True)
+            raise
+
+
+def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     config = stage.train
     if bad := task_rules(stage, ctx.tasks):  # the CLI builds its tasks without the recipe's check
         raise StageError("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
@@ -334,9 +371,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
+    policy = user_code.Policy(
+        config.user_code, config.steps, user_code.console_line(console)
+    )  # (main process)
     if stage.gate:
         summary["gate"] = distributed.on_main(
-            format_gate, stage.gate, sampler, tokenizer, tasks, config.max_new_tokens
+            format_gate, stage.gate, sampler, tokenizer, tasks, config.max_new_tokens, policy
         )
     if stage.probe_groups:
         summary["probe"] = distributed.on_main(
@@ -347,6 +387,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
             config,
             stage.probe_groups,
             scorers,
+            policy,
         )
     # the prompts the run's steps draw (dynamic sampling's refills aside), against the eval sets;
     # a curriculum task (sample_at_step) grows its pool as it trains, so it is not enumerated here
@@ -374,7 +415,12 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
         reference = model
 
     def evaluate(step: int) -> dict[str, float]:
-        return greedy_eval(sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens)
+        found: dict[str, dict[str, Any]] = {}
+        out = greedy_eval(
+            sampler, tokenizer, tasks, config.eval_problems, config.max_new_tokens, failures=found
+        )
+        policy.eval_failures(f"rl step {step} eval", found, config.eval_problems * len(tasks), before=False)
+        return out
 
     result = train_rl(
         model,

@@ -7,10 +7,14 @@ its `evaluate()` in the same way).
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from temper import guard
+from temper.guard import UserCodeFailure
 
 SPLITS = ("train", "test", "ood")
 
@@ -113,17 +117,37 @@ VERIFIER_ERROR = "verifier_error"
 
 def grade(task: Task, problem: Problem, completion: str) -> Score:
     """`task.score`, with an exception in the verifier turned into a graded row whose reason is
-    "verifier_error" (and `details["error"]` the exception). A verifier bug is an infrastructure
-    error, not the model's mistake: RL and evaluation both grade through here, so neither crashes
-    on it and both can count it apart from wrong answers."""
+    "verifier_error" (and `details["error"]` one line naming the task, the problem and the
+    exception). A verifier bug is an infrastructure error, not the model's mistake: RL and
+    evaluation both grade through here, so neither crashes on it and both can count it apart from
+    wrong answers. A non-finite reward is one too (it would reach the loss as NaN)."""
     try:
-        return task.score(problem, completion)
+        return _finite(task, problem, task.score(problem, completion))
     except Exception as err:  # any verifier failure; KeyboardInterrupt and the like still stop the run
-        return verifier_error(err)
+        return verifier_error(guard.raised(err, _verifier(task), f"problem {problem.id}"))
+
+
+def _verifier(task: Task) -> str:
+    return f"the verifier of task {getattr(task, 'name', type(task).__name__)!r}"
+
+
+def _finite(task: Task, problem: Problem, score: Score) -> Score:
+    try:
+        ok = math.isfinite(float(score.reward))
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        return score
+    return verifier_error(
+        guard.returned(_verifier(task), f"a non-finite reward ({score.reward!r})", f"problem {problem.id}")
+    )
 
 
 def verifier_error(err: BaseException) -> Score:
-    return Score(0.0, False, False, {"reason": VERIFIER_ERROR, "error": repr(err)})
+    """The grade of a completion its verifier failed on: `details["error"]` is the failure's line
+    (`temper.guard.UserCodeFailure`), or the exception's repr."""
+    said = err.line if isinstance(err, UserCodeFailure) else repr(err)
+    return Score(0.0, False, False, {"reason": VERIFIER_ERROR, "error": said})
 
 
 def grade_batch(
@@ -139,11 +163,19 @@ def grade_batch(
     batch = getattr(task, "score_batch", None)
     if batch is None:
         return [grade(task, p, c) for p, c in zip(problems, completions, strict=True)]
+    context = f"problem {problems[0].id}" if problems else ""
+    if len({p.id for p in problems}) > 1:
+        context = f"{len(problems)} completions ({problems[0].id}, ...)"
     try:
         scores = list(batch(list(problems), list(completions), completion_ids))
     except Exception as err:
-        return [verifier_error(err) for _ in completions]
+        failure = guard.raised(err, _verifier(task), context)
+        return [verifier_error(failure) for _ in completions]
     if len(scores) != len(completions):
-        err = ValueError(f"score_batch returned {len(scores)} scores for {len(completions)} completions")
-        return [verifier_error(err) for _ in completions]
-    return scores
+        failure = guard.returned(
+            f"{_verifier(task)} (score_batch)",
+            f"{len(scores)} scores for {len(completions)} completions",
+            context,
+        )
+        return [verifier_error(failure) for _ in completions]
+    return [_finite(task, p, s) for p, s in zip(problems, scores, strict=True)]

@@ -27,7 +27,10 @@ that returned a number (None: not applicable, as in TRL). correct = the first fu
 >= `correct_threshold`. parsed = the `format` regex matches when given; else the first function,
 if it is a built-in grader, could extract an answer; else every completion counts as parsed (so
 give `format` when the gate and the probe should tell a format failure from a wrong answer). A
-reward function that raises makes that completion a verifier_error row (reward 0), never a crash.
+reward function that raises, hangs past its time limit or returns anything but one finite float
+(or None) per completion makes that completion a verifier_error row whose `error` is one line
+naming the function, the problem and the failure, never a crash (`temper.guard`); RL leaves such
+a group out and counts it (`temper.train.user_code`).
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ class DataTask:
             try:
                 if isinstance(spec, dict) or (isinstance(spec, str) and ":" not in spec):
                     grader = make_grader(spec, self.config.answer, self.config.format)
-                    out.append(RewardFunction(grader.name, grader, extract=grader.extract))
+                    out.append(RewardFunction(grader.name, grader, extract=grader.extract, trusted=True))
                 elif isinstance(spec, str):
                     out.append(load_reward_function(spec, self.base_dir))
                 else:
@@ -287,6 +290,7 @@ class DataTask:
             completions,
             completion_ids,
             [p.data["row"] for p in problems],
+            labels=[f"problem {p.id}" for p in problems],
         )
         first = self.rewards[0]
         scores = []

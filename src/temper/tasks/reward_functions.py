@@ -12,9 +12,16 @@ list of chat messages ("conversational"); the completions follow the prompt's fo
 `[{"role": "assistant", "content": text}]` (TRL `is_conversational` on the prompt). `columns` are
 every column of the row except "prompt", "completion" and "completion_ids", one value per
 completion (TRL repeats the row's values for each generation). None means "not applicable" and
-counts as 0 in the weighted sum (TRL's nan + nansum). A coroutine function is awaited (TRL runs
-async reward functions concurrently; so does `call_all`). Unlike TRL, `trainer_state`,
-`log_extra` and `log_metric` are not passed.
+counts as 0 in the weighted sum (TRL's nan + nansum); a NaN or infinite reward is refused
+(TRL would train on it), as is a string. A coroutine function is awaited (TRL runs async reward
+functions concurrently; so does `call_all`, each on an event loop of its own). Unlike TRL,
+`trainer_state`, `log_extra` and `log_metric` are not passed.
+
+A user's function is user code (`temper.guard`): each call runs under the time limit
+`guard.timeout_s()` in a thread of its own, and a function that raises, hangs or returns what it
+must not is a `UserCodeFailure` naming it, the problem and what went wrong, in one line. The
+built-in graders are called in the caller's thread (math-verify's own time limits need the main
+thread).
 
 Built-in graders (`GRADERS`) follow the same signature and also say whether they could extract
 an answer (the task's `parsed`): exact_match, numeric_match, math_verify (the `math-verify`
@@ -32,12 +39,15 @@ import math
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from temper import guard
+from temper.guard import Done, UserCodeFailure
 from temper.tasks.expression import ANSWER_PREFIX, END_MARKERS
 
 EXCLUDED_COLUMNS = ("prompt", "completion", "completion_ids")  # as TRL: passed as arguments, not columns
@@ -51,6 +61,8 @@ class RewardFunction:
     fn: Callable[..., Any]
     source: str = ""  # the code it was loaded from (its file's text), for the stage's settings hash
     extract: Callable[[str], str | None] | None = None  # built-in graders: the answer they read
+    trusted: bool = False
+    """temper's own (a built-in grader): called in the caller's thread, without a time limit."""
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -87,11 +99,11 @@ def load_reward_function(spec: str, base_dir: Path | None = None, what: str = "r
         file = file if file.is_absolute() else base / file
         if not file.is_file():
             raise ValueError(f"{what} {spec!r}: no file {str(file)!r}")
-        module = _load_file(file, base)
+        module = _load_file(file, base, what)
     else:
         local = base / (module_name.replace(".", "/") + ".py")
         if local.is_file():
-            module = _load_file(local, base)
+            module = _load_file(local, base, what)
         else:
             try:
                 module = importlib.import_module(module_name)
@@ -116,9 +128,10 @@ def load_reward_function(spec: str, base_dir: Path | None = None, what: str = "r
     return RewardFunction(spec, fn, source)
 
 
-def _load_file(file: Path, base: Path) -> Any:
+def _load_file(file: Path, base: Path, what: str = "reward") -> Any:
     """The module of `file`, executed once per content: recipe validation, the plan check and the
-    run share it (and its state), and an edited file is loaded afresh."""
+    run share it (and its state), and an edited file is loaded afresh. Executing it is user code:
+    under the time limit, its failure one line naming the file (as an `env` or `reward` module)."""
     file = file.resolve()
     digest = hashlib.sha256(str(file).encode() + b"\0" + file.read_bytes()).hexdigest()[:12]
     name = f"temper_rewards_{digest}_{file.stem}"
@@ -129,9 +142,9 @@ def _load_file(file: Path, base: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(base))
     try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise ValueError(f"reward module {str(file)!r} raised on import: {err!r}") from None
+        guard.call(spec.loader.exec_module, module, what=f"{what} module {str(file)!r}", context="import")
+    except UserCodeFailure as err:
+        raise ValueError(err.line) from None
     finally:
         sys.path.remove(str(base))
     sys.modules[name] = module  # pickling and `inspect` find it again
@@ -143,11 +156,12 @@ def _load_file(file: Path, base: Path) -> Any:
 
 @dataclass
 class Outcome:
-    """What the reward functions said about a batch: values[f][i] (None: not applicable or the
-    function raised on completion i), and errors[i] the first exception raised on completion i."""
+    """What the reward functions said about a batch: values[f][i] (None: not applicable, or the
+    function failed on completion i), and errors[i] the first failure on completion i (a
+    `UserCodeFailure`: its line names the function, the completion's problem and the error)."""
 
     values: list[list[float | None]]
-    errors: list[BaseException | None] = field(default_factory=list)
+    errors: list[UserCodeFailure | None] = field(default_factory=list)
 
 
 def call_all(
@@ -157,89 +171,149 @@ def call_all(
     completion_ids: Sequence[Sequence[int]] | None,
     columns: Sequence[dict[str, Any]],
     completions: Sequence[Any] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Outcome:
     """Every function on the whole batch, TRL's way (async ones awaited together). A function
-    that raises on the batch, or returns the wrong number of rewards, is called again one
-    completion at a time, so only the completions it cannot grade become verifier errors.
-    `completions` replaces the ones made from `texts` where TRL passes more than one message per
-    completion (a tool-calling episode: assistant turns and tool results)."""
+    that raises on the batch is called again one completion at a time, so only the completions it
+    cannot grade fail; one whose answer is not one reward per completion, or that runs past its
+    time limit, fails the whole batch (a time-out is not retried: each call would wait the limit
+    again); a reward that is not a finite float or None fails its own completion. `completions`
+    replaces the ones made from `texts` where TRL passes more than one message per completion (a
+    tool-calling episode: assistant turns and tool results). `labels` say what each completion is
+    (e.g. "problem rows.jsonl:3"), for the failures' lines."""
     n = len(texts)
+    labels = list(labels) if labels is not None else [""] * n
     completions = completions_as_trl(prompts, texts) if completions is None else list(completions)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in texts]
     keys = [k for k in dict.fromkeys(k for row in columns for k in row) if k not in EXCLUDED_COLUMNS]
     kwargs = {k: [row.get(k) for row in columns] for k in keys}
     batch = {"prompts": list(prompts), "completions": completions, "completion_ids": ids, **kwargs}
-    results = _run([f.fn for f in functions], [batch] * len(functions))
+    results = _run(functions, [batch] * len(functions))
     values: list[list[float | None]] = []
-    errors: list[BaseException | None] = [None] * n
+    errors: list[UserCodeFailure | None] = [None] * n
     for f, result in zip(functions, results, strict=True):
-        checked = _checked(f.name, result, n)
-        if isinstance(checked, BaseException):  # one at a time, to find the completions it fails on
-            rows = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n)]
-            singles = [_checked(f.name, r, 1) for r in _run([f.fn] * n, rows)]
-            checked = []
-            for i, single in enumerate(singles):
-                if isinstance(single, BaseException):
-                    errors[i] = errors[i] or single
-                    checked.append(None)
-                else:
-                    checked.append(single[0])
-        values.append(checked)
+        checked = _checked(f, result, n, _batch_label(labels), labels)
+        if isinstance(checked, UserCodeFailure) and checked.kind == "raised":  # one at a time, to find
+            each = []  # the completions it fails on
+            for i in range(n):
+                [single] = _run([f], [{k: v[i : i + 1] for k, v in batch.items()}])
+                each.append(_checked(f, single, 1, labels[i]))
+                if isinstance(each[-1], UserCodeFailure) and each[-1].kind == "timeout":
+                    each += [each[-1]] * (n - i - 1)  # the rest would wait the limit each: they fail too
+                    break
+            if all(isinstance(e, UserCodeFailure) for e in each):  # it fails on each alone too: what
+                each = [checked] * n  # it did with the batch (TRL's call) says more
+            checked = (
+                [None if isinstance(e, UserCodeFailure) else e[0][0] for e in each],
+                [e if isinstance(e, UserCodeFailure) else e[1][0] for e in each],
+            )
+        elif isinstance(checked, UserCodeFailure):
+            checked = ([None] * n, [checked] * n)
+        rewards, failures = checked
+        errors = [e or failure for e, failure in zip(errors, failures, strict=True)]
+        values.append(rewards)
     return Outcome(values, errors)
 
 
-def _checked(name: str, result: Any, n: int) -> list[float | None] | BaseException:
-    if isinstance(result, BaseException):
-        return result
-    try:
-        out = [None if r is None else float(r) for r in result]
-    except (TypeError, ValueError) as err:
-        return TypeError(f"reward function {name!r} must return a list of floats or None: {err}")
-    if len(out) != n:  # TRL's message
-        return ValueError(
-            f"The reward function {name!r} returned {len(out)} rewards, but {n} were expected "
-            "(one per prompt-completion pair)."
+def _batch_label(labels: Sequence[str]) -> str:
+    """What a batch is, for a failure of the whole batch: its one problem or its first ones."""
+    distinct = list(dict.fromkeys(labels))
+    if len(labels) <= 1 or not distinct[0]:
+        return distinct[0] if distinct else ""
+    if len(distinct) == 1:
+        return f"{distinct[0]} ({len(labels)} completions)"
+    return f"{len(labels)} completions ({', '.join(distinct[:2])}{', ...' if len(distinct) > 2 else ''})"
+
+
+def _checked(
+    f: RewardFunction, done: Done, n: int, context: str = "", labels: Sequence[str] | None = None
+) -> tuple[list[float | None], list[UserCodeFailure | None]] | UserCodeFailure:
+    """One call's rewards and the failure of each completion whose reward is not a finite float
+    or None (`labels[i]` says which it is), or the failure of the whole call: it raised, ran past
+    its time limit, or did not return one reward per completion (TRL's message for a wrong count)."""
+    what = f"reward function {f.name}"
+    labels = list(labels) if labels is not None else [context] * n
+    if done.timed_out:
+        return guard.timed_out(what, done.seconds, context)
+    if done.error is not None:
+        return guard.raised(done.error, what, context)
+    result = done.value
+    if isinstance(result, str | bytes | dict) or not hasattr(result, "__iter__"):
+        return guard.returned(what, f"{type(result).__name__}, not a list of floats or None", context)
+    result = list(result)
+    if len(result) != n:  # TRL's message
+        return guard.returned(
+            what, f"{len(result)} rewards, but {n} were expected (one per prompt-completion pair)", context
         )
-    if any(r is not None and math.isnan(r) for r in out):
-        out = [None if r is not None and math.isnan(r) else r for r in out]  # TRL's None is its nan
-    return out
+    out: list[float | None] = []
+    failures: list[UserCodeFailure | None] = []
+    for i, r in enumerate(result):
+        value = None if r is None else _number(r)
+        failure = None
+        if r is not None and value is None:
+            failure = guard.returned(what, f"{type(r).__name__} {r!r:.40} for completion {i + 1}, not a float or None", labels[i])  # fmt: skip
+        elif value is not None and not math.isfinite(value):
+            failure = guard.returned(
+                what, f"a non-finite reward ({value}) for completion {i + 1}: return None where it does not apply",
+                labels[i],
+            )  # fmt: skip
+        out.append(None if failure else value)
+        failures.append(failure)
+    return out, failures
 
 
-def _run(fns: Sequence[Callable[..., Any]], kwargs: Sequence[dict[str, Any]]) -> list[Any]:
-    """Call each fn with its kwargs; exceptions are returned in place of the result. Coroutines
-    (async functions) are gathered on one event loop, in a thread of their own when the caller
-    is already inside a running loop."""
-    results: list[Any] = []
-    pending: dict[int, Any] = {}
-    for i, (fn, kw) in enumerate(zip(fns, kwargs, strict=True)):
-        try:
-            out = fn(**kw)
-        except Exception as err:
-            out = err
-        if inspect.isawaitable(out):
-            pending[i] = out
-        results.append(out)
-    if pending:
-
-        async def gather() -> list[Any]:
-            return await asyncio.gather(*pending.values(), return_exceptions=True)
-
-        done = _run_coroutine(gather)
-        for i, out in zip(pending, done, strict=True):
-            results[i] = out
-    return results
-
-
-def _run_coroutine(make: Callable[[], Any]) -> Any:
+def _number(r: Any) -> float | None:
+    """A reward as a float (an int, a bool, a numpy or 0-d torch number); None for anything else
+    (a string, even one that reads as a number, is a bug in the function, not a reward)."""
+    if isinstance(r, str | bytes):
+        return None
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(asyncio.run(make())))
-    thread.start()
-    thread.join()
-    return box[0]
+        return float(r)
+    except (TypeError, ValueError):
+        return None
+
+
+def _run(functions: Sequence[RewardFunction], kwargs: Sequence[dict[str, Any]]) -> list[Done]:
+    """Call each function with its kwargs -> how each call ended. A user's sync functions run one
+    after another, each in a thread of its own under the time limit; async ones all at once, each
+    on its own event loop in its own thread (awaited together, as TRL gathers them); temper's
+    graders in this thread."""
+    out: list[Done | None] = [None] * len(functions)
+    waiting = []
+    for i, (f, kw) in enumerate(zip(functions, kwargs, strict=True)):
+        if f.trusted:
+            t0 = time.perf_counter()
+            try:
+                out[i] = Done(value=f.fn(**kw))
+            except Exception as err:
+                out[i] = Done(error=err)
+            out[i].seconds = time.perf_counter() - t0
+        elif _is_async(f.fn):
+            waiting.append(i)
+        else:
+            [out[i]] = guard.run_all([lambda f=f, kw=kw: _invoke(f.fn, kw)], workers=1, name=f.name)
+    calls = [lambda i=i: _invoke(functions[i].fn, kwargs[i]) for i in waiting]
+    for i, done in zip(waiting, guard.run_all(calls, workers=len(calls) or 1, name="async"), strict=True):
+        out[i] = done
+    return [d if d is not None else Done() for d in out]
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """A coroutine function, or an object whose `__call__` is one."""
+    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+def _invoke(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """`fn(**kwargs)`, awaited on an event loop of this thread's own when it is a coroutine."""
+    out = fn(**kwargs)
+    if inspect.isawaitable(out):
+
+        async def wait() -> Any:
+            return await out
+
+        return asyncio.run(wait())
+    return out
 
 
 # ---------------------------------------------------------------- built-in graders

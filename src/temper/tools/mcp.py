@@ -18,7 +18,10 @@ timeout.
 Failures: a tool's own error (the result's `is_error`) is the model's business, raised as
 `ToolFailed` with the server's text, so the registry shows it as an error observation. A server
 that exits, times out, or answers with a protocol error raises `ToolServerError`: an
-infrastructure failure, which ends the episode as env_error (never a zero reward).
+infrastructure failure, which ends the episode as env_error (never a zero reward), counted and
+printed by the RL run (`temper.train.user_code`). Every such message names the server (its
+command line) and ends with the last lines the server wrote to its stderr, which is kept in a
+temporary file (the server's log lines are not printed while it works).
 """
 
 from __future__ import annotations
@@ -27,14 +30,18 @@ import asyncio
 import atexit
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from temper.guard import last_line
 from temper.tools.calls import Tool
 from temper.tools.registry import ToolFailed, ToolServerError
 
 CONNECT_TIMEOUT_S = 60.0
+STDERR_TAIL = 5
+"""Lines of the server's stderr an error message quotes."""
 
 
 class MCPConnection:
@@ -66,21 +73,37 @@ class MCPConnection:
         self._closing: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._session: Any = None
+        self._errlog = tempfile.TemporaryFile("a+", encoding="utf-8", errors="replace")  # the server's stderr
         self.listed: list[Any] = []  # the server's tools (mcp_types.Tool) as list_tools gave them
         self._thread = threading.Thread(target=self._serve, name=f"mcp:{command}", daemon=True)
         self._thread.start()
         if not self._ready.wait(CONNECT_TIMEOUT_S):
-            self.close()
-            raise ToolServerError(f"MCP server {self._label()} did not start in {CONNECT_TIMEOUT_S:.0f} s")
-        if self._error is not None:
+            stderr = self.stderr_tail()
             self.close()
             raise ToolServerError(
-                f"MCP server {self._label()} failed to start: {self._error!r}"
+                f"MCP server {self._label()} did not start in {CONNECT_TIMEOUT_S:.0f} s{stderr}"
+            )
+        if self._error is not None:
+            stderr = self.stderr_tail()
+            self.close()
+            raise ToolServerError(
+                f"MCP server {self._label()} failed to start: {last_line(self._error)}{stderr}"
             ) from self._error
         atexit.register(self.close)
 
     def _label(self) -> str:
-        return " ".join([self.params.command, *self.params.args])
+        return repr(" ".join([self.params.command, *self.params.args]))
+
+    def stderr_tail(self) -> str:
+        """'; its stderr: <its last lines>' ('' when it wrote nothing), for an error message."""
+        try:
+            self._errlog.flush()
+            self._errlog.seek(0)
+            lines = [line.rstrip() for line in self._errlog.read().splitlines() if line.strip()]
+        except (OSError, ValueError):  # closed
+            return ""
+        tail = " | ".join(lines[-STDERR_TAIL:])
+        return f"; its stderr: {tail[-600:]}" if tail else "; it wrote nothing to stderr"
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -96,32 +119,36 @@ class MCPConnection:
         from mcp import ClientSession, stdio_client
 
         self._closing = asyncio.Event()
-        try:
-            with open(os.devnull, "w") as quiet:  # the server's log lines are not ours to print
-                async with stdio_client(self.params, errlog=quiet) as (read, write):
-                    async with ClientSession(read, write) as session:
-                        await session.initialize()
-                        self.listed = await _list_all(session)
-                        self._session = session
-                        self._ready.set()
-                        await self._closing.wait()
+        try:  # the server's log lines are not ours to print: kept for an error message
+            async with stdio_client(self.params, errlog=self._errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    self.listed = await _list_all(session)
+                    self._session = session
+                    self._ready.set()
+                    await self._closing.wait()
         finally:
             self._session = None
 
     def _run(self, coro: Any, what: str) -> Any:
         if not self.alive:
             coro.close()
-            raise ToolServerError(f"MCP server {self._label()} is not connected ({what})")
+            died = f": {last_line(self._error)}" if self._error is not None else ""
+            raise ToolServerError(
+                f"MCP server {self._label()} is not connected ({what}){died}{self.stderr_tail()}"
+            )
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(self.timeout_s)
         except TimeoutError:
             future.cancel()
             raise ToolServerError(
-                f"MCP server {self._label()}: {what} timed out after {self.timeout_s} s"
+                f"MCP server {self._label()}: {what} timed out after {self.timeout_s} s{self.stderr_tail()}"
             ) from None
         except Exception as err:  # the connection closed, or a JSON-RPC error: not the model's doing
-            raise ToolServerError(f"MCP server {self._label()}: {what} failed: {err!r}") from err
+            raise ToolServerError(
+                f"MCP server {self._label()}: {what} failed: {last_line(err)}{self.stderr_tail()}"
+            ) from err
 
     @property
     def alive(self) -> bool:
@@ -169,6 +196,9 @@ class MCPConnection:
                 pass
         if self._thread is not threading.current_thread():
             self._thread.join(CONNECT_TIMEOUT_S)
+            errlog = getattr(self, "_errlog", None)
+            if errlog is not None and not self._thread.is_alive():
+                errlog.close()
         atexit.unregister(self.close)
 
     def __enter__(self) -> MCPConnection:

@@ -23,14 +23,10 @@ from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Task
 from temper.train.features import Features, Step, shapers
 from temper.train.rollouts import Group, grade_episodes
+from temper.train.user_code import GroupFailure, group_failure
 
 if TYPE_CHECKING:
     from temper.train.rl_config import RLConfig
-
-INFRA_ERRORS = ("env_error", "timeout", "not_prefix")
-"""Stop reasons that are not the policy's doing (the environment failed or hung; the chat template
-re-rendered the history differently from what was sampled): their groups are not trained on.
-Splitting a not_prefix episode into a second training row is not implemented."""
 
 
 def problems_for_step(
@@ -68,10 +64,10 @@ def sample_share(
     graded: list[Group] | None = None,
     scorers: dict[str, GroupScorer] | None = None,
     features: Features | None = None,
-) -> tuple[list[Group], list[str | None], int, list[str]]:
+) -> tuple[list[Group], list[str | None], int, list[GroupFailure]]:
     """This process's share of the step's groups, sampled and graded -> (groups, the zero-variance
-    cause of every first-round group, sampling rounds, the error of each group left out because
-    an environment failed or hung).
+    cause of every first-round group, sampling rounds, each group left out because user code (an
+    environment, the grader) failed or hung, or the template rewrote the history).
 
     Round 0 is the step's global batch of `prompts_per_step` problems; process `rank` takes its
     contiguous share, and prompt i of the global batch is sampled with the seed of its global
@@ -89,7 +85,7 @@ def sample_share(
     shape = shapers(config)
     kept: list[Group] = []
     causes: list[str | None] = []
-    failed: list[str] = []
+    failed: list[GroupFailure] = []
     rounds, keep_rate = 0, 1.0
     while len(kept) < want and rounds < features.rounds:
         need = want - len(kept)
@@ -122,11 +118,10 @@ def sample_share(
                 parts,
                 shape,
             )
-            if any(t.stop_reason in INFRA_ERRORS for t in trajectories):
-                # an environment that failed or hung is not the policy's doing: a reward of 0 would
-                # teach it something false, so the group is left out (and counted)
-                failed.append(next(t.signals[-1].get("error", t.stop_reason) for t in trajectories
-                                   if t.stop_reason in INFRA_ERRORS))  # fmt: skip
+            if (failure := group_failure(group, rounds == 0)) is not None:
+                # user code that failed or hung (an env, the grader) is not the policy's doing: a
+                # reward of 0 would teach it something false, so the group is left out (and counted)
+                failed.append(failure)
                 continue
             if graded is not None:
                 graded.append(group)
@@ -151,9 +146,11 @@ def given_parts(
     return given
 
 
-def sampling_stats(causes: list[str | None], rounds: int, failed: list[str]) -> dict[str, float]:
+def sampling_stats(causes: list[str | None], rounds: int, failed: list[GroupFailure]) -> dict[str, float]:
     """The zero-variance share of the step's first-round groups by cause, the sampling rounds,
-    and the groups left out because an environment failed (when any was)."""
+    and `env_failed_groups`, the groups left out because user code failed or hung (an env, the
+    grader: `user_code.LEFT_OUT`) or the chat template re-rendered the history differently from
+    what was sampled (splitting such an episode into a second training row is not implemented)."""
     stats = breakdown(causes) | {"sampling_rounds": rounds}
     return stats | ({"env_failed_groups": len(failed)} if failed else {})
 
@@ -166,13 +163,17 @@ def collect_groups(
     step: int,
     scorers: dict[str, GroupScorer] | None = None,
     features: Features | None = None,
+    failed: list[GroupFailure] | None = None,
 ) -> tuple[list[Group], dict[str, float]]:
     """All `prompts_per_step` groups of a step in this process, with the step's sampling stats and
-    what the features' `after_grading` makes of them (the reachability probe, tests)."""
+    what the features' `after_grading` makes of them (the reachability probe, tests); `failed`,
+    when given, receives the groups left out (`user_code.GroupFailure`)."""
     features = features or Features([])
     graded: list[Group] = []
-    kept, causes, rounds, failed = sample_share(
+    kept, causes, rounds, left_out = sample_share(
         sampler, tokenizer, tasks, config, step, graded=graded, scorers=scorers, features=features
     )
-    stats = sampling_stats(causes, rounds, failed)
-    return kept, stats | features.after_grading(Step(step + 1, kept, kept, graded))
+    if failed is not None:
+        failed += left_out
+    stats = sampling_stats(causes, rounds, left_out)
+    return kept, stats | features.after_grading(Step(step + 1, kept, kept, graded, causes, left_out))

@@ -201,14 +201,9 @@ def train_rl(
                 failed = distributed.gather(failed)
             groups = distributed.gather(local)
             t1 = time.perf_counter()
-            # 2. the features' part of the graded step (curricula grow, AdaptThink's modes...)
-            now = Step(step + 1, groups, local, graded)
+            # 2. the features' part of the graded step (the user-code policy, curricula, AdaptThink's modes...)
+            now = Step(step + 1, groups, local, graded, causes, failed)
             row = {"step": step + 1} | sampling_stats(causes, rounds, failed) | features.after_grading(now)
-            if failed and main:
-                console.print(
-                    f"[yellow]rl[/]: step {step + 1}: {len(failed)} groups left out: an environment "
-                    f"failed or hung, or the chat template rewrote the history (not a reward): {failed[0]}"
-                )
             if groups:
                 row |= rollout_metrics(groups, config, t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))

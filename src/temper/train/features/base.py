@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from temper.rollout import Sampler
     from temper.tasks.base import Problem, Task
     from temper.train.rollouts import Group, RolloutBatch, Shaper
+    from temper.train.user_code import GroupFailure
 
 Loc = tuple[str | int, ...]
 Error = tuple[Loc, str]
@@ -101,6 +102,12 @@ class Step:
     """This process's share of `groups`: the rows of its batch."""
     graded: list[Group]
     """Every group this process graded this step, all sampling rounds, the dropped ones too."""
+    causes: list[str | None] = field(default_factory=list)
+    """The zero-variance cause of every first-round group of the step (None: its rewards differ),
+    every process's."""
+    failed: list[GroupFailure] = field(default_factory=list)
+    """The groups left out of the step because user code failed or hung (or the chat template
+    re-rendered the history), every process's."""
 
 
 @dataclass
