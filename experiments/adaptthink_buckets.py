@@ -31,7 +31,7 @@ from temper.recipe import parse_recipe
 from temper.rollout import HFSampler
 from temper.runner import stage_dir
 from temper.tasks.two_mode import mode_of
-from temper.train.adaptthink import ForcedFirstToken
+from temper.train.features.adaptthink import ForcedFirstToken
 
 MODES = {"own": None, "think": 0.0, "direct": 1.0}
 """Row label -> the forced direct share (None: the model's own first token)."""

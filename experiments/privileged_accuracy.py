@@ -1,7 +1,7 @@
 """How well does a model answer when it reads the privileged context OPSD's teacher reads?
 
 OPSD's teacher is a model reading the prompt with the task's worked solution added
-(`temper.train.privileged.teacher_messages`). It can only teach if that context makes it better: this
+(`temper.train.features.privileged.teacher_messages`). It can only teach if that context makes it better: this
 script evaluates each model on the same held-out problems twice, on the student's prompt and on the
 teacher's prompt, through the one evaluation path (`temper.evaluate.evaluate`: greedy accuracy and
 mean@k), and prints one markdown table.
@@ -26,7 +26,7 @@ from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer
 from temper.rollout import HFSampler
 from temper.tasks.base import Problem, Task
-from temper.train.privileged import teacher_messages
+from temper.train.features.privileged import teacher_messages
 
 
 class WithSolution:

@@ -14,13 +14,21 @@ from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
 from temper.catalog import make_recipe_task
 from temper.models import build_preset
 from temper.rollout.sampler import Sample, derive_seed
-from temper.stages.base import rl_rules
 from temper.tasks.base import Problem, Score
 from temper.tasks.two_mode import DIRECT, THINK, marker_ids, mode_of
-from temper.train.adaptthink import REFERENCE_FILE, ForcedFirstToken, direct_flags
+from temper.train.features import BatchExtras, Step
+from temper.train.features.adaptthink import (
+    REFERENCE_FILE,
+    AdaptThinkConfig,
+    AdaptThinkRun,
+    ForcedFirstToken,
+    direct_flags,
+)
+from temper.train.features.dynamic_sampling import DynamicSampling
 from temper.train.rl import train_rl
-from temper.train.rl_config import AdaptThinkConfig, RLConfig
+from temper.train.rl_config import RLConfig, rl_rules
 from temper.train.rl_update import loss_terms, policy_with_value, prepare
+from temper.train.rollouts import Group, Rollout, one_step
 from test_rl_update import _gradient, _off_policy, _rollouts
 
 # ---- the advantage ------------------------------------------------------------------------------
@@ -50,16 +58,18 @@ def test_estimator_broadcasts_the_advantage_over_each_samples_tokens():
     x = AdvantageInputs(
         rewards_G_N=torch.tensor([[1.0, 0.0], [1.0, 1.0]]),
         mask_R_T=mask,
-        direct_R=torch.tensor([True, False, False, True]),
-        ref_accuracy_G=torch.tensor([0.75, 1.0]),
-        adaptthink_delta=0.2,
+        extra={
+            "direct_R": torch.tensor([True, False, False, True]),
+            "ref_accuracy_G": torch.tensor([0.75, 1.0]),
+            "delta": 0.2,
+        },
     )
     adv, returns = ESTIMATORS["adaptthink"](x)
     per_sample = torch.tensor([0.45, -0.75, 0.0, 0.2])
     torch.testing.assert_close(adv, torch.where(mask, per_sample[:, None], 0.0))
     assert returns is None
-    with pytest.raises(ValueError, match="mode"):
-        ESTIMATORS["adaptthink"](replace(x, direct_R=None))
+    with pytest.raises(ValueError, match="needs direct_R"):
+        ESTIMATORS["adaptthink"](replace(x, extra={k: v for k, v in x.extra.items() if k != "direct_R"}))
 
 
 def test_first_token_logprobs_are_log_pi_is():
@@ -186,12 +196,14 @@ def _prepared(tokenizer, config, on_policy=False):
         batch = _off_policy(module, batch)
     else:
         batch = _off_policy(module, batch, noise=0.0)
-    batch = replace(
-        batch,
-        direct_R=torch.tensor([True, False, True, False, False, True, True, True, False]),
-        ref_accuracy_G=torch.tensor([0.5, 0.25, 1.0]),
+    extras = BatchExtras(
+        {
+            "direct_R": torch.tensor([True, False, True, False, False, True, True, True, False]),
+            "ref_accuracy_G": torch.tensor([0.5, 0.25, 1.0]),
+            "delta": config.adaptthink.delta,
+        }
     )
-    return module, prepare(batch, module, None, config)
+    return module, prepare(batch, module, None, config, extras=extras)
 
 
 @pytest.mark.parametrize("aggregation", ["token", "sample", "constant"])
@@ -228,12 +240,35 @@ def test_delta_moves_the_update_by_delta_times_the_direct_samples_gradient(token
 # ---- rules and a micro-run ----------------------------------------------------------------------
 
 
+def test_the_hook_gives_the_estimator_the_blocks_delta_and_each_samples_mode(tokenizer):
+    """The feature's inputs of a step's batch: delta from the block, the mode off each sample's
+    first token, each prompt's reference accuracy."""
+    direct_id, think_id = marker_ids(tokenizer)
+
+    def rollout(pid, first):
+        sample = Sample([1, 2], [first, 9], [-0.1, -0.2], "x", "eos")
+        score = Score(1.0, True, True, {})
+        return Rollout(Problem("t", "train", pid, "q"), one_step(sample, score), score, 1.0, {})
+
+    groups = [Group([rollout("a", direct_id), rollout("a", think_id)]), Group([rollout("b", think_id)] * 2)]
+    hooks = AdaptThinkRun(AdaptThinkConfig(delta=0.37), tokenizer, None, 1.0, {"a": 0.25, "b": 0.75})
+    extras = hooks.extras(Step(1, groups, groups, groups), batch=None)
+    assert extras.inputs["delta"] == 0.37 and extras.reference_prompts is None
+    assert extras.inputs["direct_R"].tolist() == [True, False, False, False]
+    assert extras.inputs["ref_accuracy_G"].tolist() == [0.25, 0.75]
+
+
 def test_rules_tie_the_block_to_the_advantage():
     assert rl_rules(_config()) == []
-    assert rl_rules(_config(adaptthink=None))[0][0] == ("adaptthink",)
-    assert rl_rules(_config(advantage="grpo"))[0][0] == ("adaptthink",)
-    assert rl_rules(_config(group_size=1))[0][0] == ("adaptthink", "direct_share")
-    assert rl_rules(_config(dynamic_sampling=True))[0][0] == ("dynamic_sampling",)
+    assert rl_rules(_config(adaptthink=None))[0][0] == ("train", "adaptthink")
+    assert rl_rules(_config(advantage="grpo"))[0][0] == ("train", "adaptthink")
+    assert rl_rules(_config(group_size=1))[0][0] == ("train", "adaptthink", "direct_share")
+    assert rl_rules(_config(dynamic_sampling=DynamicSampling()))[0][0] == ("train", "dynamic_sampling")
+    assert rl_rules(_config(rewards={"outcome": 1.0, "process": 0.5}))[0][0] == (
+        "train",
+        "rewards",
+        "process",
+    )
     assert rl_rules(_config(group_size=1, adaptthink=AdaptThinkConfig(direct_share=None))) == []
 
 

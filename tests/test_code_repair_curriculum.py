@@ -16,7 +16,8 @@ from temper.envs.code_repair.curriculum import CURRICULUM_REASONS, CurriculumCon
 from temper.envs.code_repair.generator import RepairTask, task_of
 from temper.models import build_preset
 from temper.report.rl import curriculum_table
-from temper.train.rl import RLConfig, grow_curricula, train_rl
+from temper.train.features.curriculum import grow_curricula
+from temper.train.rl import RLConfig, train_rl
 from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 from test_code_repair import TASK
 
@@ -292,22 +293,14 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
     from temper.stages.markers import stage_settings
 
     plain, grown = parse_recipe(STAGE_RECIPE).stages[1:]
-    assert "task_options" not in stage_settings(plain) and stage_settings(plain) == {
-        k: v
-        for k, v in plain.model_dump(
-            # the train block's late fields (RLConfig.HASHED_WHEN_SET) are left out at their defaults too
-            exclude={
-                "train": {
-                    "progress",
-                    "process_reward_model",
-                    "process_reward_model_mode",
-                    "adaptthink",
-                    "user_code",
-                }
-            }
-        ).items()
-        if k != "task_options"
-    }
+    # the train block's late blocks are left out at their defaults too, and the blocks that replaced
+    # flat keys hash as those keys did
+    want = plain.model_dump(
+        exclude={"train": {"progress", "process_reward_model", "adaptthink", "dynamic_sampling", "user_code"}}
+    )
+    want["train"] |= {"dynamic_sampling": False, "max_sampling_rounds": 4}
+    assert "task_options" not in stage_settings(plain)
+    assert stage_settings(plain) == {k: v for k, v in want.items() if k != "task_options"}
     assert stage_settings(grown)["task_options"] == {
         "code_repair": {"curriculum": {"every": 2, "variants_per_failure": 1, "max_share": 0.25}}
     }

@@ -200,7 +200,7 @@ def test_the_students_kl_to_the_teacher_falls(tmp_path, tokenizer):
 # --- on-policy self-distillation (OPSD): privileged context for the teacher only ---
 
 from temper.tasks.base import Problem  # noqa: E402
-from temper.train.privileged import (  # noqa: E402
+from temper.train.features.privileged import (  # noqa: E402
     PrivilegedLeak,
     check_no_leak,
     privileged_text,

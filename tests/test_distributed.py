@@ -181,6 +181,7 @@ def test_a_step_without_a_learning_signal_skips_the_update(tokenizer, tmp_path):
 
     from temper.models import build_preset
     from temper.tasks.base import Problem, Score
+    from temper.train.features.dynamic_sampling import DynamicSampling
     from temper.train.rl import RLConfig, train_rl
 
     class Constant:
@@ -195,7 +196,12 @@ def test_a_step_without_a_learning_signal_skips_the_update(tokenizer, tmp_path):
     model = build_preset("nano", tokenizer, seed=1)
     before = [p.detach().clone() for p in model.parameters()]
     config = RLConfig(
-        steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, dynamic_sampling=True, progress=False
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=2,
+        dynamic_sampling=DynamicSampling(),
+        progress=False,
     )
     result = train_rl(model, tokenizer, [Constant()], config, tmp_path)
     assert [r["step"] for r in result.history] == [1, 2]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from temper.algorithms.advantages import grpo, rloo
-from temper.algorithms.estimators import ESTIMATORS, NEEDS_VALUES, AdvantageInputs
+from temper.algorithms.estimators import ESTIMATORS, GROUP_ESTIMATORS, NEEDS_VALUES, AdvantageInputs
 from temper.algorithms.value import masked_whiten
 from temper.train.rl_config import Advantage, RLConfig
 
@@ -27,8 +27,11 @@ def _inputs(**kw) -> AdvantageInputs:
         mask_R_T=mask,
         values_R_T=torch.randn(6, 5, generator=g, dtype=F64) * mask,
         ref_kl_R_T=0.1 * torch.randn(6, 5, generator=g, dtype=F64) * mask,
-        direct_R=torch.tensor([True, False, True, False, False, True]),  # adaptthink's inputs
-        ref_accuracy_G=torch.tensor([0.5, 0.25], dtype=F64),
+        extra={  # adaptthink's inputs (its feature supplies them)
+            "direct_R": torch.tensor([True, False, True, False, False, True]),
+            "ref_accuracy_G": torch.tensor([0.5, 0.25], dtype=F64),
+            "delta": 0.0,
+        },
     )
     return AdvantageInputs(**(base | kw))
 
@@ -41,6 +44,21 @@ def test_registry_names_are_the_config_choices_and_share_one_signature():
         advantages, returns = estimate(_inputs())
         assert advantages.shape == (6, 5) and (advantages[~_inputs().mask_R_T] == 0).all(), name
         assert (returns is not None) == (name in NEEDS_VALUES), name
+
+
+def test_the_table_says_what_each_estimator_needs_and_calling_it_checks_that():
+    assert NEEDS_VALUES == {"gae"}
+    assert set(GROUP_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "turn_grpo", "turn_reinforce"}
+    assert [n for n, e in ESTIMATORS.items() if e.needs_reference] == ["on_policy_distill"]
+    assert {n: e.inputs for n, e in ESTIMATORS.items() if e.inputs} == {
+        "adaptthink": ("direct_R", "ref_accuracy_G", "delta")
+    }
+    with pytest.raises(ValueError, match="gae estimator needs values"):
+        ESTIMATORS["gae"](_inputs(values_R_T=None))
+    with pytest.raises(ValueError, match="on_policy_distill estimator needs the reference's logprobs"):
+        ESTIMATORS["on_policy_distill"](_inputs(ref_kl_R_T=None))
+    with pytest.raises(ValueError, match="adaptthink estimator needs ref_accuracy_G"):
+        ESTIMATORS["adaptthink"](_inputs(extra={"direct_R": torch.zeros(6, dtype=torch.bool), "delta": 0.1}))
 
 
 def test_outcome_estimators_broadcast_the_sample_advantage_over_its_tokens():

@@ -28,7 +28,9 @@ from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample
 from temper.rollout.trajectory import Segment, Trajectory
 from temper.tasks.base import Problem, Score
+from temper.train.features.path import path_shaper
 from temper.train.rl import RLConfig, train_rl
+from temper.train.rl_config import rl_rules, rl_task_rules
 from temper.train.rollouts import grade_episodes, to_batch
 
 RULE = PathRule(violation="test_edited", penalty=1.0, compliance="tests_run", reward=0.5)
@@ -72,7 +74,9 @@ def test_phi_and_the_separate_normalization_by_hand():
 
 def test_grade_episodes_adds_beta_times_the_group_z_score_to_the_weighted_outcome():
     problem = Problem("toy", "train", "p", "fix it")
-    group = grade_episodes(problem, [_episode(s, c) for s, c in GROUP], {"outcome": 1.0}, 48, 0, SPEC)
+    group = grade_episodes(
+        problem, [_episode(s, c) for s, c in GROUP], {"outcome": 1.0}, 48, 0, shapers=[path_shaper(SPEC)]
+    )
     # R = outcome + 0.5 z: the path term can outweigh the outcome (e0, wrong, equals e1, right)
     assert group.rewards == [0.75, 0.75, 0.75, -0.25]
     assert [r.parts for r in group.rollouts] == [
@@ -82,7 +86,9 @@ def test_grade_episodes_adds_beta_times_the_group_z_score_to_the_weighted_outcom
         {"outcome": 0.0, "path": -0.5, "path_norm": -0.5},
     ]
     # normalized apart from the outcome: a heavier outcome weight leaves the path term as it was
-    heavy = grade_episodes(problem, [_episode(s, c) for s, c in GROUP], {"outcome": 3.0}, 48, 0, SPEC)
+    heavy = grade_episodes(
+        problem, [_episode(s, c) for s, c in GROUP], {"outcome": 3.0}, 48, 0, shapers=[path_shaper(SPEC)]
+    )
     assert heavy.rewards == [0.75, 2.75, 2.75, -0.25]
     # the path term is part of the episode's final reward (credited like the outcome), never a step reward
     batch = to_batch([group])
@@ -96,16 +102,22 @@ def test_grade_episodes_adds_beta_times_the_group_z_score_to_the_weighted_outcom
 def test_an_all_fail_group_with_different_paths_has_a_signal_and_is_still_counted_all_fail():
     problem = Problem("toy", "train", "p", "fix it")
     wrong = [_episode(s, False) for s, _ in GROUP]
-    group = grade_episodes(problem, wrong, {"outcome": 1.0}, 48, 0, SPEC)
+    group = grade_episodes(problem, wrong, {"outcome": 1.0}, 48, 0, shapers=[path_shaper(SPEC)])
     assert group.cause is None and group.outcome_all_fail  # zero variance no more; all-fail still
     assert group.rewards == [0.75, -0.25, -0.25, -0.25]
-    same = grade_episodes(problem, [_episode(GROUP[1][0], False)] * 3, {"outcome": 1.0}, 48, 0, SPEC)
+    same = grade_episodes(
+        problem, [_episode(GROUP[1][0], False)] * 3, {"outcome": 1.0}, 48, 0, shapers=[path_shaper(SPEC)]
+    )
     assert same.cause == "all_wrong" and same.outcome_all_fail and same.rewards == [0.0] * 3
     outcome_only = grade_episodes(problem, wrong, {"outcome": 1.0}, 48, 0)
     assert outcome_only.cause == "all_wrong"
-    mixed = grade_episodes(problem, [_episode(s, c) for s, c in GROUP], {"outcome": 1.0}, 48, 0, SPEC)
+    mixed = grade_episodes(
+        problem, [_episode(s, c) for s, c in GROUP], {"outcome": 1.0}, 48, 0, shapers=[path_shaper(SPEC)]
+    )
     assert not mixed.outcome_all_fail
-    right = grade_episodes(problem, [_episode(s, True) for s, _ in GROUP], {"outcome": 1.0}, 48, 0, SPEC)
+    right = grade_episodes(
+        problem, [_episode(s, True) for s, _ in GROUP], {"outcome": 1.0}, 48, 0, shapers=[path_shaper(SPEC)]
+    )
     assert right.cause is None and not right.outcome_all_fail  # all solved is not all-fail
 
 
@@ -235,7 +247,7 @@ def test_toy_env_episodes_through_grade_episodes(tokenizer):
     envs = [task.make_env(problem) for _ in range(4)]
     [episodes] = run_episodes(Script(tokenizer), tokenizer, [envs], [3], EpisodeLimits(max_new_tokens=8))
     assert [e.actions for e in envs] == [list(a) for a in Script.SCRIPT]  # two steps each
-    group = grade_episodes(problem, episodes, {"outcome": 1.0}, 8, 0, TOY_SPEC)
+    group = grade_episodes(problem, episodes, {"outcome": 1.0}, 8, 0, shapers=[path_shaper(TOY_SPEC)])
     # by hand, 0.5 per untouched step, -1 per edit, 0.2 per 'e':
     #   rerun, ok: 0.5 + 0.2 + 0.5 = 1.2;  Edit, rerun: -1 + 0.5 + 0.2 = -0.3
     #   EDIT, Edit: -2;                    zz, Edit: 0.5 - 1 = -0.5
@@ -429,24 +441,21 @@ def test_a_task_without_path_signals_cannot_take_a_path_spec(toy_registered):
     )
 
 
-def test_train_rl_refuses_a_spec_that_breaks_a_principle(tokenizer, tmp_path):
-    model = build_preset("nano", tokenizer, seed=1)
+def test_the_rules_refuse_a_spec_that_breaks_a_principle():
+    """The RLVP principles are rules of the `train:` block (checked once, when the recipe is
+    validated; `train_rl` trusts them): each at its key below the stage."""
+
+    def said(config):
+        errors = rl_rules(config) + rl_task_rules(config, {"toy": RuleTask()})
+        return "; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors)
+
     bad = PathSpec(rules=[PathRule("reproduced", 1.0, "tests_untouched", 0.5)])
-    with pytest.raises(ValueError, match="train.path.rules.0.violation: RLVP principle 1"):
-        train_rl(model, tokenizer, [RuleTask()], _rl_config(path=bad), tmp_path)
-    with pytest.raises(ValueError, match="train.rewards: RLVP principle 2"):
-        train_rl(model, tokenizer, [RuleTask()], _rl_config(rewards={"format": 1.0}), tmp_path)
-    # principle 4 here too (a recipe refuses this already as no reward component)
-    with pytest.raises(
-        ValueError, match="train.rewards.test_edited: RLVP principle 4: normalize path signals"
-    ):
-        train_rl(
-            model,
-            tokenizer,
-            [RuleTask()],
-            _rl_config(rewards={"outcome": 1.0, "test_edited": -1.0}),
-            tmp_path,
-        )
+    assert "train.path.rules.0.violation: RLVP principle 1" in said(_rl_config(path=bad))
+    assert "train.rewards: RLVP principle 2" in said(_rl_config(rewards={"format": 1.0}))
+    assert "train.rewards.test_edited: RLVP principle 4: normalize path signals" in said(
+        _rl_config(rewards={"outcome": 1.0, "test_edited": -1.0})
+    )
+    assert said(_rl_config()) == ""
 
 
 def test_declared_signals_refuse_one_name_with_two_kinds_and_unknown_kinds():

@@ -15,7 +15,9 @@ from temper.rewards.process_reward_model import PRM, ProcessRewardModel, TokenRe
 from temper.rollout.sampler import Sample
 from temper.stages.markers import stage_settings
 from temper.tasks.base import Problem, Score
-from temper.train.rl import RLConfig, train_rl
+from temper.train.features.process_reward_model import ProcessRewardModelSpec
+from temper.train.rl import RLConfig
+from temper.train.rl_config import rl_rules
 from temper.train.rl_update import backward_minibatch, loss_terms, policy_with_value, prepare
 from temper.train.rollouts import grade_episodes, one_step, to_batch
 from test_bad_recipes import BASE, _dry_run  # noqa: E402  (tests/ is on sys.path)
@@ -175,11 +177,13 @@ def test_the_weight_moves_the_update(tokenizer):
     assert half.abs().max() > 1e-4 and (one - half).abs().max() > 1e-4
 
 
-def test_train_rl_refuses_dense_step_rewards_without_gae(tokenizer, tmp_path):
-    model = build_preset("nano", tokenizer, seed=0)
-    config = RLConfig(steps=1, advantage="grpo", rewards={PRM: 1.0}, progress=False)
-    with pytest.raises(ValueError, match="needs advantage gae"):
-        train_rl(model, tokenizer, [], config, tmp_path, scorers={PRM: lambda problems, episodes: []})
+def test_the_rules_refuse_dense_step_rewards_without_gae():
+    spec = ProcessRewardModelSpec("prm")
+    config = RLConfig(steps=1, advantage="grpo", rewards={PRM: 1.0}, process_reward_model=spec)
+    [(where, message)] = rl_rules(config)
+    assert where == ("train", PRM, "mode") and "need a per-token estimator (advantage: gae)" in message
+    assert rl_rules(replace(config, advantage="gae")) == []
+    assert rl_rules(replace(config, process_reward_model=ProcessRewardModelSpec("prm", "min"))) == []
 
 
 def test_a_multi_turn_episode_is_refused(tokenizer):
@@ -229,21 +233,26 @@ def _recipe(tmp_path, train: str, with_prm: bool = True):
     ("train", "key", "message"),
     [
         ("{steps: 4, rewards: {process_reward_model: 1.0}, advantage: gae}", "train.rewards.process_reward_model", "needs a process reward model"),
-        ("{steps: 4, rewards: {outcome: 1.0}, process_reward_model: prm}", "train.process_reward_model", "is never used"),
+        ("{steps: 4, rewards: {outcome: 1.0}, process_reward_model: {model: prm}}", "train.process_reward_model", "is never used"),
         (
-            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: prm}",
-            "train.process_reward_model_mode",
+            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: prm}}",
+            "train.process_reward_model.mode",
             "dense step rewards need a per-token estimator (advantage: gae)",
         ),
         (
-            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: sft, advantage: gae}",
-            "train.process_reward_model",
+            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: sft}, advantage: gae}",
+            "train.process_reward_model.model",
             "stage 'sft' is a sft stage, not a process_reward_model stage",
         ),
         (
-            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: nowhere, advantage: gae}",
-            "train.process_reward_model",
+            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: nowhere}, advantage: gae}",
+            "train.process_reward_model.model",
             "'nowhere' is neither an earlier process_reward_model stage ['prm'] nor a folder",
+        ),
+        (  # the flat keys the block replaced: said at their line, with the new form
+            "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: prm, process_reward_model_mode: min}",
+            "train.process_reward_model_mode",
+            "moved into the process_reward_model block: process_reward_model: {model: NAME, mode: dense | min | product}",
         ),
     ],
 )  # fmt: skip
@@ -256,8 +265,8 @@ def test_a_bad_process_reward_model_is_refused_at_its_key(tmp_path, capsys, trai
 @pytest.mark.parametrize(
     "train",
     [
-        "{steps: 4, rewards: {outcome: 1.0, process_reward_model: 0.5}, process_reward_model: prm, advantage: gae}",
-        "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: prm, process_reward_model_mode: min}",
+        "{steps: 4, rewards: {outcome: 1.0, process_reward_model: 0.5}, process_reward_model: {model: prm}, advantage: gae}",
+        "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: prm, mode: min}}",
     ],
 )
 def test_a_good_process_reward_model_passes_and_the_plan_names_it(tmp_path, capsys, train):
@@ -276,13 +285,22 @@ def test_the_stage_hash_covers_the_prm_and_leaves_earlier_rl_stages_as_they_were
     assert get("rl").uses(rl) == []
     text = _recipe(
         tmp_path,
-        "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: prm, process_reward_model_mode: min}",
+        "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: prm, mode: min}}",
     ).read_text()
     used = parse_recipe(text, base_dir=tmp_path).stages[3]
+    # the block hashes as the flat keys it replaced did (runs recorded before it stay complete)
     settings = stage_settings(used)["train"]
     assert settings["process_reward_model"] == "prm" and settings["process_reward_model_mode"] == "min"
+    dense = _recipe(
+        tmp_path,
+        "{steps: 4, rewards: {process_reward_model: 1.0}, process_reward_model: {model: prm}, advantage: gae}",
+    ).read_text()
+    settings = stage_settings(parse_recipe(dense, base_dir=tmp_path).stages[3])["train"]
+    assert (
+        settings["process_reward_model"] == "prm" and "process_reward_model_mode" not in settings
+    )  # its default
     # a typed use: the recipe checks prm is a process_reward_model stage, the hash covers its files
-    assert get("rl").uses(used) == [(("train", PRM), "prm", PRM)]
+    assert get("rl").uses(used) == [(("train", PRM, "model"), "prm", PRM)]
 
 
 def test_the_experiment_adds_seed_copies_of_both_arms_before_the_eval():

@@ -11,6 +11,8 @@ from temper.models import build_preset
 from temper.rewards.diagnostics import breakdown, zero_variance_cause
 from temper.rollout import HFSampler
 from temper.tasks.base import Problem, Score
+from temper.train.features import Features
+from temper.train.features.dynamic_sampling import Refill
 from temper.train.rl import RLConfig, collect_groups, train_rl
 
 
@@ -79,8 +81,10 @@ def test_kl_to_reference_and_metrics_are_logged(tokenizer, tmp_path):
 def test_dynamic_sampling_never_keeps_a_constant_reward_group(tokenizer):
     model = build_preset("nano", tokenizer, seed=1)
     sampler = HFSampler(model, tokenizer)
-    config = _config(dynamic_sampling=True, group_size=3, prompts_per_step=6, max_sampling_rounds=6)
-    groups, stats = collect_groups(sampler, tokenizer, [FirstByteTask()], config, step=0)
+    config = _config(group_size=3, prompts_per_step=6)
+    groups, stats = collect_groups(
+        sampler, tokenizer, [FirstByteTask()], config, step=0, features=Features([Refill(6)])
+    )
     assert stats["zero_variance"] > 0  # with 3 samples some groups are constant...
     assert groups and all(len(set(g.rewards)) > 1 for g in groups)  # ...and none of them is kept
     assert len(groups) <= 6 and stats["sampling_rounds"] >= 2

@@ -23,8 +23,10 @@ from temper.rewards.diagnostics import CAUSES
 from temper.rewards.monitors import MonitorConfig
 from temper.rollout.sampler import Sample, derive_seed
 from temper.tasks.base import Problem, Score
-from temper.train import rl
+from temper.train import rl, rl_metrics
 from temper.train.checkpoint import list_checkpoints
+from temper.train.features import Features
+from temper.train.features.dynamic_sampling import DynamicSampling, Refill
 from temper.train.rl import (
     RLConfig,
     collect_groups,
@@ -117,9 +119,11 @@ def test_dynamic_sampling_refills_a_share_round_by_round(tokenizer):
     seeds and keeps one group (keep rate 1/2); round 1 (stream 1 x 2 + 1 = 3) draws ceil(1 / 0.5) = 2
     and keeps none; round 2 (stream 5) draws ceil(1 / 0.25) = 4 and keeps two; two are returned.
     4-token completions with max_new_tokens 5 and an overlong buffer of 2 cost 0.5 x 0.5."""
-    task, config = _Task(), _config(dynamic_sampling=True, max_sampling_rounds=3)
+    task, config = _Task(), _config()
     sampler = _Sampler([[False, True], [False, False], [False, True, True, False]])
-    kept, causes, rounds, failed = sample_share(sampler, tokenizer, [task], config, step=2, rank=1, world=2)
+    kept, causes, rounds, failed = sample_share(
+        sampler, tokenizer, [task], config, step=2, rank=1, world=2, features=Features([Refill(3)])
+    )
 
     rounds_drawn = [
         (_problems(task, 4, 11, 2, 0)[2:4], [derive_seed(11, 2, 0, i) for i in (2, 3)]),
@@ -139,15 +143,17 @@ def test_dynamic_sampling_refills_a_share_round_by_round(tokenizer):
 def test_dynamic_sampling_stops_after_max_rounds(tokenizer):
     """Nothing kept in round 0 (keep rate 0): round 1 draws min(4 x 2, ceil(2 / 0.25)) = 8; then the
     round limit (2) ends the step with no group."""
-    task, config = _Task(), _config(prompts_per_step=2, dynamic_sampling=True, max_sampling_rounds=2)
+    task, config = _Task(), _config(prompts_per_step=2)
     sampler = _Sampler([[False, False], [False] * 8])
-    kept, causes, rounds, failed = sample_share(sampler, tokenizer, [task], config, step=0)
+    kept, causes, rounds, failed = sample_share(
+        sampler, tokenizer, [task], config, step=0, features=Features([Refill(2)])
+    )
     assert [len(c["prompts"]) for c in sampler.calls] == [2, 8]
     assert kept == [] and causes == ["all_wrong", "all_wrong"] and rounds == 2 and failed == []
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round(tokenizer):
-    task, config = _Task(), _config(prompts_per_step=2, max_sampling_rounds=4)
+    task, config = _Task(), _config(prompts_per_step=2)
     sampler = _Sampler([[False, True]])
     kept, stats = collect_groups(sampler, tokenizer, [task], config, step=1)
     assert len(sampler.calls) == 1 and len(kept) == 2
@@ -158,7 +164,7 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round(tokenizer):
     }
     sampler = _Sampler([[False, True], [True, False]])  # round 1 draws ceil(1 / 0.5) = 2
     kept, stats = collect_groups(
-        sampler, tokenizer, [task], _config(prompts_per_step=2, dynamic_sampling=True), 1
+        sampler, tokenizer, [task], _config(prompts_per_step=2), 1, features=Features([Refill(4)])
     )
     assert stats["kept_groups"] == 2 == len(kept) and stats["sampling_rounds"] == 2
 
@@ -220,10 +226,10 @@ class _Partner:
 def test_process_means_divide_by_world_except_kl_sums():
     values = {"loss": 0.1 + 1e-12, "kl_ref/tokens": 4.0, "kl_ref/sum": 3.0, "entropy": 2.0}
     one = _Partner(1)
-    assert rl._mean_over_processes(dict(values), one) == values and one.reduced == []
+    assert rl_metrics._mean_over_processes(dict(values), one) == values and one.reduced == []
     # sorted keys: entropy, kl_ref/sum, kl_ref/tokens, loss
     two = _Partner(2, other=[4.0, 1.0, 6.0, 0.3])
-    assert rl._mean_over_processes(dict(values), two) == {
+    assert rl_metrics._mean_over_processes(dict(values), two) == {
         "entropy": 3.0,
         "kl_ref/sum": 4.0,
         "kl_ref/tokens": 10.0,
@@ -312,8 +318,8 @@ def harness(monkeypatch):
 
 def _rl_config(**kw):
     base = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3, warmup_steps=1,
-                schedule="cosine", weight_decay=0.01, kl_coef=0.1, dynamic_sampling=True,
-                max_sampling_rounds=1, eval_every=3, save_every=3, log_rollouts=1, seed=5, progress=True,
+                schedule="cosine", weight_decay=0.01, kl_coef=0.1,
+                dynamic_sampling=DynamicSampling(max_rounds=1), eval_every=3, save_every=3, log_rollouts=1, seed=5, progress=True,
                 epochs=2, monitors=MonitorConfig(enabled=False))  # fmt: skip
     return RLConfig(**(base | kw))  # (the monitors' rows are test_monitors.py's)
 

@@ -18,8 +18,7 @@ from temper.algorithms.turns import (
     turn_returns,
     turn_sums,
 )
-from temper.stages.base import rl_rules
-from temper.train.rl_config import RLConfig
+from temper.train.rl_config import RLConfig, rl_rules
 
 F64 = torch.float64
 H = 1 / math.sqrt(2)  # GRPO's advantage in a group of two different returns (unbiased std)
@@ -262,7 +261,9 @@ def test_several_turns_of_process_rewards_without_turns_are_refused(name):
 def test_turn_estimators_need_groups_and_turn_gamma_is_a_discount():
     assert rl_rules(RLConfig(advantage="turn_grpo", group_size=1))
     assert not rl_rules(RLConfig(advantage="turn_reinforce", group_size=2, turn_gamma=0.5))
-    assert [loc for loc, _ in rl_rules(RLConfig(advantage="grpo", turn_gamma=0.5))] == [("turn_gamma",)]
+    assert [loc for loc, _ in rl_rules(RLConfig(advantage="grpo", turn_gamma=0.5))] == [
+        ("train", "turn_gamma")
+    ]
     adapter = pydantic.TypeAdapter(RLConfig)
     assert adapter.validate_python({"advantage": "turn_grpo", "turn_gamma": 0.9}).turn_gamma == 0.9
     with pytest.raises(pydantic.ValidationError, match="turn_gamma"):

@@ -1,16 +1,21 @@
 """Advantage estimators behind one signature, so the RL update looks them up by name.
 
-Every entry of `ESTIMATORS` takes an `AdvantageInputs` and returns (advantages_R_T, returns_R_T or
-None): per-token advantages over the completion tokens of R = G x N sequences (prompt-major, as
-`rewards_G_N.reshape(-1)`), 0 at masked positions, and the value targets for estimators that train
-a value head (GAE). The formulas live in the pure functions of `advantages.py`, `value.py` and
-`turns.py`; an entry here only adapts its inputs. Adding an estimator is one function and one line in the table.
+Every entry of `ESTIMATORS` is an `Estimator`: its name, its function from an `AdvantageInputs` to
+(advantages_R_T, returns_R_T or None) -- per-token advantages over the completion tokens of
+R = G x N sequences (prompt-major, as `rewards_G_N.reshape(-1)`), 0 at masked positions, and the
+value targets for estimators that train a value head (GAE) -- and what it needs: a value head, the
+reference's logprobs, a group of at least `min_group` samples, named `inputs` that an RL feature
+supplies (`AdvantageInputs.extra`). The config's `Advantage` choices, the value head and the group
+size rule all come from this table. The formulas live in the pure functions of `advantages.py`,
+`value.py`, `turns.py`, `distill.py` and `adaptthink.py`; an entry here only adapts its inputs.
+Adding an estimator is one function and one line in the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,8 +40,9 @@ class AdvantageInputs:
     """What any estimator may read. Per-token tensors are (R, T) over completion tokens."""
 
     rewards_G_N: torch.Tensor
-    """One scalar reward per sample: G prompts x N samples. In a multi-turn episode, the outcome
-    (plus format etc.): the process rewards are `step_rewards_R_K`."""
+    """One scalar reward per sample: G prompts x N samples, the reward at the episode's end (the
+    outcome, format etc.); the process rewards are `step_rewards_R_K` and the token rewards
+    `token_rewards_R_T`, which the estimators add where each is credited."""
     mask_R_T: torch.Tensor
     """True at the completion tokens (the actions)."""
     values_R_T: torch.Tensor | None = None
@@ -69,22 +75,49 @@ class AdvantageInputs:
     step scores on the tokens that end the steps. GAE adds them to its token rewards; the turn
     estimators to the process reward of the turn that holds the token; the outcome estimators to
     the sample's reward (the episode's undiscounted return). None: none."""
-    direct_R: torch.Tensor | None = None
-    """bool (R,): the sample answered in the direct (no-thinking) mode (adaptthink only)."""
-    ref_accuracy_G: torch.Tensor | None = None
-    """(G,): the reference model's mean accuracy on each prompt (adaptthink only)."""
-    adaptthink_delta: float = 0.0
-    """delta, the bonus of a direct answer (adaptthink only)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Named inputs of the estimators that declare them (`Estimator.inputs`), supplied by the RL
+    feature that goes with the estimator (e.g. AdaptThink's `direct_R`, `ref_accuracy_G`, `delta`)."""
 
 
-Estimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
+EstimateFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator: its function and what it needs. Calling it checks that the inputs
+    hold what it declares (the recipe's rules make sure a run gives it), then estimates."""
+
+    name: str
+    fn: EstimateFn
+    needs_values: bool = False
+    """It reads `values_R_T`: the trainer adds a value head (and its loss term) for it."""
+    needs_reference: bool = False
+    """It reads `ref_kl_R_T`: the run needs a reference (a teacher) and kl_coef > 0."""
+    min_group: int = 1
+    """Samples per prompt below which it learns nothing (its baseline is the rest of the group)."""
+    inputs: tuple[str, ...] = ()
+    """Names it reads from `AdvantageInputs.extra`, supplied by an RL feature."""
+
+    def __call__(self, x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.needs_values and x.values_R_T is None:
+            raise ValueError(f"the {self.name} estimator needs values (a value head)")
+        if self.needs_reference and x.ref_kl_R_T is None:
+            raise ValueError(
+                f"the {self.name} estimator needs the reference's logprobs (a teacher and kl_coef > 0)"
+            )
+        if missing := [k for k in self.inputs if x.extra.get(k) is None]:
+            raise ValueError(
+                f"the {self.name} estimator needs {', '.join(missing)} (its feature supplies them)"
+            )
+        return self.fn(x)
 
 
 def _kl_in_reward(x: AdvantageInputs) -> bool:
     return x.ref_kl_R_T is not None and x.kl_coef > 0
 
 
-def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> Estimator:
+def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> EstimateFn:
     """An outcome estimator (one advantage per sample) broadcast over the sample's tokens.
 
     With process rewards a sample's reward is the episode's undiscounted total return, outcome +
@@ -151,7 +184,7 @@ def _turn_layout(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.
     return torch.where(mask_R_T, turn_R_T, -1), step_R_K, turns_R
 
 
-def turn_estimator(per_turn_G_N_K: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Estimator:
+def turn_estimator(per_turn_G_N_K: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> EstimateFn:
     """A turn-level estimator: each row's return from every turn (`turns.turn_returns`: outcome and
     process rewards discounted by turn_gamma), compared within the prompt's group at the same turn
     index by `per_turn_G_N_K(returns_G_N_K, valid_G_N_K)`, and given to the tokens of that turn.
@@ -206,8 +239,6 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     the batch's valid tokens, as verl's compute_gae_advantage_return does by default (it keeps the
     policy step's scale independent of the reward scale, which the value head takes time to learn).
     """
-    if x.values_R_T is None:
-        raise ValueError("the gae estimator needs values (a value head)")
     beta = x.kl_coef if _kl_in_reward(x) else 0.0
     kl_R_T = x.ref_kl_R_T if x.ref_kl_R_T is not None else torch.zeros_like(x.values_R_T)
     token_rewards_R_T = kl_penalized_rewards(x.rewards_G_N.reshape(-1), kl_R_T, x.mask_R_T, beta)
@@ -228,39 +259,40 @@ def on_policy_distill_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]
     """On-policy distillation (see `distill.reverse_kl_advantages`): the reference is the teacher,
     `ref_kl_R_T` its k1 per sampled token and `kl_coef` the scale; the rewards are not used (they are
     still logged, so the verifier shows whether distillation reaches the teacher's accuracy)."""
-    if x.ref_kl_R_T is None:
-        raise ValueError("on_policy_distill needs the teacher's logprobs (a teacher and kl_coef > 0)")
     return reverse_kl_advantages(x.ref_kl_R_T, x.mask_R_T, x.kl_coef, x.total), None
 
 
 def adaptthink_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     """AdaptThink (see `adaptthink.adaptthink_advantages`): delta * 1(direct) + r - Rbar_ref(x) per
-    sample, broadcast over its tokens; the rewards are the whole reward (outcome, format...)."""
-    if x.direct_R is None or x.ref_accuracy_G is None:
-        raise ValueError(
-            "the adaptthink estimator needs each sample's mode and the reference accuracy per prompt"
-        )
-    if _kl_in_reward(x) or x.step_rewards_R_K is not None and bool(x.step_rewards_R_K.any()):
-        raise ValueError("adaptthink takes neither a KL in the reward nor process rewards")
-    direct_G_N = x.direct_R.reshape(x.rewards_G_N.shape)
+    sample, broadcast over its tokens; the rewards are the whole reward (outcome, format...). Its
+    inputs (`direct_R`: bool (R,), the sample answered in the direct mode; `ref_accuracy_G`: (G,),
+    the reference model's mean accuracy on each prompt; `delta`) come from the adaptthink feature
+    (`temper.train.features.adaptthink`), whose rules keep a KL and process rewards out of it."""
+    direct_G_N = x.extra["direct_R"].reshape(x.rewards_G_N.shape)
     per_sample_R_1 = adaptthink_advantages(
-        x.rewards_G_N, direct_G_N, x.ref_accuracy_G, x.adaptthink_delta
+        x.rewards_G_N, direct_G_N, x.extra["ref_accuracy_G"], x.extra["delta"]
     ).reshape(-1, 1)
     return torch.where(x.mask_R_T.bool(), per_sample_R_1, 0.0), None
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "grpo": grpo_estimator,
-    "dr_grpo": outcome_estimator(dr_grpo),
-    "rloo": outcome_estimator(rloo),
-    "reinforce_pp": reinforce_pp_estimator,
-    "gae": gae_estimator,
-    "turn_grpo": turn_grpo_estimator,
-    "turn_reinforce": turn_reinforce_estimator,
-    "on_policy_distill": on_policy_distill_estimator,
-    "adaptthink": adaptthink_estimator,
+    e.name: e
+    for e in (
+        Estimator("grpo", grpo_estimator, min_group=2),
+        Estimator("dr_grpo", outcome_estimator(dr_grpo), min_group=2),
+        Estimator("rloo", outcome_estimator(rloo), min_group=2),
+        Estimator("reinforce_pp", reinforce_pp_estimator, min_group=2),
+        Estimator("gae", gae_estimator, needs_values=True),
+        Estimator("turn_grpo", turn_grpo_estimator, min_group=2),
+        Estimator("turn_reinforce", turn_reinforce_estimator, min_group=2),
+        Estimator("on_policy_distill", on_policy_distill_estimator, needs_reference=True),
+        Estimator("adaptthink", adaptthink_estimator, inputs=("direct_R", "ref_accuracy_G", "delta")),
+    )
 }
 """Name -> estimator; the names are `rl_config.Advantage`."""
 
-NEEDS_VALUES = frozenset({"gae"})
+NEEDS_VALUES = frozenset(name for name, e in ESTIMATORS.items() if e.needs_values)
 """Estimators that read `values_R_T`: the trainer adds a value head (and its loss term) for them."""
+GROUP_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.min_group > 1)
+"""Estimators whose baseline is the other samples of the prompt's group: with one sample the
+advantage is 0 and nothing is learned (`temper.algorithms.advantages`)."""

@@ -97,3 +97,18 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def tokenizer_mismatch(student, teacher) -> str:
+    """'' when the two tokenizers give every token the same id (same vocabulary, same special
+    tokens), else the first difference found, in words."""
+    a, b = student.get_vocab(), teacher.get_vocab()
+    if len(a) != len(b):
+        return f"vocabularies of {len(a)} and {len(b)} tokens"
+    if a != b:
+        token = next(t for t in sorted(a) if a[t] != b.get(t))
+        return f"token {token!r} is id {a[token]} for the student and {b.get(token)} for the teacher"
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(student, name) != getattr(teacher, name):
+            return f"{name} {getattr(student, name)} vs {getattr(teacher, name)}"
+    return ""

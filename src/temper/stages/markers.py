@@ -18,8 +18,11 @@ STARTED, COMPLETE = "stage.started.json", "stage.json"
 def stage_settings(stage: Any) -> dict[str, Any]:
     """A stage spec's settings as its hash covers them: `train.progress` (how the bar is drawn)
     changes no output, so it is left out; so are the fields a spec lists in `HASHED_WHEN_SET`
-    while they are empty (fields added after runs were recorded: those runs stay complete)."""
+    while they are empty (fields added after runs were recorded: those runs stay complete). An rl
+    `train:` block's feature blocks hash as `RLConfig.hashed_blocks` says (a block that replaced
+    flat keys as those keys did), so a run recorded before the block stays complete too."""
     exclude: dict[str, Any] = {"train": {"progress"}} if hasattr(stage, "train") else {}
+    replaced: dict[str, Any] = {}
     if exclude:  # the train block's own late fields, left out while at their defaults
         train = stage.train
         exclude["train"] |= {
@@ -27,10 +30,15 @@ def stage_settings(stage: Any) -> dict[str, Any]:
             for name in getattr(type(train), "HASHED_WHEN_SET", ())
             if getattr(train, name) == _default(train, name)
         }
+        if hasattr(train, "hashed_blocks"):
+            dropped, replaced = train.hashed_blocks()
+            exclude["train"] |= dropped
     exclude |= {
         name: True for name in getattr(type(stage), "HASHED_WHEN_SET", ()) if not getattr(stage, name)
     }
     settings = stage.model_dump(exclude=exclude or None)
+    if replaced:
+        settings["train"] |= replaced
     train = getattr(stage, "train", None)
     if _unset_warmup_known(train):
         # an unset warm-up is hashed as the steps it resolves to: runs recorded when the default

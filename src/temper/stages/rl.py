@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -14,23 +13,14 @@ from rich.console import Console
 
 from temper import distributed, guard
 from temper.atomic import atomic_write_json
-from temper.catalog import TASKS
 from temper.data import contamination
 from temper.evaluate import evaluate
 from temper.models import load_model, load_tokenizer, save_trained, with_lora
 from temper.models.chat import stop_warning, unstopped_specials
+from temper.models.tokenizer import tokenizer_mismatch
 from temper.precision import RECORD as PRECISION_RECORD
 from temper.precision import resolve_precision
-from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.diagnostics import NO_SIGNAL_SHARE, NO_SIGNAL_WARNING, advice, breakdown
-from temper.rewards.judge import JUDGE, judge_scorer, spec_errors
-from temper.rewards.path import PRINCIPLES, path_errors, signal_errors
-from temper.rewards.process_reward_model import (
-    PRM,
-    PROCESS_REWARD_MODEL_DIR,
-    ProcessRewardModel,
-    prm_scorer,
-)
 from temper.rollout import HFSampler, Sampler
 from temper.rollout.hf_sampler import stop_ids
 from temper.rollout.sampler import sampler_stop_ids
@@ -41,16 +31,19 @@ from temper.stages.base import (
     Strict,
     Use,
     raise_located,
-    rl_rules,
 )
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model, whole_model
-from temper.stages.ranking import reward_model_dir, reward_model_use
 from temper.tasks.base import Task, TaskOptionError
-from temper.train import user_code
+from temper.train import features, user_code
+from temper.train.features import ScorerSetup, StageView
+from temper.train.features.base import SetupError
+from temper.train.features.privileged import SELF
 from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
-from temper.train.rollouts import model_scorer
+from temper.train.rl_config import rl_rules, rl_task_rules
+
+__all__ = ["SELF", "RLStage", "run_rl", "tokenizer_mismatch"]
 
 console = Console(stderr=True)
 
@@ -96,42 +89,18 @@ class RLStage(Strict):
 
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("task_options",)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """A `train:` key that an RL feature's block replaced: said at its line, with the new form."""
+        raise_located(features.moved(data.get("train") if isinstance(data, dict) else None))
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> RLStage:
-        errors = [(("train", *loc), msg) for loc, msg in rl_rules(self.train)]
-        errors += [(("train", *loc), msg) for loc, msg in path_errors(self.train.path, self.train.rewards)]
-        errors += [
-            (("train", "rewards", name), _unknown_component(name))
-            for name in self.train.rewards
-            if name not in COMPONENTS and name not in BATCH_COMPONENTS
-        ]
-        errors += reward_model_rules(self.train)
-        errors += process_reward_model_rules(self.train)
-        errors += judge_errors(self.train.judge, self.train.rewards)
+        errors = rl_rules(self.train, StageView(teacher=self.teacher))
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
-        if self.train.advantage == "on_policy_distill" and not self.teacher:
-            errors.append((("teacher",), "advantage 'on_policy_distill' needs a teacher model to learn from"))
-        if self.teacher == SELF and self.train.teacher_context == "none":
-            errors.append(
-                (
-                    ("teacher",),
-                    "teacher 'self' is the policy itself, so without privileged context "
-                    "(train.teacher_context: solution) it would teach nothing",
-                )
-            )
-        if self.train.teacher_context != "none" and not self.teacher:
-            errors.append(
-                (("train", "teacher_context"), "privileged context is for a teacher: set teacher (e.g. self)")
-            )
-        if self.teacher and self.train.kl_coef <= 0:
-            errors.append(
-                (
-                    ("teacher",),
-                    "a teacher is the KL reference, so it needs train.kl_coef > 0 (with advantage "
-                    "'on_policy_distill': the scale of its per-token advantage)",
-                )
-            )
         errors += [
             (
                 ("task_options", name),
@@ -144,120 +113,14 @@ class RLStage(Strict):
         return self
 
 
-def judge_errors(spec, rewards: dict[str, float]) -> list[tuple[tuple[str | int, ...], str]]:
-    """A `judge` reward needs a `train.judge` block, and a judge block a `judge` weight."""
-    if spec is None:
-        if JUDGE in rewards:
-            return [
-                (
-                    ("train", "rewards", JUDGE),
-                    "the judge component needs a judge: add train.judge, e.g. {model: policy} "
-                    "or {url: http://host:8000/v1, model: NAME, api_key_env: VAR}",
-                )
-            ]
-        return []
-    out = [(("train", "judge", *loc), msg) for loc, msg in spec_errors(spec)]
-    if JUDGE not in rewards:
-        out.append(
-            (("train", "judge"), "is set but `rewards` does not weigh it: add `judge: <weight>` to rewards")
-        )
-    return out
-
-
-def _unknown_component(name: str) -> str:
-    """The error for a `rewards` key that is no component; a path signal some task declares (or
-    `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
-    if name == "path" or name in signals:
-        return (
-            f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "
-            "reward component; path rewards go in `train.path` (rules, milestones), where they are "
-            "normalized within the group apart from the outcome"
-        )
-    return f"unknown reward component {name!r}; valid: {', '.join([*COMPONENTS, *BATCH_COMPONENTS])}"
-
-
-def reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], str]]:
-    """A `reward_model` component needs `train.reward_model`, and a reward model is named only to
-    be used: each error at the key that is wrong (or missing)."""
-    if "reward_model" in config.rewards and config.reward_model is None:
-        return [
-            (
-                ("train", "rewards", "reward_model"),
-                "the reward_model component needs a reward model: set train.reward_model to an earlier "
-                "reward_model stage's name or to a folder saved by one",
-            )
-        ]
-    if config.reward_model is not None and "reward_model" not in config.rewards:
-        return [
-            (
-                ("train", "reward_model"),
-                f"{config.reward_model!r} is never used: no reward_model component in train.rewards "
-                "(e.g. rewards: {reward_model: 1.0, outcome: 0.0})",
-            )
-        ]
-    return []
-
-
-def process_reward_model_rules(config: RLConfig) -> list[tuple[tuple[str | int, ...], str]]:
-    """A `process_reward_model` component needs `train.process_reward_model` (and the reverse), and
-    its dense mode a per-token estimator: an outcome estimator would credit the sum of the step
-    scores to the whole completion, which pays for writing more steps, not better ones."""
-    used = PRM in config.rewards
-    if used and config.process_reward_model is None:
-        return [
-            (
-                ("train", "rewards", PRM),
-                "the process_reward_model component needs a process reward model: set "
-                "train.process_reward_model to an earlier process_reward_model stage's name or a folder saved by one",
-            )
-        ]
-    if config.process_reward_model is not None and not used:
-        return [
-            (
-                ("train", "process_reward_model"),
-                f"{config.process_reward_model!r} is never used: no process_reward_model component in "
-                "train.rewards (e.g. rewards: {outcome: 1.0, process_reward_model: 0.5})",
-            )
-        ]
-    if used and config.process_reward_model_mode == "dense" and config.advantage != "gae":
-        return [
-            (
-                ("train", "process_reward_model_mode"),
-                f"dense step rewards need a per-token estimator (advantage: gae); advantage "
-                f"{config.advantage!r} gives one advantage per sample, which would see only the sum of "
-                "the step scores (more steps, more reward). Use min or product: the step scores "
-                "aggregated into one outcome score (Lightman et al. 2023)",
-            )
-        ]
-    return []
-
-
-def process_reward_model_dir(name: str, ctx: StageContext) -> Path:
-    """The folder `train.process_reward_model` means: an earlier stage's `<out>/process_reward_model`,
-    else a path relative to the recipe's folder."""
-    return ctx.export_dir(name, PROCESS_REWARD_MODEL_DIR)
-
-
 def task_rules(stage: RLStage, tasks: dict[str, Task]) -> list[tuple[tuple[str | int, ...], str]]:
-    """Rules that need the stage's tasks (the recipe builds them before checking): the path
-    signals a `train.path` names are declared by the tasks with the right kind (RLVP principles
-    1, 3 and 4, `temper.rewards.path.signal_errors`)."""
-    errors: list[tuple[tuple[str | int, ...], str]] = []
+    """Rules that need the stage's tasks (the recipe builds them before checking), e.g. the path
+    signals a `train.path` names are declared by the tasks with the right kind (`rl_task_rules`)."""
     try:
         mine = stage_tasks(stage, {name: tasks[name] for name in stage.tasks if name in tasks})
     except TaskOptionError as err:
         return [(("task_options", *err.option), str(err))]
-    if PRM in stage.train.rewards and (envs := [n for n, t in mine.items() if getattr(t, "make_env", None)]):
-        errors.append(
-            (
-                ("train", "rewards", PRM),
-                f"a process reward model scores the steps of single-turn completions; {envs} are environment tasks",
-            )
-        )
-    return errors + [
-        (("train", *loc), msg) for loc, msg in signal_errors(stage.train.path, stage.train.rewards, mine)
-    ]
+    return rl_task_rules(stage.train, mine)
 
 
 def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
@@ -288,9 +151,6 @@ def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
         except (ValueError, TypeError) as err:
             raise TaskOptionError((name, *getattr(err, "option", ())), str(err)) from err
     return out
-
-
-SELF = "self"  # `teacher: self`: on-policy self-distillation
 
 
 class GateError(StageError):
@@ -409,7 +269,7 @@ def reachability_probe(
         **{
             **config.__dict__,
             "prompts_per_step": groups,
-            "dynamic_sampling": False,
+            "dynamic_sampling": None,
             "seed": config.seed + 7919,
         }
     )
@@ -498,26 +358,16 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
     else:
         chosen = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
         sampler = HFSampler(model, tokenizer, precision=chosen)
-    scorers = {}
-    if config.reward_model is not None:
-        from temper.rewards.reward_model import RewardModel  # only runs with a learned reward
-
-        learned = RewardModel.load(
-            reward_model_dir(config.reward_model, ctx), device=next(model.parameters()).device
-        )
-        scorers["reward_model"] = model_scorer("reward_model", learned)
-    if config.process_reward_model is not None:
-        prm = ProcessRewardModel.load(
-            process_reward_model_dir(config.process_reward_model, ctx), device=next(model.parameters()).device
-        )
-        if problem := tokenizer_mismatch(tokenizer, prm.tokenizer):
-            raise StageError(
-                f"train.process_reward_model {config.process_reward_model!r} does not share the policy's "
-                f"tokenizer ({problem}); it scores the policy's token ids"
-            )
-        scorers[PRM] = prm_scorer(prm, config.process_reward_model_mode)
-    if config.judge:
-        scorers[JUDGE] = judge_scorer(load_judge(config.judge, ctx, sampler, tokenizer, config.seed))
+    setup = ScorerSetup(
+        tokenizer,
+        next(model.parameters()).device,
+        folder=ctx.export_dir,
+        judge=lambda spec: load_judge(spec, ctx, sampler, tokenizer, config.seed),
+    )
+    try:
+        scorers = features.scorers(config, setup)  # a learned reward model, a PRM, a judge
+    except SetupError as err:
+        raise StageError(str(err)) from None
     # The gate and the probe run on the main process (the others wait and get its verdict, or
     # its GateError): they describe the starting policy, which every process shares.
     summary: dict[str, Any] = {}
@@ -592,12 +442,7 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
         "precision": {"train": result.precision}
         | ({"sample": sampler.precision.as_dict()} if isinstance(sampler, HFSampler) else {}),
         "final": result.history[-1] if result.history else {},
-        "monitors": asdict(config.monitors),  # the thresholds the report's monitor table quotes
-    }
-    if config.reward_model is not None:
-        summary["reward_model"] = str(reward_model_dir(config.reward_model, ctx))
-    if config.process_reward_model is not None:
-        summary["process_reward_model"] = str(process_reward_model_dir(config.process_reward_model, ctx))
+    } | features.summary(config, ctx.export_dir)
     if distributed.is_main():
         atomic_write_json(out / "rl.json", summary)
     return model_dir
@@ -618,51 +463,26 @@ def load_teacher(ctx: StageContext, ref: str, tokenizer, student: Path | str) ->
     return load_model(source).eval().requires_grad_(False)
 
 
-def tokenizer_mismatch(student, teacher) -> str:
-    """'' when the two tokenizers give every token the same id (same vocabulary, same special
-    tokens), else the first difference found, in words."""
-    a, b = student.get_vocab(), teacher.get_vocab()
-    if len(a) != len(b):
-        return f"vocabularies of {len(a)} and {len(b)} tokens"
-    if a != b:
-        token = next(t for t in sorted(a) if a[t] != b.get(t))
-        return f"token {token!r} is id {a[token]} for the student and {b.get(token)} for the teacher"
-    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        if getattr(student, name) != getattr(teacher, name):
-            return f"{name} {getattr(student, name)} vs {getattr(teacher, name)}"
-    return ""
-
-
 def _uses(stage: RLStage) -> list[Use]:
-    """What the stage reads besides its source (`StageKind.uses`): a teacher, a judge named by
-    stage or folder (not `policy`, not an endpoint's model name) and a reward model (an earlier
-    reward_model stage or a folder), so retraining any of them reruns this stage."""
-    out: list[Use] = reward_model_use(stage.train.reward_model, ("train", "reward_model"))
+    """What the stage reads besides its source (`StageKind.uses`): a teacher, and what the RL
+    features' blocks name (a reward model, a process reward model, a judge's model), so
+    retraining any of them reruns this stage."""
+    out: list[Use] = features.uses(stage.train)
     if stage.teacher not in (None, SELF):
-        out.append((("teacher",), stage.teacher))
-    judge = stage.train.judge
-    if judge is not None and judge.url is None and judge.model != "policy":
-        out.append((("train", "judge", "model"), judge.model))
-    if stage.train.process_reward_model is not None:
-        out.append((("train", PRM), stage.train.process_reward_model, PRM))
+        out.insert(0, (("teacher",), stage.teacher))
     return out
 
 
 def describe(stage: RLStage, recipe: Any) -> str:
     t = stage.train
     gate = f", gate parse rate >= {stage.gate.min_parse_rate}" if stage.gate else ""
-    rm = f", reward model {t.reward_model!r}" if t.reward_model else ""
-    if t.process_reward_model:
-        rm += f", process reward model {t.process_reward_model!r} ({t.process_reward_model_mode})"
-    rm += f", KL {t.kl_coef:g} in the {t.kl_mode}" if t.kl_coef else ""
-    path = (
-        f", path reward beta {t.path.beta:g} ({len(t.path.rules)} rules, {len(t.path.milestones)} milestones)"
-        if t.path
-        else ""
-    )
+    kl = f", KL {t.kl_coef:g} in the {t.kl_mode}" if t.kl_coef else ""
     teacher = f", teacher {stage.teacher}" if stage.teacher else ""
     own = f", this stage's task options {stage.task_options}" if stage.task_options else ""
-    return f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x {t.group_size} samples{gate}{rm}{path}{teacher}{own}"
+    return (
+        f"rl ({t.advantage}) on {stage.tasks}, {t.steps} steps x {t.prompts_per_step} prompts x "
+        f"{t.group_size} samples{gate}{kl}{features.describe(t)}{teacher}{own}"
+    )
 
 
 KIND = StageKind(

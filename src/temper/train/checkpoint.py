@@ -52,6 +52,11 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
+def step_of(checkpoint: Path) -> int:
+    """The step a checkpoint folder of `list_checkpoints` was saved at (read off its name)."""
+    return int(_STEP_DIR.match(checkpoint.name).group(1))
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read back (damaged on disk, or edited): named, with what to do."""
 

@@ -1,71 +1,52 @@
-"""Settings of one RL stage: what a recipe's `rl` stage `train:` block holds."""
+"""Settings of one RL stage: what a recipe's `rl` stage `train:` block holds, and its rules.
+
+The core settings are grouped as sampling, advantage, loss, optimisation and the run (seed,
+evals, checkpoints, logging); every other key is the block of an RL feature
+(`temper.train.features`), added by `with_feature_blocks` and checked by that feature's rules.
+`rl_rules` is the one check of a block (the recipe runs it when it is validated; `train_rl`
+runs it again for callers that bypass the recipe).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
+from temper.algorithms.estimators import ESTIMATORS
 from temper.algorithms.policy import Aggregation
+from temper.catalog import TASKS
 from temper.precision import Precision
-from temper.rewards.judge import JudgeSpec
-from temper.rewards.monitors import MonitorConfig
-from temper.rewards.path import PathSpec
+from temper.rewards import BATCH_COMPONENTS, COMPONENTS
+from temper.rewards.path import PRINCIPLES
+from temper.train.features import StageView, with_feature_blocks
+from temper.train.features import hashed as feature_hashed
+from temper.train.features import rules as feature_rules
+from temper.train.features import task_rules as feature_task_rules
+from temper.train.features.base import Error, at
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
-from temper.train.user_code import UserCodeConfig
 
-Advantage = Literal[
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_pp",
-    "gae",
-    "turn_grpo",
-    "turn_reinforce",
-    "on_policy_distill",
-    "adaptthink",
-]
+Advantage = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 """The names of `temper.algorithms.estimators.ESTIMATORS`."""
 KLMode = Literal["loss", "reward"]
 
 
 @dataclass
-class AdaptThinkConfig:
-    """AdaptThink (Zhang et al. 2025, `temper.algorithms.adaptthink`): with `advantage: adaptthink`,
-    the two modes of a `two_mode` task (`temper.tasks.two_mode`: a completion that starts with the
-    thinking marker works before it answers, one that starts with `Answer:` answers directly)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    delta: Annotated[float, Field(ge=0)] = 0.05
-    """The bonus of a direct answer: A = delta * 1(direct) + r - Rbar_ref(x). Larger: more direct
-    answers at more accuracy lost (the paper: 0.05 for its 1.5B and 7B models)."""
-    direct_share: Annotated[float, Field(gt=0, lt=1)] | None = 0.5
-    """Importance sampling at the first token: this share of each group starts with the direct
-    marker and the rest with the thinking marker, the ratio taken against that share (the paper:
-    0.5). null: sample the mode on-policy (a mode the policy stops choosing is never explored again)."""
-    reference_samples: Annotated[int, Field(ge=1)] = 8
-    """Thinking-mode samples of the starting model per training prompt, drawn before the first
-    update, whose mean accuracy is Rbar_ref(x) (the paper: 16)."""
-
-
-@dataclass
+@with_feature_blocks
 class RLConfig:
-    """Settings of one RL stage. The `Annotated` ranges are checked when a recipe or a CLI flag sets
-    a field (plain construction does not check them); cross-field rules are in
-    `temper.stages.base.rl_rules`."""
+    """Settings of one RL stage: the core fields below, grouped, then one block per RL feature
+    (`temper.train.features`, e.g. `adaptthink`, `path`, `monitors`). The `Annotated` ranges are
+    checked when a recipe or a CLI flag sets a field (plain construction does not check them);
+    cross-field rules are `rl_rules`."""
 
-    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = (
-        "process_reward_model",
-        "process_reward_model_mode",
-        "adaptthink",
-        "user_code",
-    )
-    """Fields added after runs were recorded: left out of the stage hash while at their defaults
-    (`stages.markers.stage_settings`), so those runs stay complete."""
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
+    """Core fields added after runs were recorded: left out of the stage hash while at their
+    defaults (`stages.markers.stage_settings`), so those runs stay complete. A feature's block
+    says so itself (`RLFeature.hashed_when_set`)."""
 
+    # ---- sampling: what a step draws and how it is graded
     steps: Annotated[int, Field(ge=1)] = 50
     """RL steps (one rollout batch and its updates each)."""
     prompts_per_step: Annotated[int, Field(ge=1)] = 16
@@ -81,6 +62,14 @@ class RLConfig:
     """Seconds one environment step may take; a longer step ends its episode (stop reason timeout)."""
     temperature: Annotated[float, Field(ge=0)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
+    """Reward components and their weights (outcome, format, overlong, process; reward_model: the
+    score of `reward_model`; judge: the verdict of `judge`; process_reward_model: the step scores
+    of `process_reward_model`). A component of weight 0 is computed and logged, never trained on."""
+    overlong_buffer: Annotated[int, Field(ge=0)] = 0
+    """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
+
+    # ---- advantage
     advantage: Advantage = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp (outcome, group-relative; with process rewards, on the
     episode's total return) | gae (PPO with a value head) | turn_grpo | turn_reinforce (per turn:
@@ -88,24 +77,18 @@ class RLConfig:
     on_policy_distill (per token, the teacher's logprob minus the student's: the rl stage's `teacher`
     is the reference, `kl_coef` the scale, `kl_mode: reward`) | adaptthink (delta * 1(direct) + r -
     the starting model's accuracy on the prompt, with the `adaptthink` block)."""
-    adaptthink: AdaptThinkConfig | None = None
-    """AdaptThink's settings (delta, importance sampling share, reference samples); needs
-    `advantage: adaptthink` and a `two_mode` task."""
     grpo_eps: Annotated[float, Field(ge=0)] = 1e-6
     """epsilon added to the group std by grpo (verl's default; TRL uses 1e-4)."""
     whiten_advantages: bool = True
     """gae: whiten advantages over the batch's completion tokens (verl's default)."""
-    epochs: Annotated[int, Field(ge=1)] = 1
-    """Optimizer passes over each rollout batch."""
-    minibatches: Annotated[int, Field(ge=1)] = 1
-    """Optimizer steps per epoch."""
-    micro_batch_size: Annotated[int, Field(ge=0)] = 0
-    """Sequences per forward pass (packed into rows without padding); 0 = the whole minibatch."""
-    lr: Annotated[float, Field(gt=0)] = 1e-4
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
-    schedule: Schedule = "constant"
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    grad_clip: Annotated[float, Field(ge=0)] = 1.0
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    turn_gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Discount across the turns of an episode for turn_grpo / turn_reinforce: the return from turn
+    k is sum_{j>=k} turn_gamma^(j-k) step_reward_j + turn_gamma^(last-k) outcome. 1 credits every
+    turn with all that follows it; < 1 credits a turn mostly with its own process reward."""
+
+    # ---- loss
     clip_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """PPO clip range below 1 (epsilon_low)."""
     clip_high: Annotated[float, Field(ge=0)] = 0.2
@@ -117,73 +100,152 @@ class RLConfig:
     """token (DAPO) | sample (GRPO) | constant (Dr. GRPO: sum / (rows x max_new_tokens))."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     """beta of the KL to the frozen reference; 0 = no reference model."""
-    teacher_context: Literal["none", "solution"] = "none"
-    """solution: the reference (the rl stage's teacher, `self` for on-policy self-distillation) reads
-    each prompt with the task's worked solution added (`train/privileged.py`); the student never does."""
     kl_mode: KLMode = "loss"
     """loss (k3 estimator as a loss term, GRPO) | reward (k1 subtracted from the reward, RLHF)."""
     entropy_coef: Annotated[float, Field(ge=0)] = 0.0
     """Weight of the entropy bonus (subtracted from the loss, reduced like the policy loss)."""
-    dropout: bool = False
-    """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
-    with dropout the first update is already off-policy (ratio != 1 before any step)."""
-    rewards: dict[str, float] = field(default_factory=lambda: {"outcome": 1.0})
-    """Reward components and their weights (outcome, format, overlong, process; reward_model: the
-    score of `reward_model`; judge: the verdict of `judge`; process_reward_model: the step scores
-    of `process_reward_model`). A component of weight 0 is computed and logged, never trained on."""
-    reward_model: str | None = None
-    """The learned reward model the `reward_model` component scores with: the name of an earlier
-    `reward_model` stage (its `<out>/reward_model` folder) or a folder saved by one (relative to the
-    recipe), an `AutoModelForSequenceClassification` with one label. The run then also logs
-    `reward/gold`, the verifier's reward of every sample, as the gold the proxy is judged by."""
-    process_reward_model: str | None = None
-    """The process reward model the `process_reward_model` component scores with: the name of an
-    earlier `process_reward_model` stage (its `<out>/process_reward_model` folder) or a folder saved
-    by one (relative to the recipe). Each sampled completion is cut into steps (`tasks.steps`)
-    and every step scored, batched and without gradients; see `process_reward_model_mode`. The run
-    then also logs `reward/gold`, the verifier's reward of every sample."""
-    process_reward_model_mode: Literal["dense", "min", "product"] = "dense"
-    """dense: each step's score is a reward on the token that ends the step (`advantage: gae`
-    only, which credits it per token); min / product: the step scores aggregated into one outcome
-    score per completion (Lightman et al. 2023), for any estimator."""
-    judge: JudgeSpec | None = None
-    """The generative judge of the `judge` reward component (`temper.rewards.judge`): {model:
-    policy | stage | folder} or {url, model, api_key_env}, with rubric, scale, fallback."""
-    path: PathSpec | None = None
-    """Verified path rewards (RLVP, `temper.rewards.path`): {beta, rules: [{violation, penalty,
-    compliance, reward}], milestones: {signal: weight}}; Phi is z-scored within each group apart
-    from the outcome and added as beta x z. null: outcome (and the other components) only."""
-    overlong_buffer: Annotated[int, Field(ge=0)] = 0
-    """DAPO soft overlong window in tokens before max_new_tokens (0: only truncation is penalized)."""
-    dynamic_sampling: bool = False
-    max_sampling_rounds: Annotated[int, Field(ge=1)] = 4
     vf_coef: Annotated[float, Field(ge=0)] = 0.5
     """Weight of the value loss (gae); the value loss is always a token mean."""
     value_clip: Annotated[float, Field(ge=0)] = 0.2
-    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
-    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
-    turn_gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
-    """Discount across the turns of an episode for turn_grpo / turn_reinforce: the return from turn
-    k is sum_{j>=k} turn_gamma^(j-k) step_reward_j + turn_gamma^(last-k) outcome. 1 credits every
-    turn with all that follows it; < 1 credits a turn mostly with its own process reward."""
+
+    # ---- optimisation
+    epochs: Annotated[int, Field(ge=1)] = 1
+    """Optimizer passes over each rollout batch."""
+    minibatches: Annotated[int, Field(ge=1)] = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: Annotated[int, Field(ge=0)] = 0
+    """Sequences per forward pass (packed into rows without padding); 0 = the whole minibatch."""
+    lr: Annotated[float, Field(gt=0)] = 1e-4
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    schedule: Schedule = "constant"
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0
+    dropout: bool = False
+    """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
+    with dropout the first update is already off-policy (ratio != 1 before any step)."""
+
+    # ---- the run: seed, evals, checkpoints, logging
+    seed: int = 0
     eval_every: Annotated[int, Field(ge=0)] = 0
     """Steps between greedy evals on the test split (0: none)."""
     eval_problems: Annotated[int, Field(ge=1)] = 64
     save_every: Annotated[int, Field(ge=0)] = 0
     log_rollouts: Annotated[int, Field(ge=0)] = 2
     """Groups per step written to rollouts.jsonl."""
-    seed: int = 0
     progress: bool = True
     precision: Precision = "fp32"
     """fp32 | bf16 (autocast over fp32 weights) | auto (bf16 only where it measures faster here);
     training and the hf sampler each decide on their own."""
     trackers: list[Tracker] = field(default_factory=list)
     """Experiment trackers that also get the metrics, e.g. [tensorboard]; metrics.jsonl always."""
-    monitors: MonitorConfig = field(default_factory=MonitorConfig)
-    """Reward-hacking monitors (`temper.rewards.monitors`): length correlation, train vs gold
-    divergence, component trends, violation rate; logged as monitor/<name> and monitor/<name>/flag."""
-    user_code: UserCodeConfig = field(default_factory=UserCodeConfig)
-    """What the run does when user code (reward functions, env factories and envs, MCP servers,
-    judge endpoints) fails or hangs, and when it learns nothing (`temper.train.user_code`):
-    {timeout, first_step: stop | count, max_failed_share, zero_variance_steps, on_zero_variance:
-    stop | warn}."""
+
+    def hashed_blocks(self) -> tuple[set[str], dict[str, Any]]:
+        """(the feature blocks the stage hash leaves out as they dump, the `train:` keys it covers
+        instead): a block that replaced flat keys hashes as those keys did, and a block added after
+        runs were recorded is left out at its default (`stages.markers.stage_settings`)."""
+        return feature_hashed(self)
+
+
+def core_rules(config: RLConfig, stage: StageView | None = None) -> list[Error]:
+    """Cross-field rules of the core settings (the ranges are on the fields), located below the
+    `train:` block; the stage's `teacher` rules with them."""
+    stage = stage or StageView()
+    estimator = ESTIMATORS[config.advantage]
+    out: list[Error] = []
+    if config.group_size < estimator.min_group:
+        out.append(
+            (
+                ("group_size",),
+                f"must be at least {estimator.min_group} with advantage {config.advantage!r}: its baseline is the "
+                "other samples of the group, so a group of 1 has advantage 0 and learns nothing",
+            )
+        )
+    if config.warmup_steps >= config.steps:
+        out.append(
+            (
+                ("warmup_steps",),
+                f"{config.warmup_steps} must be below steps ({config.steps}): the lr would never reach its peak",
+            )
+        )
+    out += [
+        (("rewards", name), _unknown_component(name))
+        for name in config.rewards
+        if name not in COMPONENTS and name not in BATCH_COMPONENTS
+    ]
+    rows = config.prompts_per_step * config.group_size
+    if config.minibatches > rows:
+        out.append(
+            (
+                ("minibatches",),
+                f"must be at most prompts_per_step x group_size ({rows}): each minibatch needs a sample",
+            )
+        )
+    if config.overlong_buffer >= config.max_new_tokens:
+        out.append((("overlong_buffer",), f"must be below max_new_tokens ({config.max_new_tokens})"))
+    if config.turn_gamma != 1.0 and not config.advantage.startswith("turn_"):
+        out.append(
+            (
+                ("turn_gamma",),
+                f"only the turn estimators (turn_grpo, turn_reinforce) discount across turns; with advantage "
+                f"{config.advantage!r} it would have no effect",
+            )
+        )
+    if estimator.needs_reference and config.kl_coef <= 0:
+        out.append(
+            (
+                ("kl_coef",),
+                f"must be > 0 with advantage {config.advantage!r}: it scales the teacher's per-token "
+                "advantage (1.0 is the plain reverse KL)",
+            )
+        )
+    if estimator.needs_reference and config.kl_mode != "reward":
+        out.append(
+            (
+                ("kl_mode",),
+                f"must be 'reward' with advantage {config.advantage!r}: the teacher's KL is the advantage; "
+                "as a loss term it would be counted twice",
+            )
+        )
+    return at(("train",), out) + _teacher_rules(config, stage)
+
+
+def _unknown_component(name: str) -> str:
+    """The error for a `rewards` key that is no component; a path signal some task declares (or
+    `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
+    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
+    if name == "path" or name in signals:
+        return (
+            f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "
+            "reward component; path rewards go in `train.path` (rules, milestones), where they are "
+            "normalized within the group apart from the outcome"
+        )
+    return f"unknown reward component {name!r}; valid: {', '.join([*COMPONENTS, *BATCH_COMPONENTS])}"
+
+
+def _teacher_rules(config: RLConfig, stage: StageView) -> list[Error]:
+    out: list[Error] = []
+    if ESTIMATORS[config.advantage].needs_reference and not stage.teacher:
+        out.append((("teacher",), f"advantage {config.advantage!r} needs a teacher model to learn from"))
+    if stage.teacher and config.kl_coef <= 0:
+        out.append(
+            (
+                ("teacher",),
+                "a teacher is the KL reference, so it needs train.kl_coef > 0 (with advantage "
+                "'on_policy_distill': the scale of its per-token advantage)",
+            )
+        )
+    return out
+
+
+def rl_rules(config: RLConfig, stage: StageView | None = None) -> list[Error]:
+    """Every rule of an rl stage's `train:` block, core and features, located below the stage
+    (e.g. ("train", "adaptthink", "direct_share")): the recipe checks them once, when it is
+    validated, and formats each at its line."""
+    stage = stage or StageView()
+    return core_rules(config, stage) + feature_rules(config, stage)
+
+
+def rl_task_rules(config: RLConfig, tasks: dict) -> list[Error]:
+    """The rules of a `train:` block that need the stage's built tasks (name -> Task), located
+    below the stage (e.g. the path signals the tasks declare)."""
+    return feature_task_rules(config, tasks)

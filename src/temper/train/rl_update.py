@@ -35,6 +35,7 @@ from temper.algorithms.policy import (
     policy_loss,
 )
 from temper.algorithms.value import value_loss
+from temper.train.features import BatchExtras
 from temper.train.rl_config import RLConfig
 from temper.train.rollouts import Packed, RolloutBatch, pack
 
@@ -205,9 +206,11 @@ def prepare(
     reference: torch.nn.Module | None,
     config: RLConfig,
     accelerator: Accelerator | None = None,
+    extras: BatchExtras | None = None,
 ) -> Prepared:
     """Tensors on the module's device, reference logprobs and old values (micro-batched, no grad),
-    advantages from the configured estimator.
+    advantages from the configured estimator. `extras`: what the run's features add (the
+    estimator's named inputs; the prompts the reference reads instead of the rows' own).
 
     Under data parallelism each process prepares its own rows, whole groups: the group estimators
     need nothing else, and the batch-wide statistics (GAE whitening, reinforce_pp's normalization)
@@ -215,6 +218,7 @@ def prepare(
     """
     device = next(module.parameters()).device
     batch = batch.to(device)
+    extras = extras or BatchExtras()
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
     needs_values = config.advantage in NEEDS_VALUES
     ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
@@ -223,8 +227,8 @@ def prepare(
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
             ref_rows = p.rows(rows)
-            if batch.teacher_prompts is not None:  # OPSD: the same completions after the teacher's prompt
-                ref_rows.prompts = [batch.teacher_prompts[i] for i in rows.tolist()]
+            if extras.reference_prompts is not None:  # OPSD: the same completions after the teacher's prompt
+                ref_rows.prompts = [extras.reference_prompts[i] for i in rows.tolist()]
             ref_parts.append(forward_rows(ref_module, ref_rows)[0].logp)
         if needs_values:
             value_parts.append(forward_rows(module, p.rows(rows))[0].values)
@@ -249,9 +253,7 @@ def prepare(
         whiten=config.whiten_advantages,
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),
-        direct_R=batch.direct_R,
-        ref_accuracy_G=batch.ref_accuracy_G,
-        adaptthink_delta=config.adaptthink.delta if config.adaptthink is not None else 0.0,
+        extra={k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.inputs.items()},
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p

@@ -1,12 +1,13 @@
 """From samples to training tensors: grade groups, apply reward components, batch, pack for the model.
 
 Kept apart from the RL loop so the loop reads top to bottom: sample -> grade -> tensors ->
-advantages -> update.
+advantages -> update. A graded episode keeps its rewards apart by where they are credited (at
+the end, per action, per token) and derives its total; the batch takes each part as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,7 +16,6 @@ import torch
 from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
-from temper.rewards.path import PathSpec, episode_totals, normalize_in_group, phi
 from temper.rewards.process_reward_model import TokenRewards
 from temper.rollout.sampler import Sample
 from temper.rollout.trajectory import Segment, Trajectory
@@ -24,20 +24,29 @@ from temper.tasks.base import Problem, Score, Task, grade_batch
 
 @dataclass
 class Rollout:
-    """One graded episode of a group (a single-turn sample is a one-step episode)."""
+    """One graded episode of a group (a single-turn sample is a one-step episode). Its reward is
+    kept in three parts, by where the estimators credit it, and `reward` is their sum."""
 
     problem: Problem
     trajectory: Trajectory
     score: Score
-    reward: float
+    final_reward: float
+    """The reward at the episode's end: the weighted components (outcome, format, overlong, a
+    batch component's score) and the terms the features add to a group (the path term), without
+    the per-step and per-token parts below."""
     parts: dict[str, float]  # unweighted reward components (and path: raw Phi, path_norm: its z-score)
     step_rewards: list[float] = field(default_factory=list)
     """The environment's per-step rewards x the `process` weight, one per action (0 for an action
-    the environment never answered): the part of `reward` the turn-level estimators credit per turn."""
+    the environment never answered): what the turn-level estimators credit per turn."""
     token_rewards: dict[int, float] = field(default_factory=dict)
     """Weighted rewards on completion tokens (index into the completion ids -> reward), e.g. a
-    process reward model's step scores on the tokens that end the steps (dense mode): the part of
-    `reward` a per-token estimator (GAE) credits token by token."""
+    process reward model's step scores on the tokens that end the steps (dense mode): what a
+    per-token estimator (GAE) credits token by token."""
+
+    @property
+    def reward(self) -> float:
+        """The episode's total (undiscounted) reward: final + per-step + per-token."""
+        return self.final_reward + sum(self.step_rewards) + sum(self.token_rewards.values())
 
     @property
     def tokens(self) -> int:
@@ -139,32 +148,35 @@ def model_scorer(name: str, scorer: BatchScorer):
     return score
 
 
+Shaper = Callable[[list[Rollout]], list[tuple[dict[str, float], float]]]
+"""A group's graded episodes -> per episode (parts to log, a term added to its final reward): what
+an RL feature adds to a group's rewards (the path term, `temper.train.features.path`)."""
+
+
 def grade_episodes(
     problem: Problem,
     trajectories: list[Trajectory],
     weights: dict[str, float],
     max_new_tokens: int,
     overlong_buffer: int,
-    path: PathSpec | None = None,
     given: list[dict[str, float]] | None = None,
+    shapers: Sequence[Shaper] = (),
 ) -> Group:
     """A group of episodes of one problem -> rewards (the weighted components) and the zero-variance
     cause. An episode that ended without an outcome (a limit, a timeout, an environment error) is
     graded 0, not correct, not parsed, with the stop reason as the reason.
 
-    With `path` (RLVP, `temper.rewards.path`) each reward also gets beta x z_i, z the episode's
-    path score Phi z-scored within this group alone (never mixed with the outcome before
-    normalizing); parts["path"] is the raw Phi and parts["path_norm"] z, so the outcome and the path
-    are visible apart. The path term is part of the episode's final reward, as the outcome is: the
-    turn-level estimators credit it at the last turn (`to_batch` keeps it out of the per-turn
-    process rewards). The zero-variance cause is of the final rewards: an all-wrong group whose
-    path scores differ has a signal (`Group.outcome_all_fail` still counts it).
-
-    `given`: per episode, the values of batch reward components scored for the whole step
+    Each reward is kept in its parts (`Rollout`): the `process` component goes per action
+    (`step_rewards`), a dense batch component per token (`token_rewards`), the rest is the final
+    reward. `given`: per episode, the values of batch reward components scored for the whole step
     beforehand (a judge's, `temper.rewards.judge.judge_scorer`), used by `combine` as they are. A
-    value that is a `TokenRewards` (a process reward model's, dense) counts as its total in the
-    reward and the parts, and its rewards x the component's weight go on their tokens
-    (`Rollout.token_rewards`)."""
+    value that is a `TokenRewards` (a process reward model's, dense) is logged as its total, and
+    its rewards x the component's weight go on their tokens.
+
+    `shapers` then add their terms to each episode's final reward, in order, e.g. RLVP's path
+    term (beta x the path score z-scored within this group alone, `temper.train.features.path`).
+    The zero-variance cause is of the total rewards: an all-wrong group whose path scores differ
+    has a signal (`Group.outcome_all_fail` still counts it)."""
     rollouts = []
     for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
@@ -173,7 +185,8 @@ def grade_episodes(
         )
         values = given[i] if given else {}
         dense = {k: v for k, v in values.items() if isinstance(v, TokenRewards)}
-        total, parts = combine(x, weights, {k: v.total if k in dense else v for k, v in values.items()})
+        _, parts = combine(x, weights, {k: v.total if k in dense else v for k, v in values.items()})
+        final = sum(w * parts[name] for name, w in weights.items() if name != "process" and name not in dense)
         steps = (t.step_rewards + [0.0] * t.turns)[: t.turns]
         on_tokens: dict[int, float] = {}
         for name, rewards in dense.items():
@@ -181,14 +194,13 @@ def grade_episodes(
                 on_tokens[position] = on_tokens.get(position, 0.0) + weights.get(name, 0.0) * value
         rollouts.append(
             Rollout(
-                problem, t, score, total, parts, [weights.get("process", 0.0) * r for r in steps], on_tokens
+                problem, t, score, final, parts, [weights.get("process", 0.0) * r for r in steps], on_tokens
             )
         )
-    if path is not None:
-        phis = [phi(episode_totals(r.trajectory.signals), path) for r in rollouts]
-        for r, raw, z in zip(rollouts, phis, normalize_in_group(phis, path.eps), strict=True):
-            r.parts |= {"path": raw, "path_norm": z}
-            r.reward += path.beta * z
+    for shape in shapers:
+        for r, (parts, term) in zip(rollouts, shape(rollouts), strict=True):
+            r.parts |= parts
+            r.final_reward += term
     rewards = [r.reward for r in rollouts]
     cause = zero_variance_cause(
         [r.score for r in rollouts], rewards, [r.trajectory.truncated for r in rollouts]
@@ -209,22 +221,16 @@ class RolloutBatch:
     mask_R_T: torch.Tensor  # (R, T) bool: completion token t of row r is a policy token (trained on)
     # (R, T) the sampler's logprobs (the importance-ratio denominator), 0 past the end
     old_logprobs_R_T: torch.Tensor
-    rewards_G_N: torch.Tensor  # (G, N)
+    rewards_G_N: torch.Tensor  # (G, N) the final rewards (`Rollout.final_reward`)
     # (R, T) the action (turn) index of each completion token, -1 at environment tokens and padding
     turn_R_T: torch.Tensor | None = None
-    # (R, K) the weighted process reward after action k (0 past the row's actions); rewards_G_N is
-    # then the rest of each reward (outcome, format...), and the estimators add the two
+    # (R, K) the weighted process reward after action k (0 past the row's actions): the estimators
+    # add it to the final reward
     step_rewards_R_K: torch.Tensor | None = None
     turns_R: torch.Tensor | None = None  # (R,) actions per row
-    # the prompts the reference (teacher) reads instead of `prompts` (OPSD: with privileged context)
-    teacher_prompts: list[list[int]] | None = None
-    # (R, T) weighted rewards on completion tokens (`Rollout.token_rewards`; rewards_G_N is then the
-    # rest of each reward, and the estimators add the two); None when no rollout has any
+    # (R, T) weighted rewards on completion tokens (`Rollout.token_rewards`; the estimators add them
+    # to the final reward); None when no rollout has any
     token_rewards_R_T: torch.Tensor | None = None
-    # AdaptThink (`advantage: adaptthink`): (R,) bool, the sample answered in the direct mode, and
-    # (G,) the reference model's mean accuracy on each prompt
-    direct_R: torch.Tensor | None = None
-    ref_accuracy_G: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -239,10 +245,7 @@ class RolloutBatch:
             move(self.turn_R_T),
             move(self.step_rewards_R_K),
             move(self.turns_R),
-            self.teacher_prompts,
             move(self.token_rewards_R_T),
-            move(self.direct_R),
-            move(self.ref_accuracy_G),
         )
 
 
@@ -262,15 +265,9 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         old[i, :n] = torch.tensor(t.completion_logprobs, dtype=torch.float32)
         mask[i, :n] = torch.tensor(t.trainable_mask, dtype=torch.bool)
         turns[i, :n] = torch.tensor(t.token_turns, dtype=torch.long)
-    # the outcome part of each reward; the process part goes per turn, the token part per token,
-    # and the estimators add them back
-    rewards = torch.tensor(
-        [
-            [r.reward - sum(r.step_rewards) - sum(r.token_rewards.values()) for r in g.rollouts]
-            for g in groups
-        ],
-        dtype=torch.float32,
-    )
+    # each part of the reward where it is credited: the final reward per row, the process
+    # rewards per turn, the token rewards per token
+    rewards = torch.tensor([[r.final_reward for r in g.rollouts] for g in groups], dtype=torch.float32)
     on_tokens = [r.token_rewards for g in groups for r in g.rollouts]
     token_rewards = None
     if any(on_tokens):
@@ -294,7 +291,7 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         turns,
         step_rewards,
         turns_R,
-        token_rewards_R_T=token_rewards,
+        token_rewards,
     )
 
 

@@ -1,6 +1,7 @@
-"""AdaptThink in the RL loop (`advantage: adaptthink`, Zhang et al. 2025; the advantage is
-`temper.algorithms.adaptthink`): the rollout that forces the first token (importance sampling),
-each sample's mode, and the reference accuracy of every training prompt.
+"""AdaptThink, the RL feature (`advantage: adaptthink` with the `adaptthink` block, Zhang et al.
+2025; the advantage is `temper.algorithms.adaptthink`, the two-mode task `temper.tasks.two_mode`):
+its settings and rules, the rollout that forces the first token (importance sampling), each
+sample's mode, the reference accuracy of every training prompt, and its metrics.
 
 - `ForcedFirstToken` wraps any `Sampler`: of the n samples of a prompt, round(n s) continue the
   prompt + the direct marker's first token and the rest the prompt + the thinking marker's; the
@@ -11,6 +12,9 @@ each sample's mode, and the reference accuracy of every training prompt.
   samples of each prompt the run will train on (problems are a pure function of (seed, step), so
   they are known before the first update), as the paper pre-samples its reference responses
   (THU-KEG/AdaptThink `presampling_ref_responses.py`).
+- The hooks (`AdaptThinkRun`): the reference accuracy before training, the forced sampler, per
+  step the mode metrics and the estimator's inputs (each sample's mode, each prompt's reference
+  accuracy, delta).
 """
 
 from __future__ import annotations
@@ -19,16 +23,42 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
+from pydantic import ConfigDict, Field
 
+from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.envs.base import make_env
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample, Sampler, derive_seed, prompt_seeds
 from temper.tasks.base import Problem, Task
 from temper.tasks.two_mode import marker_ids
+from temper.train.features.base import BatchExtras, Error, Hooks, RLFeature, RunStart, StageView, Step, at
+
+
+@dataclass
+class AdaptThinkConfig:
+    """AdaptThink (Zhang et al. 2025, `temper.algorithms.adaptthink`): with `advantage: adaptthink`,
+    the two modes of a `two_mode` task (`temper.tasks.two_mode`: a completion that starts with the
+    thinking marker works before it answers, one that starts with `Answer:` answers directly)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    delta: Annotated[float, Field(ge=0)] = 0.05
+    """The bonus of a direct answer: A = delta * 1(direct) + r - Rbar_ref(x). Larger: more direct
+    answers at more accuracy lost (the paper: 0.05 for its 1.5B and 7B models)."""
+    direct_share: Annotated[float, Field(gt=0, lt=1)] | None = 0.5
+    """Importance sampling at the first token: this share of each group starts with the direct
+    marker and the rest with the thinking marker, the ratio taken against that share (the paper:
+    0.5). null: sample the mode on-policy (a mode the policy stops choosing is never explored again)."""
+    reference_samples: Annotated[int, Field(ge=1)] = 8
+    """Thinking-mode samples of the starting model per training prompt, drawn before the first
+    update, whose mean accuracy is Rbar_ref(x) (the paper: 16)."""
+
 
 REFERENCE_FILE = "adaptthink_reference.json"
 """Under the stage's out folder: problem id -> the reference accuracy (read back on resume)."""
@@ -188,3 +218,120 @@ def first_token(trajectory) -> int | None:
     """The completion's first token (None: empty)."""
     ids = trajectory.completion_ids
     return ids[0] if ids else None
+
+
+def rules(config: Any, stage: StageView) -> list[Error]:
+    """`advantage: adaptthink` and the `adaptthink` block go together; its forced first token
+    needs both modes in every group, and its advantage a prompt set known before training, no KL
+    in the reward and no process rewards."""
+    at_ = config.adaptthink
+    if config.advantage != "adaptthink":
+        return at(("train",), [(("adaptthink",), "is read only with advantage 'adaptthink'")] if at_ else [])
+    if at_ is None:
+        return [
+            (
+                ("train", "adaptthink"),
+                "advantage 'adaptthink' needs this block, e.g. {delta: 0.05, direct_share: 0.5}",
+            )
+        ]
+    out: list[Error] = []
+    if (
+        at_.direct_share is not None
+        and not 1 <= round(config.group_size * at_.direct_share) < config.group_size
+    ):
+        out.append(
+            (
+                ("adaptthink", "direct_share"),
+                f"{at_.direct_share} of a group of {config.group_size} forces "
+                f"{round(config.group_size * at_.direct_share)} samples to answer directly: each group needs both modes",
+            )
+        )
+    if config.dynamic_sampling is not None:
+        out.append(
+            (
+                ("dynamic_sampling",),
+                "not with adaptthink: refills draw prompts without a reference accuracy (and a group "
+                "whose rewards are all equal still learns which mode to prefer)",
+            )
+        )
+    if config.kl_coef and config.kl_mode == "reward":
+        out.append((("kl_mode",), "adaptthink takes no KL in the reward; use kl_mode: loss"))
+    if config.rewards.get("process"):
+        out.append(
+            (("rewards", "process"), "adaptthink takes no process rewards: its advantage is per sample")
+        )
+    return at(("train",), out)
+
+
+class AdaptThinkRun(Hooks):
+    """AdaptThink in one run, given the reference accuracy of every prompt it trains on: the
+    rollout that forces the first token; each step's mode metrics and the estimator's inputs."""
+
+    def __init__(
+        self, block: AdaptThinkConfig, tokenizer, model, temperature: float, ref_accuracy: dict[str, float]
+    ):
+        self.block, self.tokenizer, self.model = block, tokenizer, model
+        self.temperature, self.ref_accuracy = temperature, ref_accuracy
+
+    def sampler(self, sampler: Sampler) -> Sampler:
+        if self.block.direct_share is None:
+            return sampler
+        return ForcedFirstToken(sampler, self.tokenizer, self.block.direct_share)
+
+    def after_grading(self, step: Step) -> dict[str, Any]:
+        if not step.groups:
+            return {}
+        row = step_metrics(step.groups, self.tokenizer, self.ref_accuracy)
+        row["adaptthink/p_direct"] = direct_probability(
+            self.model,
+            [g.rollouts[0].trajectory.prompt_ids for g in step.local],
+            self.tokenizer,
+            self.temperature,
+        )
+        return row
+
+    def extras(self, step: Step, batch: Any) -> BatchExtras:
+        rollouts = [r for g in step.local for r in g.rollouts]
+        return BatchExtras(
+            {
+                "direct_R": direct_flags([first_token(r.trajectory) for r in rollouts], self.tokenizer),
+                "ref_accuracy_G": torch.tensor(
+                    [self.ref_accuracy[g.rollouts[0].problem.id] for g in step.local]
+                ),
+                "delta": self.block.delta,
+            }
+        )
+
+
+def start(config: Any, run: RunStart) -> AdaptThinkRun | None:
+    """With `advantage: adaptthink`: the reference accuracy of every prompt the run will train on,
+    from the starting weights (a resumed run reads the file back), then the hooks."""
+    if config.advantage != "adaptthink":
+        return None
+    assert config.adaptthink is not None, "advantage adaptthink without its block (rl_rules refuses it)"
+    every = [p for step in range(config.steps) for p in run.problems(step)]
+    ref_accuracy = distributed.on_main(
+        reference_accuracy,
+        run.sampler,
+        run.tokenizer,
+        every,
+        config.adaptthink.reference_samples,
+        run.limits,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+        out_dir=run.out_dir if run.main else None,
+    )
+    return AdaptThinkRun(config.adaptthink, run.tokenizer, run.model, config.temperature, ref_accuracy)
+
+
+FEATURE = RLFeature(
+    name="adaptthink",
+    block=AdaptThinkConfig | None,
+    doc="AdaptThink's settings (delta, importance sampling share, reference samples); needs "
+    "`advantage: adaptthink` and a `two_mode` task.",
+    order=10,
+    rules=rules,
+    start=start,
+    hashed_when_set=True,
+)
