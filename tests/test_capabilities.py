@@ -14,7 +14,8 @@ import pytest
 from temper.catalog import TASKS, make_recipe_task
 from temper.envs import base as envs
 from temper.envs.base import TaskEnv, make_env, tools_of
-from temper.rollout.sampler import model_of, sampler_stop_ids
+from temper.rollout import HFSampler
+from temper.rollout.sampler import HoldsModel, StopsAtTokens, model_of, sampler_stop_ids
 from temper.stages.prompt_distill import Instructed
 from temper.tasks import base as tasks
 from temper.tasks.base import Problem, Score, curriculum_of, grade_batch, path_signals_of
@@ -228,3 +229,10 @@ def test_wrappers_that_delegate_declare_the_capabilities_they_pass_on(shipped, t
     assert model_of(forced) is None
     assert sampler_stop_ids(forced, tokenizer) == sampler_stop_ids(Engine(), tokenizer)
     assert Engine.stop_token_ids[0] in sampler_stop_ids(forced, tokenizer)
+
+
+def test_the_in_process_sampler_holds_its_model_and_a_wrapper_passes_it_on(nano, tokenizer):
+    hf = HFSampler(nano, tokenizer)
+    assert isinstance(hf, HoldsModel) and not isinstance(hf, StopsAtTokens)
+    assert model_of(hf) is nano and model_of(ForcedFirstToken(hf, tokenizer, 0.5)) is nano
+    assert model_of(object()) is None
