@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from temper import guard
-from temper.envs.base import Env, StepResult
+from temper.envs.base import Closable, Cuttable, Env, StepResult, tools_of
 from temper.tasks.base import Problem, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
 from temper.tasks.reward_functions import load_reward_function
@@ -86,7 +86,7 @@ class _GradedEnv:
     @property
     def tools(self) -> Any:
         """The wrapped env's tool schemas (a ToolEnv's, a TRL environment class's), for the prompt."""
-        return getattr(self.env, "tools", None) if self.env is not None else None
+        return tools_of(self.env)
 
     def reset(self) -> list[dict[str, Any]]:
         name = self.task.factory.name
@@ -135,20 +135,18 @@ class _GradedEnv:
         return result
 
     def cut(self, reason: str) -> dict[str, Any]:
-        cut = getattr(self.env, "cut", None)
-        if cut is None:
+        if not isinstance(self.env, Cuttable):
             return {}
         try:
-            return dict(cut(reason) or {})
+            return dict(self.env.cut(reason) or {})
         except Exception as err:
             raise guard.raised(err, f"env {self.label}.cut", self.context) from err
 
     def close(self) -> None:
-        close = getattr(self.env, "close", None)
-        if close is None:
+        if not isinstance(self.env, Closable):
             return
         try:
-            close()
+            self.env.close()
         except Exception as err:
             raise guard.raised(err, f"env {self.label}.close", self.context) from err
 
