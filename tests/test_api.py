@@ -153,6 +153,11 @@ def test_rows_are_written_once_by_their_digest(workdir):
     b = temper.sft(str(START), rows(), max_steps=2, dry_run=True)
     c = temper.sft(str(START), rows(50), max_steps=2, dry_run=True)
     assert a.run_dir == b.run_dir != c.run_dir
+    from datasets import Dataset, DatasetDict
+
+    assert temper.sft(str(START), Dataset.from_list(rows()), max_steps=2, dry_run=True).run_dir == a.run_dir
+    with pytest.raises(RecipeError, match=r"pass one split, e.g. ds\['train'\]"):
+        temper.grpo(str(START), DatasetDict(train=Dataset.from_list(rows())), [correct], dry_run=True)
     (written,) = (a.run_dir / "inputs").glob("*.jsonl")
     assert [json.loads(x) for x in written.read_text().splitlines()] == rows()
     assert str(written.relative_to(workdir)) in a.plan[1]

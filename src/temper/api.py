@@ -100,7 +100,7 @@ def run(
     elif isinstance(recipe, Mapping):
         base = Path(base_dir).expanduser().resolve() if base_dir is not None else Path.cwd()
         source = "temper.run"
-        data = registered(dict(recipe), base, source)
+        data = registered(dict(recipe), base, source, run_dir=Path(output_dir) if output_dir else None)
         text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         validated = validate_recipe(data, source, base)
     else:
@@ -179,8 +179,9 @@ def eval(  # noqa: A001  # `kind: eval`, the `temper eval` command (temper.evalu
     dry_run: bool = False,
     **options: Any,
 ) -> Result:
-    """Evaluate `model` on `tasks` (`kind: eval`; not `temper.evaluate`, the module that evaluates) (rows and reward functions as `grpo` takes them, or built-in
-    task names): greedy accuracy, pass@k, mean@k, parse rate... per split, in
+    """Evaluate `model` (an eval stage; `temper.evaluate` is the module that evaluates) on `tasks`
+    (rows and reward functions as `grpo` takes them, or built-in task names): greedy accuracy,
+    pass@k, mean@k, parse rate... per split, in
     `result.metrics["eval"]` as {task: {model: {split: metrics}}}. Options: the eval stage's keys
     (`splits`, `n_problems`, `k`, `max_new_tokens`...); rows without `ood_data` are evaluated on
     their held-out `test` split only, unless `splits=` says otherwise.
@@ -264,13 +265,14 @@ def _tasks(
     """The recipe's `tasks:` block of a call: built-in task names (or the block itself) as they
     are, anything else the rows of one `dataset` task graded by `reward_funcs`."""
     names = [given] if isinstance(given, str) else given if isinstance(given, list | tuple) else None
-    if isinstance(given, Mapping) or (names and all(isinstance(n, str) and n in TASKS for n in names)):
+    block = isinstance(given, Mapping) and all(v is None or isinstance(v, Mapping) for v in given.values())
+    if block or (names and all(isinstance(n, str) and n in TASKS for n in names)):  # (a DatasetDict: rows)
         if reward_funcs is not None or environment_factory is not None:
             raise RecipeError(
                 f"{source}: reward_funcs: built-in tasks grade themselves; give your rows to grade them "
                 "with reward functions"
             )
-        return {n: {} for n in names} if names else dict(given)
+        return {n: {} for n in names} if names else {n: dict(v or {}) for n, v in given.items()}
     entry: dict[str, Any] = {"task": "dataset", "data": given}
     if reward_funcs is not None:
         entry["rewards"] = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
@@ -283,12 +285,15 @@ def _tasks(
     return {label or "data": entry}
 
 
-def registered(data: dict[str, Any], base: Path, source: str, dry: bool = False) -> dict[str, Any]:
+def registered(
+    data: dict[str, Any], base: Path, source: str, dry: bool = False, run_dir: Path | None = None
+) -> dict[str, Any]:
     """The recipe `data` with its Python objects replaced by what a YAML recipe would write (see
-    the module docstring): rows by the file they are written to under the run folder, code by its
-    `module:name`. `dry`: the rows by their digest only, written nowhere (for the run's name)."""
+    the module docstring): rows by the file they are written to under the run folder (`run_dir`,
+    default the recipe's), code by its `module:name`. `dry`: the rows by their digest only,
+    written nowhere (for the run's name)."""
     out = dict(data)
-    run_dir = None
+    run_dir = base / run_dir if run_dir is not None else None
 
     def place(rows: Any, label: str, where: str) -> str:
         nonlocal run_dir
