@@ -326,6 +326,8 @@ def test_the_facade_is_lazy():
     tree = ast.parse((SRC / "temper" / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            assert (node.module or "") not in ("temper", "temper.api"), "temper/__init__.py imports at import time"
+            assert (node.module or "") not in ("temper", "temper.api"), (
+                "temper/__init__.py imports at import time"
+            )
     lazy = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
     assert lazy and any(isinstance(n, ast.ImportFrom) for n in ast.walk(lazy[0]))
