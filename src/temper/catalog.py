@@ -53,7 +53,8 @@ def make_task(name: str, *, label: str | None = None, base_dir: Path | None = No
     A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
     `label` and the folder its relative paths resolve against; one with a `wrap` classmethod (a
     task over another: `two_mode`) gets its base task, built here from its `base` and `options`.
-    A `dataset` entry that names an `env:` is played as the user's environment (`EnvDataTask`)."""
+    A `dataset` entry that names an `env:` or an `environment_factory:` is played as the user's
+    environment (`EnvDataTask`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}{_hint(name, TASKS)}; valid tasks: {', '.join(TASKS)}")
     cls = TASKS[name]
@@ -65,7 +66,7 @@ def make_task(name: str, *, label: str | None = None, base_dir: Path | None = No
                 f"valid options: {', '.join(fields)}"
             )
     config = cls.config_type(**options)
-    if cls is DataTask and config.env:
+    if cls is DataTask and (config.env or config.environment_factory):
         cls = EnvDataTask
     if isinstance(cls, WrapsTask):
         return cls.wrap(
