@@ -310,7 +310,7 @@ def test_the_readme_example_runs_as_a_script(tmp_path):
     from pinned_recipes import CAPS
 
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("### In Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    block = re.split(r"(?m)^#+ In Python$", readme)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(block.splitlines()) < 20
     caps = {**CAPS, "n_problems": 4, "k": 2, "max_new_tokens": 8}
     script = re.sub(
