@@ -131,3 +131,60 @@ def test_a_resumed_rl_run_with_dropout_ends_byte_identical(tokenizer, tmp_path, 
     with pytest.raises(Stop):
         _rl(tokenizer, tmp_path / "cut2", seed=0, callbacks=[_stop_after(3)])
     assert not _same_weights(_rl(tokenizer, tmp_path / "cut2", seed=99), full)
+
+
+# ---- the run's seed reaches the global RNG (what dropout and the resumed RNG start from) -----------
+
+
+class _Seen(Exception):
+    pass
+
+
+def test_the_supervised_loop_seeds_the_global_rng_with_the_configs_seed(tokenizer, tmp_path):
+    """Two runs of one seed draw the same dropout masks only if the loop seeds torch's global RNG
+    with `config.seed` (not a constant, not nothing) before the first step."""
+    seen = []
+
+    class Recording(NextToken):
+        def start(self, model, train, eval_set, batch_size):
+            seen.append(torch.initial_seed())
+            raise _Seen
+
+    for seed in (3, 11):
+        torch.manual_seed(12345)
+        config = TrainConfig(max_steps=2, batch_size=4, warmup_steps=0, progress=False, seed=seed)
+        with pytest.raises(_Seen):
+            train_supervised(
+                _with_dropout(tokenizer, 0),
+                _sft_data(tokenizer),
+                config,
+                tmp_path / str(seed),
+                objective=Recording(tokenizer.pad_token_id),
+            )
+    assert seen == [3, 11]
+
+
+def test_the_rl_stage_seeds_the_global_rng_with_the_configs_seed(tokenizer, tmp_path, monkeypatch):
+    """train_rl leaves the global RNG to its caller; the rl stage seeds it with `train.seed`
+    before the model loads (dropout: true draws from it)."""
+    import temper.stages.rl as rl_stage
+    from temper.stages.context import StageContext
+
+    seen = []
+
+    def load(source, ctx):
+        seen.append(torch.initial_seed())
+        raise _Seen
+
+    monkeypatch.setattr(rl_stage, "load_chat_model", load)
+    ctx = StageContext(
+        run_dir=tmp_path, base_dir=tmp_path, tasks={"first_byte": FirstByteTask()}, task_options={}
+    )
+    for seed in (3, 11):
+        torch.manual_seed(12345)
+        stage = rl_stage.RLStage(
+            kind="rl", tasks=["first_byte"], train=RLConfig(steps=2, seed=seed, progress=False)
+        )
+        with pytest.raises(_Seen):
+            rl_stage.run_rl(stage, ctx, tmp_path / "base", tmp_path / f"rl{seed}")
+    assert seen == [3, 11]
