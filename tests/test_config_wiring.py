@@ -230,3 +230,53 @@ def test_each_loss_setting_reaches_its_loss_term(tokenizer, field, value):
         assert stats["loss"][0] == pytest.approx(_expected_loss(config, module, p), rel=1e-6)
         got[name] = stats["loss"][0]  # (summed in fp32: the log's precision)
     assert abs(got["moved"] - got["base"]) > 1e-4 * abs(got["base"]), f"{field} changes nothing here"
+
+
+# ---- the sampling stages pass their sampling settings to the sampler ------------------------------
+
+
+class _Recorded(Exception):
+    pass
+
+
+class _RecordingSampler:
+    """Records what one `sample` call was asked for, then stops the stage."""
+
+    def __init__(self, *args, **kwargs):
+        self.calls = _RecordingSampler.calls
+
+    calls: list = []
+
+    def sample(self, prompts, n, *, max_new_tokens, temperature, seed, **rest):
+        self.calls.append((len(prompts), n, max_new_tokens, temperature, seed))
+        raise _Recorded
+
+
+def test_an_rft_rounds_sampling_settings_reach_the_sampler(tokenizer):
+    from temper.rollout.sampler import derive_seed
+    from temper.stages.rft import RFTStage, sample_round
+    from test_rft import FirstByteTask
+
+    _RecordingSampler.calls = []
+    stage = RFTStage(
+        kind="rft", tasks=["first_byte"], prompts=6, k=3, temperature=1.7, max_new_tokens=5, seed=4
+    )
+    with pytest.raises(_Recorded):
+        sample_round(_RecordingSampler(), tokenizer, {"first_byte": FirstByteTask()}, stage, 2)
+    assert _RecordingSampler.calls == [(6, 3, 5, 1.7, derive_seed(4, 2, 7919))]
+
+
+def test_prompt_distillations_teacher_sampling_settings_reach_the_sampler(tokenizer, tmp_path, monkeypatch):
+    import temper.stages.prompt_distill as pd
+    from temper.rollout.sampler import derive_seed
+    from test_rft import FirstByteTask
+
+    _RecordingSampler.calls = []
+    monkeypatch.setattr(pd, "HFSampler", _RecordingSampler)
+    stage = pd.PromptDistillStage(
+        kind="prompt_distill", tasks=["first_byte"], system="Answer in capitals.", prompts=6, k=3,
+        temperature=1.7, max_new_tokens=5, seed=4,
+    )  # fmt: skip
+    with pytest.raises(_Recorded):
+        pd.teacher_samples(None, tokenizer, {"first_byte": FirstByteTask()}, stage, tmp_path)
+    assert _RecordingSampler.calls == [(6, 3, 5, 1.7, derive_seed(4, 7919))]
