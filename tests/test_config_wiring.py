@@ -280,3 +280,30 @@ def test_prompt_distillations_teacher_sampling_settings_reach_the_sampler(tokeni
     with pytest.raises(_Recorded):
         pd.teacher_samples(None, tokenizer, {"first_byte": FirstByteTask()}, stage, tmp_path)
     assert _RecordingSampler.calls == [(6, 3, 5, 1.7, derive_seed(4, 7919))]
+
+
+@pytest.mark.parametrize("advantage", ["turn_grpo", "turn_reinforce"])
+def test_turn_gamma_reaches_the_turn_estimators(tokenizer, advantage):
+    """On three multi-turn episodes with process rewards (two would make GRPO's normalized
+    advantages +-1/sqrt(2) whatever the returns), prepare's advantages are the turn
+    estimator's (hand-checked in test_turn_credit.py) at the configured turn_gamma."""
+    from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
+    from temper.tasks.base import Problem
+    from temper.train.rollouts import grade_episodes, to_batch
+    from test_fixture_audit_loop import A, B, _episode
+
+    C = _episode([([30, 31], [-0.2, -0.1]), ([32], [-0.5])], [[95, 96]], [3.0, -1.0])
+    group = grade_episodes(Problem("t", "train", "p", "q"), [A, B, C], {"outcome": 1.0, "process": 0.5}, 8, 0)
+    batch = to_batch([group])
+    policy, _ = _models(tokenizer)
+    got = {}
+    for gamma in (1.0, 0.5):
+        config = _base(advantage=advantage, kl_coef=0.0, turn_gamma=gamma)
+        p = prepare(batch, _module(policy, config), None, config)
+        inputs = AdvantageInputs(
+            rewards_G_N=batch.rewards_G_N, mask_R_T=batch.mask_R_T, turn_R_T=batch.turn_R_T,
+            step_rewards_R_K=batch.step_rewards_R_K, turns_R=batch.turns_R, turn_gamma=gamma,
+        )  # fmt: skip
+        torch.testing.assert_close(p.advantages, ESTIMATORS[advantage](inputs)[0])
+        got[gamma] = p.advantages
+    assert (got[1.0] - got[0.5]).abs().max() > 1e-3

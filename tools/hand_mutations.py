@@ -23,6 +23,7 @@ PREF = ["tests/test_objectives.py", "tests/test_preference_losses.py", "tests/te
 MASK = ["tests/test_data.py", "tests/test_data_exact.py", "tests/test_chat_exact.py", "tests/test_mask_view_exact.py", "tests/test_dataset_exact.py", "tests/test_tool_sft.py", "tests/test_sft_data.py", "tests/test_chat_template.py", "tests/test_calculator_env.py"]
 LOOP = ["tests/test_agent_loop.py", "tests/test_rollouts_exact.py", "tests/test_rollout_exact.py", "tests/test_turn_credit.py"]
 REPAIR = ["tests/test_code_repair_grader.py", "tests/test_code_repair.py"]
+STAGE = ["tests/test_rft.py", "tests/test_prompt_distill.py"]
 RESUME = ["tests/test_train.py", "tests/test_rl.py", "tests/test_checkpoint.py", "tests/test_supervised_exact.py"]
 NEW = {
     "rl": ["tests/test_config_wiring.py"],
@@ -31,8 +32,9 @@ NEW = {
     "loop": ["tests/test_fixture_audit_loop.py"],
     "repair": ["tests/test_fixture_audit_repair.py"],
     "resume": ["tests/test_resume_rng.py"],
+    "stage": ["tests/test_config_wiring.py"],
 }
-OLD = {"rl": RL, "pref": PREF, "mask": MASK, "loop": LOOP, "repair": REPAIR, "resume": RESUME}
+OLD = {"rl": RL, "pref": PREF, "mask": MASK, "loop": LOOP, "repair": REPAIR, "resume": RESUME, "stage": STAGE}
 
 U = "src/temper/train/rl_update.py"
 P = "src/temper/train/preference.py"
@@ -79,6 +81,9 @@ MUTATIONS = [
     ("sft: global seed ignores config.seed", "src/temper/train/supervised.py", "    torch.manual_seed(config.seed)\n", "    torch.manual_seed(0)\n", "resume"),
     ("rl stage: global RNG not seeded", "src/temper/stages/rl.py", "    torch.manual_seed(config.seed)\n", "", "resume"),
     ("sft: same permutation every epoch", "src/temper/train/supervised.py", "manual_seed(seed * 100_003 + epoch)", "manual_seed(seed * 100_003)", "resume"),
+    ("prepare: turn_gamma dropped", U, "turn_gamma=config.turn_gamma,", "turn_gamma=1.0,", "rl"),
+    ("rft: sampling temperature dropped", "src/temper/stages/rft.py", "temperature=stage.temperature,", "temperature=1.0,", "stage"),
+    ("prompt distill: teacher temperature dropped", "src/temper/stages/prompt_distill.py", "temperature=stage.temperature,", "temperature=1.0,", "stage"),
     ("sft resume: metrics log not cut back", "src/temper/train/supervised.py", "        log.truncate_after(start)\n", "        pass\n", "resume"),
 ]
 
