@@ -307,3 +307,28 @@ def test_turn_gamma_reaches_the_turn_estimators(tokenizer, advantage):
         torch.testing.assert_close(p.advantages, ESTIMATORS[advantage](inputs)[0])
         got[gamma] = p.advantages
     assert (got[1.0] - got[0.5]).abs().max() > 1e-3
+
+
+def test_the_minibatch_shuffle_depends_on_the_seed_the_step_and_the_epoch(monkeypatch):
+    """Each (seed, step, epoch) partitions the rows into its own minibatches: a shuffle that left
+    out the step (or the seed) would give every step of a run (every run) the same partition."""
+    import temper.train.rl_update as rl_update
+    from temper.train.rl_update import Prepared, update
+
+    seen: list[list[int]] = []
+    monkeypatch.setattr(
+        rl_update, "backward_minibatch", lambda module, p, *rest: seen.append([q[0] for q in p.prompts]) or 0
+    )
+    R = 8
+    p = Prepared([[i] for i in range(R)], torch.zeros(R, 1, dtype=torch.long), torch.ones(R, 1, dtype=torch.bool),
+                 torch.zeros(R, 1), torch.zeros(R, 1), None, None, None, None)  # fmt: skip
+    module = torch.nn.Linear(1, 1)
+    partitions = {}
+    for seed, step in ((0, 0), (0, 1), (1, 0)):
+        seen.clear()
+        config = _base(seed=seed, epochs=2, minibatches=2, grad_clip=0.0)
+        update(module, torch.optim.SGD(module.parameters(), lr=0.0), p, config, step, 0.0)
+        assert len(seen) == 4 and all(sorted(a + b) == list(range(R)) for a, b in (seen[:2], seen[2:]))
+        partitions[seed, step] = [sorted(seen[0]), sorted(seen[2])]  # epoch 0's first minibatch, epoch 1's
+        assert partitions[seed, step][0] != partitions[seed, step][1]  # the epochs differ
+    assert partitions[0, 0] != partitions[0, 1] and partitions[0, 0] != partitions[1, 0]
