@@ -1,7 +1,8 @@
 """SFT loss masks on fixtures where the plausible one-line bugs differ, each checked as the exact
 text of the trained tokens: a multi-turn chat whose tool output occurs several times in two
 assistant turns (every occurrence masked, not the first), a chat prompt with a chat completion
-(the assistant header never trained, the end-of-turn token always), a plain prompt and
+(its earlier assistant turn and the assistant header never trained, the end-of-turn token
+always), a plain prompt and
 completion (the eos trained), and packed examples of different lengths (the first token of each
 never a label, position ids restarting)."""
 
@@ -32,7 +33,13 @@ def test_every_occurrence_of_a_tool_output_is_left_out_in_every_turn(tokenizer):
 
 
 def test_a_chat_prompt_trains_only_its_completion_and_its_end_of_turn(tokenizer):
-    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello there"}]
+    """The prompt holds an earlier assistant turn: it is context, never trained on."""
+    prompt = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "earlier"},
+        {"role": "user", "content": "again"},
+    ]
     completion = [{"role": "assistant", "content": "hi"}]
     tok = tokenize_example(tokenizer, Example("t", 1, prompt=prompt, completion=completion), 512)
     assert _trained(tokenizer, tok.input_ids, tok.labels) == "hi<|end|>"

@@ -64,6 +64,7 @@ MUTATIONS = [
     ("preference logps: mask by pad", P, "mask_N_T = labels_N_T != IGNORE", "mask_N_T = completions_N_T != pad_id", "pref"),
     ("preference: rewards/accuracies >=", P, "(r_chosen > r_rejected).float()", "(r_chosen >= r_rejected).float()", "pref"),
     ("SFT chat prompt: last header token trained", "src/temper/data/chat.py", "labels[:prompt_len] = [IGNORE] * prompt_len", "labels[: prompt_len - 1] = [IGNORE] * (prompt_len - 1)", "mask"),
+    ("SFT chat prompt: its assistant turns trained", "src/temper/data/chat.py", "labels[:prompt_len] = [IGNORE] * prompt_len", "labels[:0] = []", "mask"),
     ("SFT chat: end-of-turn token untrained", "src/temper/data/chat.py", "labels[len(prompt) : len(upto)] = full[len(prompt) : len(upto)]", "labels[len(prompt) : len(upto) - 1] = full[len(prompt) : len(upto) - 1]", "mask"),
     ("SFT: first token of a packed example labelled", "src/temper/data/dataset.py", "labels = [IGNORE] + tok.labels[1:]", "labels = list(tok.labels)", "mask"),
     ("SFT untrained span: first occurrence only", "src/temper/data/chat.py", "        for i in hits:\n", "        for i in hits[:1]:\n", "mask"),
