@@ -140,9 +140,15 @@ def demonstrations(
                 ]
             spans = tuple(task.environment_spans(problem)) if hasattr(task, "environment_spans") else ()
             tools = getattr(task, "tools", None)  # the schemas an env task's prompts show (multi_tool)
+            key = task.problem_key(problem) if hasattr(task, "problem_key") else None
             out.append(
                 Example(
-                    source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans, tools=tools
+                    source=f"task:{name}:{split}",
+                    line=i + 1,
+                    messages=messages,
+                    untrained=spans,
+                    tools=tools,
+                    key=key,
                 )
             )
     return out
