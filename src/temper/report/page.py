@@ -9,8 +9,8 @@ from pathlib import Path
 from temper.atomic import atomic_write_text
 from temper.report.common import CSS, Stage, boxes, duration, esc, html_table, read_json
 from temper.report.models import models_table, precision
-from temper.report.tools_used import tools_line
 from temper.report.sections import section_for
+from temper.report.tools_used import tools_line
 from temper.stages import registry
 
 
