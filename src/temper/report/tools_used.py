@@ -17,7 +17,7 @@ def tool_use(stages: list[Stage]) -> dict[str, dict[str, float]]:
     whose episodes called a tool at least once; {} for a run without tool calls."""
     found: dict[str, dict[str, list[float]]] = {}
     for stage in stages:
-        results = read_json(stage.folder / "eval.json") if stage.kind == "eval" else None
+        results = read_json(stage.folder / "eval.json")  # what an eval stage writes
         for task, by_model in (results or {}).items() if isinstance(results, dict) else ():
             for model, by_split in by_model.items() if isinstance(by_model, dict) else ():
                 for r in by_split.values() if isinstance(by_split, dict) else ():
