@@ -37,7 +37,6 @@ from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
 from temper.train.features.base import SetupError
 from temper.train.features.privileged import SELF
-from temper.train.rl import collect_groups, problems_for_step, train_rl
 from temper.train.rl_config import RLConfig, rl_rules, rl_task_rules
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
@@ -268,6 +267,8 @@ def reachability_probe(
     rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
     ran past a special token such as the template's end of turn. Groups whose user code failed
     are left out, and judged by `policy` (before training: a stop naming it, by default)."""
+    from temper.train.rl import collect_groups
+
     probe = RLConfig(
         **{
             **config.__dict__,
@@ -334,6 +335,7 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
 
     from temper.stages.judging import load_judge
     from temper.stages.loading import load_chat_model, whole_model
+    from temper.train.rl import problems_for_step, train_rl
 
     config = stage.train
     if bad := task_rules(stage, ctx.tasks):  # the CLI builds its tasks without the recipe's check

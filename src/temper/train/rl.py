@@ -21,9 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+from accelerate import Accelerator
 from rich.console import Console
+from transformers import PreTrainedTokenizerBase
 
 from temper import distributed
 from temper.jsonl import iter_jsonl
@@ -46,14 +49,9 @@ from temper.train.features import RunStart, Step
 from temper.train.metrics import MetricsLog, progress_bar
 from temper.train.rl_config import RLConfig
 from temper.train.rl_metrics import episode_metrics, rollout_metrics, update_metrics
+from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, rollout_record, to_batch
 from temper.train.schedule import lr_at
-
-if TYPE_CHECKING:  # imported where used: importing this module stays cheap
-    import torch
-    from accelerate import Accelerator
-    from transformers import PreTrainedTokenizerBase
-
 
 __all__ = [
     "RLConfig",
@@ -145,10 +143,6 @@ def train_rl(
     and the checkpoints' shared files. Every process keeps its own sampler. With dynamic sampling
     each process refills its own share, and if their kept counts differ all train on the smallest
     (DDP needs the same collectives in every process)."""
-    import torch
-
-    from temper.train.rl_update import policy_with_value, prepare, update
-
     out_dir = Path(out_dir)
     accelerator = accelerator or distributed.make_accelerator()
     rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
