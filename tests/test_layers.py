@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "recipe / preflight / runner / cli",
         ("temper.recipe", "temper.preflight", "temper.runner", "temper.cli"),
     ),
+    ("api", ("temper.api",)),
 ]
 """Bottom first; a module belongs to the layer of its longest listed prefix (so rollout's samplers
 sit below the envs, which may hold one, and its episode loop above them, which it drives)."""
@@ -153,9 +154,17 @@ def layer_of(module: str) -> int:
     return index
 
 
+FACADE = ("temper", "temper.api")
+"""The one import up the layers: the package's `__getattr__` lends the Python API's names
+(`temper.sft`...), importing `temper.api` on first use, so `import temper` stays cheap and imports
+nothing above it. Only inside that function (checked by `test_the_facade_is_lazy`)."""
+
+
 def upward(found: list[Edge]) -> list[str]:
     out = []
     for e in found:
+        if (e.source, e.target) == FACADE:
+            continue
         a, b = layer_of(e.source), layer_of(e.target)
         if b > a:
             out.append(f"{e} runs up from {LAYERS[a][0]} to {LAYERS[b][0]}")
@@ -310,3 +319,16 @@ def test_each_check_names_the_file_and_line_of_what_breaks_it(tree):
         "module: make it public (with a docstring) or move it"
     ]
     assert kind_comparisons(tree) == ["src/temper/cli.py:2: compares a kind with ['eval', 'rl']"]
+
+
+def test_the_facade_is_lazy():
+    """`temper/__init__.py` imports `temper.api` only inside its module `__getattr__` (a top-level
+    import there would load torch on `import temper`, and every module with it)."""
+    tree = ast.parse((SRC / "temper" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            assert (node.module or "") not in ("temper", "temper.api"), (
+                "temper/__init__.py imports at import time"
+            )
+    lazy = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+    assert lazy and any(isinstance(n, ast.ImportFrom) for n in ast.walk(lazy[0]))

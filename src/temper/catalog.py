@@ -17,7 +17,7 @@ from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTas
 from temper.envs.treasure_task import TreasureHuntTask
 from temper.envs.user_env import EnvDataTask
 from temper.tasks.arithmetic import Arithmetic
-from temper.tasks.base import Task
+from temper.tasks.base import BuiltFromRecipe, Fingerprinted, Task, WrapsTask
 from temper.tasks.dataset_task import DataTask
 from temper.tasks.general_points import GeneralPoints
 from temper.tasks.instructed import InstructedArithmetic
@@ -53,7 +53,8 @@ def make_task(name: str, *, label: str | None = None, base_dir: Path | None = No
     A kind with a `build` classmethod (one read from files: `dataset`) also gets its recipe
     `label` and the folder its relative paths resolve against; one with a `wrap` classmethod (a
     task over another: `two_mode`) gets its base task, built here from its `base` and `options`.
-    A `dataset` entry that names an `env:` is played as the user's environment (`EnvDataTask`)."""
+    A `dataset` entry that names an `env:` or an `environment_factory:` is played as the user's
+    environment (`EnvDataTask`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}{_hint(name, TASKS)}; valid tasks: {', '.join(TASKS)}")
     cls = TASKS[name]
@@ -65,13 +66,13 @@ def make_task(name: str, *, label: str | None = None, base_dir: Path | None = No
                 f"valid options: {', '.join(fields)}"
             )
     config = cls.config_type(**options)
-    if cls is DataTask and config.env:
+    if cls is DataTask and (config.env or config.environment_factory):
         cls = EnvDataTask
-    if hasattr(cls, "wrap"):
+    if isinstance(cls, WrapsTask):
         return cls.wrap(
             config, label or name, lambda: make_task(config.base, base_dir=base_dir, **config.options)
         )
-    if hasattr(cls, "build"):
+    if isinstance(cls, BuiltFromRecipe):
         return cls.build(config, name=label or name, base_dir=base_dir)
     return cls(config)
 
@@ -88,7 +89,7 @@ def make_recipe_task(name: str, options: dict[str, Any], base_dir: Path | None =
 def task_fingerprints(tasks: dict[str, Task]) -> dict[str, str]:
     """name -> digest of what a task reads beyond its options (data rows, reward code), for the
     tasks that have one: a stage's settings hash covers it, so editing the data reruns the stage."""
-    return {name: t.fingerprint() for name, t in tasks.items() if hasattr(t, "fingerprint")}
+    return {name: t.fingerprint() for name, t in tasks.items() if isinstance(t, Fingerprinted)}
 
 
 def _hint(word: str, choices) -> str:

@@ -307,20 +307,34 @@ def _unused(folder: Path, created: bool) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from temper.preflight import check_inputs
-    from temper.runner import plan, run_recipe
-
     recipe = load_recipe(args.recipe)
     base = Path(args.recipe).resolve().parent
     run_dir = Path(args.output_dir).resolve() if args.output_dir else recipe.run_dir(Path.cwd(), base)
     args.run_folder = run_dir  # where main() looks for the checkpoint to resume from after Ctrl-C
     text = Path(args.recipe).read_text(encoding="utf-8-sig")
-    notes = check_inputs(recipe, text, args.recipe, base)  # before any stage: missing inputs, empty splits
-    _not_another_run(run_dir, recipe.name)
+    said = run_checked(recipe, text, args.recipe, base, run_dir, args.dry_run)
     if args.dry_run:
-        print(f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}")
-        print("\n".join(plan(recipe, run_dir) + notes))
-        return
+        print("\n".join(said))
+
+
+def run_checked(
+    recipe: Any, text: str, source: str, base: Path, run_dir: Path, dry_run: bool = False
+) -> list[str]:
+    """What `temper run` does with a validated recipe, and `temper.run` with a dict: the plan-time
+    checks of its inputs, the refusal of another recipe's run folder, then the plan (`dry_run`)
+    or the run, holding the folder's lock. Returns the plan's lines (and notes) for a dry run,
+    else nothing. `text` is the recipe as written (error lines; the run folder's recipe.yaml)."""
+    from temper.preflight import check_inputs
+    from temper.runner import plan, run_recipe
+
+    notes = check_inputs(recipe, text, source, base)  # before any stage: missing inputs, empty splits
+    _not_another_run(run_dir, recipe.name)
+    if dry_run:
+        return [
+            f"recipe {recipe.name}: {len(recipe.stages)} stages into {run_dir}",
+            *plan(recipe, run_dir),
+            *notes,
+        ]
     from temper import distributed
 
     created = not run_dir.exists()
@@ -339,6 +353,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         raise
     finally:
         _unlock(lock)
+    return []
 
 
 def _not_another_run(run_dir: Path, name: str) -> None:

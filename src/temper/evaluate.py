@@ -144,16 +144,16 @@ def evaluate(
     Cohen's kappa, the unparseable verdicts counted, never read as 0).
     """
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
-    from temper.envs.base import make_env
+    from temper.envs.base import EnvTask, TurnLimited, make_env
     from temper.models.chat import stop_warning, unstopped_specials
     from temper.rollout.loop import EpisodeLimits, run_episodes
     from temper.rollout.sampler import sampler_stop_ids
 
     if k < 0 or n_problems < 1:
         raise ValueError("evaluate needs k >= 0 and n_problems >= 1")
-    if judge is not None and getattr(task, "make_env", None) is not None:
+    if judge is not None and isinstance(task, EnvTask):
         raise ValueError(f"a judge grades single-turn answers; {task.name!r} is an environment task")
-    if ranker is not None and getattr(task, "make_env", None) is not None:
+    if ranker is not None and isinstance(task, EnvTask):
         # a reward model scores (prompt, completion) ids; an episode is more than its last piece
         raise ValueError(
             f"best-of-N ranked by a reward model needs a single-turn task; {task.name!r} is an environment"
@@ -162,8 +162,10 @@ def evaluate(
     if not problems:
         raise ValueError(f"task {task.name!r} returned no problems for split {split!r}")
     episodes: dict[str, list] = {}
-    if getattr(task, "make_env", None) is not None:  # an environment task: whole episodes
-        limits = EpisodeLimits(max_turns=getattr(task, "max_turns", 8), max_new_tokens=max_new_tokens)
+    if isinstance(task, EnvTask):  # an environment task: whole episodes
+        limits = EpisodeLimits(
+            max_turns=task.max_turns if isinstance(task, TurnLimited) else 8, max_new_tokens=max_new_tokens
+        )
 
         def draw(n: int, temp: float) -> list[list[Sample]]:
             groups = run_episodes(
@@ -196,7 +198,7 @@ def evaluate(
                 greedy,
                 episodes.get("all", [])[: len(problems)],
                 max_new_tokens,
-                getattr(task, "max_turns", 1),
+                task.max_turns if isinstance(task, TurnLimited) else 1,
             )
         ),
     }

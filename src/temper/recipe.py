@@ -25,6 +25,9 @@ from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, Use, raise_located
 
+BASE = "base"
+"""The `source:` that names the recipe's model (`Recipe.is_base`): a stage starting again from it."""
+
 
 class RecipeError(ValueError):
     """An invalid recipe, located by file, line and key path."""
@@ -133,13 +136,20 @@ class Recipe(Strict):
             if kind.task_rules is not None and all(t in built for t in kind.tasks(stage)):
                 errors += [(("stages", i, *loc), msg) for loc, msg in kind.task_rules(stage, built)]
             for loc, ref in _ref_locs(stage):
-                if ref not in seen:
-                    errors.append(
-                        (
-                            ("stages", i, *loc),
-                            f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}",
-                        )
+                if ref in seen or (loc == ("source",) and self.is_base(ref) and (self.model.path or seen)):
+                    continue
+                if loc != ("source",):
+                    hint = " (the model the run started from is always evaluated, first)"
+                elif self.model.preset and not seen:
+                    hint = f" (`source: {BASE}` is the pretrained base: a pretrain stage must come first)"
+                else:
+                    hint = f" (write `source: {BASE}` to start from the recipe's model)"
+                errors.append(
+                    (
+                        ("stages", i, *loc),
+                        f"stage {stage.name!r} refers to {ref!r}, which is not an earlier model stage {seen}{hint}",
                     )
+                )
             earlier = {s.name: s.kind for s in self.stages[:i]}
             errors += [
                 (("stages", i, *use[0]), msg)
@@ -157,6 +167,16 @@ class Recipe(Strict):
                 )
             )
         return errors
+
+    def is_base(self, ref: str) -> bool:
+        """Whether a stage's `source` names the recipe's own model rather than a stage: `base`, or
+        the model's `path` as written, or its last part (`qwen3-tiny` for `Qwen/qwen3-tiny`). A
+        stage of that name wins (references to stages are looked up first). With a preset it
+        means the pretrained base, the first model stage's output (as eval's starting model)."""
+        if ref == BASE:
+            return True
+        path = self.model.path
+        return bool(path) and ref in (path, Path(path.rstrip("/")).name)
 
     def run_dir(self, base: Path, recipe_dir: Path | None = None) -> Path:
         """`output_dir` relative to the recipe's folder (`recipe_dir`), as every path a recipe
@@ -294,8 +314,7 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
             kind = registry.get(data.get("kind")) if isinstance(data, dict) else None
             owner = kind.spec if kind else None
             continue
-        fields = getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {})
-        field = fields.get(key) if isinstance(key, str) else None
+        field = keys_of(owner).get(key) if isinstance(key, str) else None
         annotation = getattr(field, "annotation", None) or getattr(field, "type", None)
         candidates = [
             a for a in (getattr(annotation, "__args__", None) or (annotation,)) if isinstance(a, type)
@@ -306,6 +325,16 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type | None:
         if owner is None:
             return None
     return owner if isinstance(owner, type) else None
+
+
+def keys_of(owner: Any) -> dict[str, Any]:
+    """The keys a block takes: a pydantic model's fields, or a dataclass's fields without its
+    ClassVars (`__dataclass_fields__` lists those too, e.g. `HASHED_WHEN_SET`, which no recipe sets)."""
+    if hasattr(owner, "model_fields"):
+        return dict(owner.model_fields)
+    if dataclasses.is_dataclass(owner):
+        return {f.name: f for f in dataclasses.fields(owner)}
+    return {}
 
 
 def _choices(listed: str) -> list[str]:
@@ -363,7 +392,7 @@ def format_error(err: dict[str, Any], text: str, data: Any, source: str) -> str:
     message = describe_error(err)
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         owner = _model_at(loc, data)
-        valid = list(getattr(owner, "model_fields", None) or getattr(owner, "__dataclass_fields__", {}))
+        valid = list(keys_of(owner)) if owner is not None else []
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         message = (
             f"unknown key {loc[-1]!r}"
@@ -402,6 +431,13 @@ def parse_recipe(text: str, source: str = "<recipe>", base_dir: Path | None = No
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise RecipeError(f"{source}{line}: invalid YAML: {getattr(err, 'problem', err)}") from None
+    return validate_recipe(data, source, base_dir, text)
+
+
+def validate_recipe(data: Any, source: str, base_dir: Path | None = None, text: str = "") -> Recipe:
+    """Validate a recipe already read (a YAML file's mapping, or the dict `temper.run` is given):
+    the one validation, so both say the same; an error is at its line of `text` when there is one,
+    else at `source` and the key path."""
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping with name, model and stages")
     try:
@@ -434,6 +470,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 __all__ = [
+    "BASE",
     "TASKS",
     "ModelSpec",
     "Recipe",
@@ -442,4 +479,5 @@ __all__ = [
     "load_recipe",
     "parse_recipe",
     "schema",
+    "validate_recipe",
 ]

@@ -36,11 +36,15 @@ def _inputs(recipe: Recipe, index: int, ctx: StageContext) -> tuple[Path | str |
         return None, recipe.model.weights()
     if reads == "models":
         return None, {m: ctx.model_hashes[m] for m in (refs or ctx.model_hashes)}
-    if refs:
+    if refs and refs[0] in ctx.models:
         return ctx.models[refs[0]], ctx.model_hashes[refs[0]]
-    if ctx.models:  # the latest model
+    if refs and not recipe.model.path:  # `source: base` of a preset: the pretrained base
+        first = next(iter(ctx.models))
+        return ctx.models[first], ctx.model_hashes[first]
+    if ctx.models and not refs:  # the latest model
         return list(ctx.models.values())[-1], list(ctx.model_hashes.values())[-1]
-    # the user's model: a local folder (relative to the recipe) or a hub id
+    # the user's model (no model stage before it, or `source: base`): a local folder
+    # (relative to the recipe) or a hub id
     return ctx.model_source(recipe.model.path) if recipe.model.path else None, recipe.model.weights()
 
 

@@ -180,8 +180,14 @@ def row_key(row: Any, tasks: dict[str, Any]) -> str | None:
     (`problem_key`): an RL prompt's (a task `Problem`), or the key a demonstration carries."""
     if callable(getattr(row, "messages", None)):  # a task Problem
         task = tasks.get(row.task)
-        return task.problem_key(row) if hasattr(task, "problem_key") else None
+        return task.problem_key(row) if _keys(task) else None
     return getattr(row, "key", None)
+
+
+def _keys(task: Any) -> bool:
+    """Whether `task` names its problems' keys (`temper.tasks.base.KeysProblems`; the data layer is
+    below the tasks, so the protocol is checked by its one method)."""
+    return callable(getattr(task, "problem_key", None))
 
 
 HELD_OUT_SEED = 4242  # = temper.stages.rl.HELD_OUT_SEED, the problems rl and rft grade (a test checks)
@@ -213,7 +219,7 @@ def _drawn(
     wanted = [(list(tasks), ["test", "ood"], held_out, HELD_OUT_SEED)] if held_out else []
     for names, splits, n, seed in [*wanted, *evals]:
         for name in names or list(tasks):
-            if name not in tasks or hasattr(tasks[name], "problem_key") != keyed:
+            if name not in tasks or _keys(tasks[name]) != keyed:
                 continue
             for split in (s for s in splits if s != "train"):  # a train-split eval grades seen problems
                 try:

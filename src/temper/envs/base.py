@@ -23,12 +23,14 @@ reason "env_error" (or "timeout") and one line saying what failed in the last st
 `signals["error"]`, never a silent zero. The agent loop calls every env method as user code
 (`temper.guard`): under a time limit, in a thread of its own.
 
-Optional, `cut(reason) -> signals`: the agent loop ended the episode before the env did (its
-token budget, turn limit, an unfinished turn, a turn it could not render: stop reasons max_tokens,
-max_turns, length, not_prefix, bad_tokens; never after env_error or timeout, when the env's state
-is unknown or its step still running). The env returns the end-of-episode signals that are still
-verifiable (a workspace rule kept or broken over the episode), which the loop adds to the last
-step's signals; the score stays None (the episode was not finished). Called once, before `close`.
+Optional, `cut(reason) -> signals` (the `Cuttable` protocol below, with the env's other optional
+capabilities: `close`, `tools`, `step_batch`, `label`, `describe`): the agent loop ended the
+episode before the env did (its token budget, turn limit, an unfinished turn, a turn it could not
+render: stop reasons max_tokens, max_turns, length, not_prefix, bad_tokens; never after env_error
+or timeout, when the env's state is unknown or its step still running). The env returns the
+end-of-episode signals that are still verifiable (a workspace rule kept or broken over the
+episode), which the loop adds to the last step's signals; the score stays None (the episode was
+not finished). Called once, before `close`.
 """
 
 from __future__ import annotations
@@ -83,6 +85,98 @@ class Env(Protocol):
         ...
 
 
+# What an env, or an environment task, may do besides the members of `Env` / `Task`: one protocol
+# per optional capability, checked with `isinstance` where it is used. Runtime-checkable protocols
+# look at the members only, so a user's class that has them is one without subclassing anything; a
+# method set to None counts as absent. The task capabilities that need no env are in
+# `temper.tasks.base` (`BatchScored`, `SamplesAtStep`, `DeclaresPathSignals`, ...).
+
+
+@runtime_checkable
+class EnvTask(Protocol):
+    """An environment task: each problem is played as an episode of the env `make_env` returns,
+    not graded as one answer. Implemented by `calculator_arithmetic`, `treasure_hunt`,
+    `multi_tool`, `code_repair`, `simulated_search` and `EnvDataTask` (a data task with `env:`),
+    or any class with the method; `make_env` below calls it (a `TaskEnv` for other tasks), and
+    evaluation, the sft / rft / prompt_distill / eval stages and the RL features that need
+    single-turn answers tell environment tasks apart with it."""
+
+    def make_env(self, problem: Problem) -> Env: ...
+
+
+@runtime_checkable
+class TurnLimited(Protocol):
+    """An environment task's own limit on an episode's assistant turns. Implemented by the
+    environment tasks (a data task's `max_turns:` option); read by `evaluate` (default 8)."""
+
+    max_turns: int
+
+
+@runtime_checkable
+class OffersTools(Protocol):
+    """An env (or an environment task, for its demonstrations) whose prompts show tool schemas:
+    `tools` (JSON schemas, HF's `apply_chat_template(tools=)`; None for none) is rendered into the
+    prompt by the chat template. Implemented by `ToolEnv`, `MultiToolEnv`, `MultiToolTask` and
+    the wrapper of a user's env (`envs/user_env.py`: its env's); read through `tools_of` by the
+    agent loop (which first checks the template can render tools) and the sft stage."""
+
+    tools: list[dict[str, Any]] | None
+
+
+def tools_of(obj: Any) -> list[dict[str, Any]] | None:
+    """The tool schemas an env or task offers; None for one that offers none."""
+    return obj.tools if isinstance(obj, OffersTools) else None
+
+
+@runtime_checkable
+class Cuttable(Protocol):
+    """An env with end-of-episode signals that stay verifiable when the agent loop ends the episode
+    first (see the module docstring). Implemented by `CodeRepairEnv` and the wrapper of a user's
+    env (passing it on to the user's env); called once by the agent loop, before `close`."""
+
+    def cut(self, reason: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An env that holds something to release after its episode (a sandbox, a tool server).
+    Implemented by `CalculatorEnv`, `CodeRepairEnv`, the OpenEnv adapter and the wrapper of a
+    user's env; called once by the agent loop when the episode ends, as user code."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class StepsInBatch(Protocol):
+    """An env class that steps many of its envs in one call (`type(env).step_batch(envs, actions,
+    ids)`). Implemented by `TaskEnv` (one `grade_batch` per group) and `SimulatedSearchEnv` (one
+    simulator call); called by the agent loop instead of each env's `step`. An optional class
+    attribute `batch_across_groups = True` lets the loop put a whole round's envs of the class in
+    one call instead of one per group (a flag with a default, read with getattr)."""
+
+    @staticmethod
+    def step_batch(
+        envs: Sequence[Any], actions: Sequence[str], ids: Sequence[Sequence[int]]
+    ) -> list[StepResult]: ...
+
+
+@runtime_checkable
+class Labelled(Protocol):
+    """An env with its own name for failure lines (None or empty: its class name). Implemented by
+    the wrapper of a user's env (the user's factory and class); read by the agent loop."""
+
+    label: str
+
+
+@runtime_checkable
+class DescribesCalls(Protocol):
+    """An env that says what a failure line calls one of its method calls (`describe("step")`).
+    Implemented by the wrapper of a user's env (the factory while its env is not made yet, and
+    the problem); read by the agent loop, which otherwise says `env <label>.<method>`."""
+
+    def describe(self, method: str) -> str: ...
+
+
 class TaskEnv:
     """Any single-turn `Task` as a one-step env: the prompt is the problem's, the one action is
     graded by the task's verifier, and the episode ends. Single-turn RL runs through the agent loop
@@ -114,11 +208,10 @@ def make_env(task: Task, problem: Problem) -> Env:
     one-step `TaskEnv`. Never raises: a factory that fails gives a `FailedEnv`, which the agent
     loop ends at `reset` as an env_error with the failure's line (an episode, counted, never a
     crash of the batch)."""
-    factory = getattr(task, "make_env", None)
-    if factory is None:
+    if not isinstance(task, EnvTask):
         return TaskEnv(task, problem)
     try:
-        return factory(problem)
+        return task.make_env(problem)
     except Exception as err:  # the task's or the user's factory; KeyboardInterrupt still stops
         return FailedEnv(guard.raised(err, f"task {task.name!r} make_env", f"problem {problem.id}"))
 

@@ -7,6 +7,17 @@
       rewards: [exact_match]            # grades the last assistant turn when the env gives no score
       max_turns: 6
 
+Or a TRL environment class, as `GRPOTrainer(environment_factory=...)` takes it:
+
+    vault:
+      task: dataset
+      data: vaults.jsonl
+      environment_factory: my_envs.py:Vault   # Vault() per episode, reset(**row); public methods = tools
+      rewards: [my_rewards.py:opened]         # TRL's signature, called with environments=[...]
+
+the factory is then `TRLEnvironment(Vault, row, reward_funcs=<rewards>, reward_weights=...)`
+(`temper.envs.adapters.trl_factory`), so the class's tools reach the prompt.
+
 Each episode calls the factory with its row (when the episode starts: the agent loop runs it with
 the env's `reset`, both under the user-code time limit). `reset()` may return the opening
 messages, or nothing to use the row's `prompt` column. A factory or env method that raises, hangs
@@ -26,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from temper import guard
-from temper.envs.base import Env, StepResult
+from temper.envs.base import Closable, Cuttable, Env, StepResult, tools_of
 from temper.tasks.base import Problem, TaskOptionError
 from temper.tasks.dataset_task import DataTask, DataTaskConfig
-from temper.tasks.reward_functions import load_reward_function
+from temper.tasks.reward_functions import RewardFunction, load_reward_function
 
 
 class EnvDataTask(DataTask):
@@ -39,10 +50,19 @@ class EnvDataTask(DataTask):
         super().__init__(config, name, base_dir)
         if config.max_turns < 1:
             raise TaskOptionError(("max_turns",), f"task {name!r}: max_turns must be at least 1")
+        if config.env and config.environment_factory:
+            raise TaskOptionError(
+                ("environment_factory",),
+                f"task {name!r}: give env (a factory of temper Envs) or environment_factory (a TRL "
+                "environment class), not both",
+            )
+        key = "env" if config.env else "environment_factory"
         try:
-            self.factory = load_reward_function(str(config.env), self.base_dir, what="env")
+            self.factory = load_reward_function(str(getattr(config, key)), self.base_dir, what=key)
         except ValueError as err:
-            raise TaskOptionError(("env",), f"task {name!r}: {err}") from None
+            raise TaskOptionError((key,), f"task {name!r}: {err}") from None
+        if config.environment_factory:
+            self.factory = _trl_factory(self.factory, self)
         self.max_turns = config.max_turns
 
     def make_env(self, problem: Problem) -> Env:
@@ -55,6 +75,23 @@ class EnvDataTask(DataTask):
         h = hashlib.sha256(super().fingerprint().encode())
         h.update(self.factory.name.encode() + self.factory.source.encode())
         return h.hexdigest()[:16]
+
+
+def _trl_factory(cls: RewardFunction, task: EnvDataTask) -> RewardFunction:
+    """The `make_env(row)` a TRL user would otherwise write: `TRLEnvironment(cls, row,
+    reward_funcs=<the task's rewards>, ...)`, named and hashed as the class (`temper.envs.adapters`)."""
+    from temper.envs.adapters.trl_factory import TRLEnvironment  # (transformers, for the tool schemas)
+
+    def make_env(row: dict[str, Any]) -> TRLEnvironment:
+        return TRLEnvironment(
+            cls.fn,
+            row,
+            reward_funcs=task.rewards,
+            reward_weights=task.weights,
+            correct_threshold=task.config.correct_threshold,
+        )
+
+    return RewardFunction(cls.name, make_env, cls.source)
 
 
 class _GradedEnv:
@@ -86,7 +123,7 @@ class _GradedEnv:
     @property
     def tools(self) -> Any:
         """The wrapped env's tool schemas (a ToolEnv's, a TRL environment class's), for the prompt."""
-        return getattr(self.env, "tools", None) if self.env is not None else None
+        return tools_of(self.env)
 
     def reset(self) -> list[dict[str, Any]]:
         name = self.task.factory.name
@@ -135,20 +172,18 @@ class _GradedEnv:
         return result
 
     def cut(self, reason: str) -> dict[str, Any]:
-        cut = getattr(self.env, "cut", None)
-        if cut is None:
+        if not isinstance(self.env, Cuttable):
             return {}
         try:
-            return dict(cut(reason) or {})
+            return dict(self.env.cut(reason) or {})
         except Exception as err:
             raise guard.raised(err, f"env {self.label}.cut", self.context) from err
 
     def close(self) -> None:
-        close = getattr(self.env, "close", None)
-        if close is None:
+        if not isinstance(self.env, Closable):
             return
         try:
-            close()
+            self.env.close()
         except Exception as err:
             raise guard.raised(err, f"env {self.label}.close", self.context) from err
 

@@ -43,6 +43,8 @@ from typing import Any
 
 from pydantic import ConfigDict
 
+from temper.tasks.base import path_signals_of
+
 KINDS = ("violation", "compliance", "progress")
 """The kinds a task may declare for a path signal."""
 
@@ -138,7 +140,7 @@ def declared_signals(tasks: Mapping[str, Any] | Iterable[Any]) -> tuple[dict[str
     by: dict[str, str] = {}
     conflicts: list[str] = []
     for name, task in named:
-        for signal, kind in (getattr(task, "path_signals", None) or {}).items():
+        for signal, kind in path_signals_of(task).items():
             if kind not in KINDS:
                 conflicts.append(
                     f"task {name!r} declares path signal {signal!r} of kind {kind!r}; kinds: {', '.join(KINDS)}"

@@ -47,7 +47,17 @@ from typing import TYPE_CHECKING, Any
 
 from temper import guard
 from temper.data.chat import check_tool_template, prompt_ids
-from temper.envs.base import Env, StepResult, TaskEnv
+from temper.envs.base import (
+    Closable,
+    Cuttable,
+    DescribesCalls,
+    Env,
+    Labelled,
+    StepResult,
+    StepsInBatch,
+    TaskEnv,
+    tools_of,
+)
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 from temper.rollout.trajectory import Segment, StopReason, Trajectory
 from temper.tasks.base import Score
@@ -116,7 +126,7 @@ def run_episodes(
         raise ValueError(f"got {len(seeds)} seeds for {len(envs_G_N)} groups")
     flat = [(g, n, env) for g, envs in enumerate(envs_G_N) for n, env in enumerate(envs)]
     resets = _resets([env for _, _, env in flat], workers)
-    if any(getattr(env, "tools", None) for (_, _, env), r in zip(flat, resets, strict=True) if r.ok):
+    if any(tools_of(env) for (_, _, env), r in zip(flat, resets, strict=True) if r.ok):
         check_tool_template(tokenizer)  # a template without tool support fails here, not mid-batch
     episodes: list[_Episode] = []
     failed: list[_Episode] = []
@@ -130,7 +140,7 @@ def run_episodes(
             ).line
         elif not error:
             try:
-                ids = prompt_ids(tokenizer, messages, getattr(env, "tools", None))
+                ids = prompt_ids(tokenizer, messages, tools_of(env))
             except Exception as err:  # messages of the env's making that the chat template cannot render
                 error = guard.raised(
                     err, f"the chat template, on the messages {_what(env, 'reset')} returned"
@@ -169,13 +179,14 @@ def _resets(envs: list[Env], workers: int) -> list[guard.Done]:
 
 def _label(env: Any) -> str:
     """What a failure's line calls an env: its own `label` (a user's env names its factory), else its class."""
-    return getattr(env, "label", None) or type(env).__name__
+    return (env.label if isinstance(env, Labelled) else None) or type(env).__name__
 
 
 def _what(env: Any, method: str) -> str:
     """What a failure's line calls a call of `env.<method>`."""
-    describe = getattr(env, "describe", None)
-    return describe(method) if callable(describe) else f"env {_label(env)}.{method}"
+    if isinstance(env, DescribesCalls) and callable(env.describe):  # a `describe` string is no method
+        return env.describe(method)
+    return f"env {_label(env)}.{method}"
 
 
 def _failure(env: Any, method: str, done: guard.Done, limit: float) -> str:
@@ -252,7 +263,7 @@ def _step_round(
     batched: dict[tuple, list[_Episode]] = {}
     threaded: list[_Episode] = []
     for e in live:
-        if hasattr(type(e.env), "step_batch"):
+        if isinstance(e.env, StepsInBatch):
             # an env class may batch across groups (a simulator LM: one call for the whole round)
             across = getattr(type(e.env), "batch_across_groups", False)
             batched.setdefault((type(e.env), -1 if across else e.group), []).append(e)
@@ -362,7 +373,7 @@ def _apply(
         e.messages += [{"role": "assistant", "content": e.turn_text + action}, *result.messages]
         e.turn_text = ""
         try:
-            full = prompt_ids(tokenizer, e.messages, getattr(e.env, "tools", None))
+            full = prompt_ids(tokenizer, e.messages, tools_of(e.env))
         except Exception as err:  # messages of the env's making that the chat template cannot render
             line = guard.raised(
                 err, f"the chat template, on the messages {_what(e.env, 'step')} returned"
@@ -411,19 +422,13 @@ def _close(ended: list[_Episode], workers: int) -> None:
 
     def finish(e: _Episode) -> dict[str, Any]:
         signals: dict[str, Any] = {}
-        cut = getattr(e.env, "cut", None)
-        if cut is not None and e.trajectory.stop_reason in CUT:
-            signals = dict(cut(e.trajectory.stop_reason) or {})
-        close = getattr(e.env, "close", None)
-        if close is not None:
-            close()
+        if isinstance(e.env, Cuttable) and e.trajectory.stop_reason in CUT:
+            signals = dict(e.env.cut(e.trajectory.stop_reason) or {})
+        if isinstance(e.env, Closable):
+            e.env.close()
         return signals
 
-    calls = [
-        e
-        for e in ended
-        if getattr(e.env, "close", None) is not None or getattr(e.env, "cut", None) is not None
-    ]
+    calls = [e for e in ended if isinstance(e.env, Closable | Cuttable)]
     limit = guard.timeout_s()
     for e, done in zip(
         calls, guard.run_all([lambda e=e: finish(e) for e in calls], limit, workers, "close"), strict=True

@@ -25,7 +25,7 @@ import copy
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
     import torch
@@ -79,14 +79,43 @@ class Sampler(Protocol):
         ...
 
 
+# What a sampler may offer besides `Sampler`, checked with `isinstance` where it is used (a wrapper
+# that delegates with `__getattr__` declares these itself: on Python 3.12+ `isinstance` does not
+# look through `__getattr__`).
+
+
+@runtime_checkable
+class HoldsModel(Protocol):
+    """A sampler that runs a model in this process, which temper may read (its token probabilities
+    for a `choice` judge, its generation config's eos ids); None: none to read. Implemented by
+    `HFSampler` (and AdaptThink's `ForcedFirstToken`, its backend's); read through `model_of` by
+    `sampler_stop_ids` and the judge of `model: policy`."""
+
+    model: Any  # a torch.nn.Module, or None
+
+
+def model_of(sampler: Any) -> Any:
+    """The in-process model a sampler runs; None for one that runs none (a vLLM engine)."""
+    return sampler.model if isinstance(sampler, HoldsModel) else None
+
+
+@runtime_checkable
+class StopsAtTokens(Protocol):
+    """A sampler configured to stop at token ids besides the model's eos ids (the recipe's
+    `model.eos_token`). Implemented by `VLLMSampler`; read by `sampler_stop_ids`."""
+
+    stop_token_ids: Sequence[int]
+
+
 def sampler_stop_ids(sampler: Sampler, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The token ids `sampler` stops at: the tokenizer's eos and its model's generation config
     (HFSampler reads both, `hf_sampler.stop_ids`), plus an engine's configured `stop_token_ids`
     (VLLMSampler)."""
     from temper.models.chat import eos_ids
 
-    ids = eos_ids(getattr(sampler, "model", None), tokenizer)
-    return ids + [int(i) for i in getattr(sampler, "stop_token_ids", []) if int(i) not in ids]
+    ids = eos_ids(model_of(sampler), tokenizer)
+    extra = sampler.stop_token_ids if isinstance(sampler, StopsAtTokens) else []
+    return ids + [int(i) for i in extra if int(i) not in ids]
 
 
 def check_sample_args(

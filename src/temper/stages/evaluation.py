@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.markup import escape
 
+from temper.envs.base import EnvTask
 from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_eval
 from temper.models import load_model
 from temper.models.chat import eos_ids
@@ -219,7 +220,7 @@ def uses(stage: EvalStage) -> list[Use]:
 def task_rules(stage: EvalStage, tasks: dict[str, Any]) -> list[tuple[Loc, str]]:
     """A reward model ranks (prompt, completion) ids, and a judge reads one answer: not the
     episodes of an environment task."""
-    envs = [t for t in stage.tasks or list(tasks) if getattr(tasks.get(t), "make_env", None) is not None]
+    envs = [t for t in stage.tasks or list(tasks) if isinstance(tasks.get(t), EnvTask)]
     out: list[tuple[Loc, str]] = []
     if stage.judge is not None and envs:
         out.append(

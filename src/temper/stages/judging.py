@@ -7,6 +7,7 @@ from typing import Any
 from temper.models import load_model
 from temper.rewards.judge import ChoiceJudge, Judge, JudgeSpec, LocalJudge, endpoint_judge
 from temper.rollout import HFSampler
+from temper.rollout.sampler import model_of
 from temper.stages.base import StageError
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_tokenizer
@@ -20,7 +21,7 @@ def load_judge(spec: JudgeSpec, ctx: StageContext, sampler: Any, tokenizer: Any,
     if spec.url:
         return endpoint_judge(spec)
     if spec.model == "policy":
-        if spec.verdict == "choice" and getattr(sampler, "model", None) is None:
+        if spec.verdict == "choice" and model_of(sampler) is None:
             raise StageError("judge.verdict: choice reads the policy's token probabilities: use sampler: hf")
         choose = ChoiceJudge(sampler.model, tokenizer) if spec.verdict == "choice" else None
         return Judge(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ from rich.console import Console
 from temper import distributed
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
+from temper.envs.base import EnvTask
 from temper.models import load_model, save_trained
 from temper.rollout import HFSampler
 from temper.rollout.sampler import derive_seed
@@ -42,7 +44,7 @@ from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
 from temper.stages.teachers import load_frozen_teacher
-from temper.tasks.base import Problem, Task, grade_batch
+from temper.tasks.base import Problem, Score, Task, grade_batch
 from temper.train.prompt_distill import Pair, PromptDistill
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -107,7 +109,19 @@ class Instructed:
             replace(p, chat=with_system(p.messages(), self.system)) for p in self.task.sample(split, n, seed)
         ]
 
-    def __getattr__(self, name: str) -> Any:  # score, score_batch, name, ...: the task's own
+    def score_batch(
+        self,
+        problems: Sequence[Problem],
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[Score]:
+        """Graded as the task grades: a batch at once when it can (`BatchScored`), else one by one.
+        Declared here, not left to `__getattr__`: `isinstance` against a protocol does not look
+        through `__getattr__` on Python 3.12+, so `grade_batch` would grade a batch task's
+        completions one by one."""
+        return grade_batch(self.task, problems, completions, completion_ids)
+
+    def __getattr__(self, name: str) -> Any:  # score, name, ...: the task's own
         return getattr(self.task, name)
 
 
@@ -174,7 +188,7 @@ def teacher_samples(
 def run_prompt_distill(stage: PromptDistillStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     began = time.perf_counter()
     tasks = {name: ctx.tasks[name] for name in stage.tasks}
-    if envs := [n for n, t in tasks.items() if getattr(t, "make_env", None) is not None]:
+    if envs := [n for n, t in tasks.items() if isinstance(t, EnvTask)]:
         raise StageError(f"prompt_distill: {envs} are environment tasks; it distills single-turn prompts")
     tokenizer, student = load_chat_model(source, ctx)
     if stage.teacher:

@@ -46,6 +46,7 @@ from temper.data import contamination
 from temper.data.chat import prompt_ids
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example
+from temper.envs.base import EnvTask
 from temper.models import load_model, save_trained
 from temper.rollout import HFSampler
 from temper.rollout.sampler import derive_seed
@@ -214,7 +215,7 @@ def round_dir(out: Path, r: int) -> Path:
 def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     """Rounds 1..R (round 0 is the starting model's accuracy); resumes after the last complete round."""
     tasks = {name: ctx.tasks[name] for name in stage.tasks}
-    if envs := [n for n, t in tasks.items() if getattr(t, "make_env", None) is not None]:
+    if envs := [n for n, t in tasks.items() if isinstance(t, EnvTask)]:
         raise StageError(
             f"rft: {envs} are environment tasks (multi-turn episodes); rft samples single-turn tasks"
         )

@@ -32,7 +32,9 @@ from temper.stages.base import (
     raise_located,
 )
 from temper.stages.context import StageContext
-from temper.tasks.base import Task, TaskOptionError
+from temper.stages.judging import load_judge
+from temper.stages.loading import load_chat_model, whole_model
+from temper.tasks.base import BuiltFromRecipe, SamplesAtStep, Task, TaskOptionError
 from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
 from temper.train.features.base import SetupError
@@ -135,7 +137,7 @@ def stage_tasks(stage: RLStage, tasks: dict[str, Task]) -> dict[str, Task]:
             out[name] = task
             continue
         config = getattr(task, "config", None)
-        if not dataclasses.is_dataclass(config) or hasattr(type(task), "build"):
+        if not dataclasses.is_dataclass(config) or isinstance(type(task), BuiltFromRecipe):
             raise TaskOptionError(
                 (name,), f"task {name!r} takes no stage task_options (only built-in configured tasks do)"
             )
@@ -333,8 +335,6 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     import torch
 
-    from temper.stages.judging import load_judge
-    from temper.stages.loading import load_chat_model, whole_model
     from temper.train.rl import problems_for_step, train_rl
 
     config = stage.train
@@ -384,7 +384,7 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
         )
     # the prompts the run's steps draw (dynamic sampling's refills aside), against the eval sets;
     # a curriculum task (sample_at_step) grows its pool as it trains, so it is not enumerated here
-    drawn_from = [t for t in tasks.values() if getattr(t, "sample_at_step", None) is None]
+    drawn_from = [t for t in tasks.values() if not isinstance(t, SamplesAtStep)]
     drawn = [
         p for step in range(config.steps) for _, p in problems_for_step(drawn_from, config.prompts_per_step, config.seed, step)
     ] if drawn_from else []  # fmt: skip

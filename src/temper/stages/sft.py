@@ -20,6 +20,7 @@ from temper.data import contamination
 from temper.data.dataset import build_sequences, require_sequences
 from temper.data.formats import Example, first_row_is_chat, load_rows
 from temper.data.mask_view import mask_views
+from temper.envs.base import EnvTask, tools_of
 from temper.models import require_chat_template, save_trained, with_lora
 from temper.stages.base import (
     EpochRows,
@@ -43,6 +44,7 @@ from temper.stages.ranking import (
     load_ranker,
     reward_model_use,
 )
+from temper.tasks.base import DemonstratesEpisodes, KeysProblems, MarksEnvironmentSpans
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -132,15 +134,15 @@ def demonstrations(
         task = ctx.tasks[name]
         count = n.get(name, 0) if isinstance(n, dict) else n
         for i, problem in enumerate(task.sample(split, count, seed)):
-            if hasattr(task, "demonstration_messages"):  # a multi-turn episode: every move trained
+            if isinstance(task, DemonstratesEpisodes):  # a multi-turn episode: every move trained
                 messages = task.demonstration_messages(problem)
             else:
                 messages = problem.messages() + [
                     {"role": "assistant", "content": task.demonstration(problem)}
                 ]
-            spans = tuple(task.environment_spans(problem)) if hasattr(task, "environment_spans") else ()
-            tools = getattr(task, "tools", None)  # the schemas an env task's prompts show (multi_tool)
-            key = task.problem_key(problem) if hasattr(task, "problem_key") else None
+            spans = tuple(task.environment_spans(problem)) if isinstance(task, MarksEnvironmentSpans) else ()
+            tools = tools_of(task)  # the schemas an env task's prompts show (multi_tool)
+            key = task.problem_key(problem) if isinstance(task, KeysProblems) else None
             out.append(
                 Example(
                     source=f"task:{name}:{split}",
@@ -332,7 +334,7 @@ def task_rules(stage: SFTStage, tasks: dict[str, Any]) -> list[tuple[Any, str]]:
             "demonstrations can go in data.tasks)",
         )
         for j, name in enumerate(bon.tasks)
-        if getattr(tasks.get(name), "make_env", None) is not None
+        if isinstance(tasks.get(name), EnvTask)
     ]
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from temper import guard
@@ -102,6 +103,140 @@ class Task(Protocol):
         ...
 
 
+# What a task may do besides the four methods of `Task`: one protocol per optional capability,
+# checked with `isinstance` where it is used. Runtime-checkable protocols look at the members only,
+# so a class that has them is one without subclassing anything (a user's task included); a method
+# set to None counts as absent. The capabilities of environment tasks and envs (`make_env`, `cut`,
+# tools...) are in `temper.envs.base`.
+
+
+@runtime_checkable
+class BatchScored(Protocol):
+    """A task that grades a group of completions in one call (reward functions that take a batch,
+    as TRL calls them). Implemented by `DataTask`; called by `grade_batch`, which grades one by one
+    through `score` for a task without it."""
+
+    def score_batch(
+        self,
+        problems: Sequence[Problem],
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[Score]: ...
+
+
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """A task that reads something beyond its options (a data task's rows and reward code): a
+    digest of it, which the stage hash covers, so editing the data reruns the stage. Implemented by
+    `DataTask` (and `EnvDataTask`) and `TwoMode` (its base task's); read by
+    `catalog.task_fingerprints`."""
+
+    def fingerprint(self) -> str: ...
+
+
+@runtime_checkable
+class BuiltFromRecipe(Protocol):
+    """A task CLASS with a `build(config, name, base_dir)` classmethod: a task that reads files
+    relative to the recipe's folder, or whose recipe key is its name. Checked on the class
+    (`isinstance(cls, BuiltFromRecipe)`). Implemented by `DataTask`, `ReasoningGym` and
+    `SimulatedSearchTask`; called by `catalog.make_task` instead of `cls(config)`, and the rl stage
+    refuses stage `task_options` for such a task (it cannot be rebuilt from its config alone)."""
+
+    def build(self, config: Any, name: str, base_dir: Path | None) -> Task: ...
+
+
+@runtime_checkable
+class WrapsTask(Protocol):
+    """A task CLASS over another task that the catalog builds: a `wrap(config, name, make_inner)`
+    classmethod, `make_inner()` building the base task from the entry's options. Checked on the
+    class. Implemented by `TwoMode`; called by `catalog.make_task`."""
+
+    def wrap(self, config: Any, name: str, make_inner: Callable[[], Task]) -> Task: ...
+
+
+@runtime_checkable
+class SamplesAtStep(Protocol):
+    """A task whose RL training problems depend on the step (a curriculum: a noise schedule, a pool
+    grown from failures). Implemented by `SimulatedSearchTask` and `CodeRepairTask`; the RL loop
+    (`train.collect.problems_for_step`) calls it instead of `sample`, and the rl stage leaves such a
+    task out of the contamination screen of the drawn prompts (its pool is not known up front)."""
+
+    def sample_at_step(self, split: str, n: int, seed: int, step: int) -> list[Problem]: ...
+
+
+@runtime_checkable
+class DeclaresPathSignals(Protocol):
+    """A task whose episodes emit named signals about the path (signal -> kind, one of
+    `temper.rewards.path.KINDS`), which RLVP path rewards and the reward-hacking monitors read; a
+    class attribute, so the rl config can read it off the class. Implemented by `MultiToolTask`
+    and `CodeRepairTask`; read through `path_signals_of` by `rewards.path`, the rl config's check
+    of `rewards` keys and the monitors feature."""
+
+    path_signals: Mapping[str, str]
+
+
+def path_signals_of(task: Any) -> Mapping[str, str]:
+    """The path signals a task (or task class) declares; {} for one that declares none (or None)."""
+    return (task.path_signals or {}) if isinstance(task, DeclaresPathSignals) else {}
+
+
+class FailureCurriculum(Protocol):
+    """A train pool that grows from the problems whose whole RL group failed
+    (`temper.envs.code_repair.curriculum.Curriculum`)."""
+
+    def resume(self, out_dir: Path, start: int, main: bool) -> None:
+        """Replay the growth logged before step `start` (a resumed run)."""
+        ...
+
+    def after_step(self, step: int, drawn: list[tuple[str, bool]]) -> dict[str, float]:
+        """Grow from the step's (problem id, whole group failed) pairs; the step's metrics."""
+        ...
+
+
+@runtime_checkable
+class CurriculumTask(Protocol):
+    """A task that may grow its train pool from failures: `failure_curriculum` is the curriculum,
+    or None when the recipe did not ask for one (present but None means no curriculum: read it
+    through `curriculum_of`). Implemented by `CodeRepairTask` (its `curriculum:` option); the curriculum
+    RL feature (`train.features.curriculum`) grows it after each step."""
+
+    failure_curriculum: FailureCurriculum | None
+
+
+def curriculum_of(task: Any) -> FailureCurriculum | None:
+    """The task's failure curriculum; None for a task without one (or with it off)."""
+    return task.failure_curriculum if isinstance(task, CurriculumTask) else None
+
+
+@runtime_checkable
+class DemonstratesEpisodes(Protocol):
+    """A multi-turn task whose SFT demonstration is a whole episode (every move an assistant turn,
+    the environment's answers between them) rather than one answer after the prompt. Implemented
+    by the environment tasks `treasure_hunt`, `multi_tool`, `code_repair` and `simulated_search`;
+    called by the sft stage instead of `demonstration`."""
+
+    def demonstration_messages(self, problem: Problem) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class MarksEnvironmentSpans(Protocol):
+    """A task whose demonstrations hold text the environment writes inside the assistant turn (an
+    inline tool's output): those spans are masked out of the SFT loss. Implemented by
+    `CalculatorTask`; called by the sft stage."""
+
+    def environment_spans(self, problem: Problem) -> list[str]: ...
+
+
+@runtime_checkable
+class KeysProblems(Protocol):
+    """A task whose prompt does not identify a problem (an environment's first observation, which
+    other problems share): `problem_key` does (the treasure hunt's map), and the contamination
+    check matches its eval problems by key, not by text. Implemented by `TreasureHuntTask`; called
+    by `temper.data.contamination` and the sft stage's demonstrations."""
+
+    def problem_key(self, problem: Problem) -> str: ...
+
+
 class TaskOptionError(ValueError):
     """A task option that cannot be used (a data column that is not there, a reward function that
     cannot be imported); `option` is its key path inside the task entry, so a recipe error points
@@ -160,14 +295,13 @@ def grade_batch(
     functions that take a whole batch, as TRL calls them: one call per group, not per sample),
     else `grade` one by one. A `score_batch` that raises grades every completion as a
     verifier_error (a task that can tell which completion broke it catches that itself)."""
-    batch = getattr(task, "score_batch", None)
-    if batch is None:
+    if not isinstance(task, BatchScored):
         return [grade(task, p, c) for p, c in zip(problems, completions, strict=True)]
     context = f"problem {problems[0].id}" if problems else ""
     if len({p.id for p in problems}) > 1:
         context = f"{len(problems)} completions ({problems[0].id}, ...)"
     try:
-        scores = list(batch(list(problems), list(completions), completion_ids))
+        scores = list(task.score_batch(list(problems), list(completions), completion_ids))
     except Exception as err:
         failure = guard.raised(err, _verifier(task), context)
         return [verifier_error(failure) for _ in completions]

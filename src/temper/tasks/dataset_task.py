@@ -86,9 +86,10 @@ class DataTaskConfig:
     """Reference column the built-in graders compare with."""
     id: str | None = None
     """Column of a stable problem id (default: source:row)."""
-    rewards: tuple[Any, ...] = ("exact_match",)
+    rewards: tuple[Any, ...] | None = None
     """Reward functions: module:function, path/file.py:function, or a built-in grader (exact_match,
-    numeric_match, math_verify, regex; options as {grader: numeric_match, tolerance: 0.01})."""
+    numeric_match, math_verify, regex; options as {grader: numeric_match, tolerance: 0.01}).
+    Default: exact_match; none with an `environment_factory` (its get_reward() may be the grade)."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function (TRL's reward_weights); default 1 each."""
     correct_threshold: float = 1.0
@@ -101,11 +102,18 @@ class DataTaskConfig:
     dict) and returning a temper Env (`temper.envs.base`): the task becomes multi-turn. The
     episode's outcome is the env's final score; when the env gives none, the reward functions
     grade the last assistant turn."""
+    environment_factory: str | None = None
+    """A TRL environment class (`GRPOTrainer(environment_factory=...)`), module:Class or
+    path/file.py:Class: each episode makes an instance and calls its reset(**row); its public
+    methods are the tools (their schemas rendered into the prompt), and the final answer is graded
+    by `rewards` (TRL's signature, with `environments=`) plus the class's get_reward(), if any."""
     max_turns: int = 8
-    """Actions per episode of an `env` task."""
+    """Actions per episode of an `env` or `environment_factory` task."""
 
     def __post_init__(self) -> None:
         rewards = self.rewards
+        if rewards is None:
+            rewards = () if self.environment_factory else ("exact_match",)
         object.__setattr__(self, "rewards", tuple([rewards] if isinstance(rewards, (str, dict)) else rewards))
         if self.reward_weights is not None:
             object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
@@ -213,7 +221,7 @@ class DataTask:
                     else f" (built-in graders: {', '.join(GRADERS)}; yours: module:function)"
                 )
                 raise TaskOptionError(("rewards", i), f"task {self.name!r}: {err}{hint}") from None
-        if not out:
+        if not out and not self.config.environment_factory:  # (a TRL class may grade by get_reward)
             raise TaskOptionError(("rewards",), f"task {self.name!r}: give at least one reward")
         return out
 
@@ -292,6 +300,8 @@ class DataTask:
             [p.data["row"] for p in problems],
             labels=[f"problem {p.id}" for p in problems],
         )
+        if not self.rewards:  # an environment_factory task graded by get_reward alone: no grade outside it
+            return [Score(0.0, False, False, {"reason": "no_reward_functions"}) for _ in completions]
         first = self.rewards[0]
         scores = []
         for i, text in enumerate(completions):

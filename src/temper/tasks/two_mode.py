@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from temper.tasks.base import Problem, Score, TaskOptionError
+from temper.tasks.base import Fingerprinted, Problem, Score, TaskOptionError
 
 THINK = "Think:"
 """The thinking mode's first text: the worked solution follows."""
@@ -93,8 +93,7 @@ class TwoMode:
 
     def fingerprint(self) -> str:
         """The base task's (what it reads beyond its options: a data task's rows), if it has one."""
-        inner = getattr(self.inner, "fingerprint", None)
-        return inner() if inner is not None else ""
+        return self.inner.fingerprint() if isinstance(self.inner, Fingerprinted) else ""
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
         return [dataclasses.replace(p, task=self.task_name) for p in self.inner.sample(split, n, seed)]

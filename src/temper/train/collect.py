@@ -18,7 +18,7 @@ from temper.rewards.judge import GroupScorer
 from temper.rollout import Sampler
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import derive_seed
-from temper.tasks.base import Problem, Task
+from temper.tasks.base import Problem, SamplesAtStep, Task
 from temper.train.features import Features, Step, shapers
 from temper.train.rollouts import Group, grade_episodes
 from temper.train.user_code import GroupFailure, group_failure
@@ -41,8 +41,10 @@ def problems_for_step(
     for i, task in enumerate(tasks):
         k = n // len(tasks) + (i < n % len(tasks))
         key = derive_seed(seed, step, stream, i)
-        at_step = getattr(task, "sample_at_step", None)
-        drawn = at_step("train", k, seed=key, step=step) if at_step else task.sample("train", k, seed=key)
+        if isinstance(task, SamplesAtStep):
+            drawn = task.sample_at_step("train", k, seed=key, step=step)
+        else:
+            drawn = task.sample("train", k, seed=key)
         out += [(task, p) for p in drawn]
     return out
 

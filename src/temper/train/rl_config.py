@@ -20,6 +20,7 @@ from temper.catalog import TASKS
 from temper.precision import Precision
 from temper.rewards import BATCH_COMPONENTS, COMPONENTS
 from temper.rewards.path import PRINCIPLES
+from temper.tasks.base import path_signals_of
 from temper.train.features import StageView, with_feature_blocks
 from temper.train.features import hashed as feature_hashed
 from temper.train.features import rules as feature_rules
@@ -212,7 +213,7 @@ def core_rules(config: RLConfig, stage: StageView | None = None) -> list[Error]:
 def _unknown_component(name: str) -> str:
     """The error for a `rewards` key that is no component; a path signal some task declares (or
     `path` itself) is refused naming RLVP principle 4, since it belongs in `train.path`."""
-    signals = {s for cls in TASKS.values() for s in (getattr(cls, "path_signals", None) or {})}
+    signals = {s for cls in TASKS.values() for s in path_signals_of(cls)}
     if name == "path" or name in signals:
         return (
             f"{PRINCIPLES[4]}: {name!r} is {'the path term' if name == 'path' else 'a path signal'}, not a "

@@ -34,7 +34,7 @@ from temper.atomic import atomic_write_json
 from temper.envs.base import make_env
 from temper.lazy import no_grad
 from temper.rollout.loop import EpisodeLimits, run_episodes
-from temper.rollout.sampler import Sample, Sampler, derive_seed, prompt_seeds
+from temper.rollout.sampler import Sample, Sampler, StopsAtTokens, derive_seed, model_of, prompt_seeds
 from temper.tasks.base import Problem, Task
 from temper.tasks.two_mode import marker_ids
 from temper.train.features.base import BatchExtras, Error, Hooks, RLFeature, RunStart, StageView, Step, at
@@ -82,10 +82,21 @@ class ForcedFirstToken:
         self.direct_share = direct_share
         self.direct_id, self.think_id = marker_ids(tokenizer)
 
+    @property
+    def model(self) -> Any:
+        """The backend's in-process model (`HoldsModel`), declared rather than left to
+        `__getattr__`, which `isinstance` does not consult on Python 3.12+."""
+        return model_of(self.inner)
+
+    @property
+    def stop_token_ids(self) -> Sequence[int]:
+        """The backend's extra stop ids (`StopsAtTokens`); none when it has none."""
+        return self.inner.stop_token_ids if isinstance(self.inner, StopsAtTokens) else ()
+
     def __getattr__(self, attr: str):
         if attr == "inner":  # not set yet (copy/pickle): never recurse
             raise AttributeError(attr)
-        return getattr(self.inner, attr)  # the model, precision, stop ids of the backend
+        return getattr(self.inner, attr)  # the precision and the rest of the backend
 
     def sample(
         self,

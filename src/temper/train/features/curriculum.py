@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper import distributed
+from temper.tasks.base import curriculum_of
 from temper.train.features.base import Hooks, RLFeature, RunStart, Step
 
 
@@ -39,7 +40,7 @@ def grow_curricula(curricula: dict[str, Any], graded: list[Any], step: int) -> d
 
 
 def start(config: Any, run: RunStart) -> Curricula | None:
-    curricula = {t.name: c for t in run.tasks if (c := getattr(t, "failure_curriculum", None)) is not None}
+    curricula = {t.name: c for t in run.tasks if (c := curriculum_of(t)) is not None}
     return Curricula(curricula, run) if curricula else None
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from temper.rewards import monitors
 from temper.rewards.monitors import MonitorConfig
+from temper.tasks.base import path_signals_of
 from temper.train.features.base import Error, Hooks, RLFeature, RunStart, Step
 
 console = Console(stderr=True)
@@ -41,7 +42,7 @@ class Monitors(Hooks):
         for row in self.past:
             monitors.new_flags(row, self.flagged)
         self.violations = [
-            n for t in run.tasks for n, kind in getattr(t, "path_signals", {}).items() if kind == "violation"
+            n for t in run.tasks for n, kind in path_signals_of(t).items() if kind == "violation"
         ]
 
     def after_step(self, step: Step, row: dict[str, Any]) -> dict[str, Any]:

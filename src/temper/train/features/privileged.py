@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from temper.data.chat import prompt_ids
+from temper.envs.base import EnvTask
 from temper.tasks.base import Problem, Task
 from temper.train.features.base import BatchExtras, Error, Hooks, RLFeature, RunStart, StageView, Step
 
@@ -89,7 +90,7 @@ def task_rules(config: Any, tasks: dict[str, Task]) -> list[Error]:
     """The privileged context is added to a single-turn prompt: environment tasks are refused."""
     if config.teacher_context == "none":
         return []
-    if envs := [name for name, t in tasks.items() if getattr(t, "make_env", None) is not None]:
+    if envs := [name for name, t in tasks.items() if isinstance(t, EnvTask)]:
         return [(("train", "teacher_context"), f"single-turn tasks only; {envs} are environment tasks")]
     return []
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ConfigDict
 
+from temper.envs.base import EnvTask
 from temper.models.tokenizer import tokenizer_mismatch
 from temper.rewards.process_reward_model import (
     PRM,
@@ -83,7 +84,7 @@ def rules(config: Any, stage: Any) -> list[Error]:
 
 
 def task_rules(config: Any, tasks: dict[str, Task]) -> list[Error]:
-    if PRM in config.rewards and (envs := [n for n, t in tasks.items() if getattr(t, "make_env", None)]):
+    if PRM in config.rewards and (envs := [n for n, t in tasks.items() if isinstance(t, EnvTask)]):
         return [
             (
                 ("train", "rewards", PRM),
