@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
-#   make demo   set up .venv and run the default recipe end to end on the CPU (report in runs/quickstart)
-#   make test   set up .venv and run the whole test suite
+#   make demo   set up .venv (the package, no dev extras) and run the default recipe end to end on
+#               the CPU (report in runs/quickstart)
+#   make test   set up .venv with the dev extras and run the whole test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,14 +14,20 @@ TORCH_SPEC ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# what `make demo` needs: the package and its runtime dependencies, no dev extras
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q $(TORCH_SPEC); fi
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# the tests' reference cross-checks and fixtures on top (TRL, TensorBoard, gymnasium, MCP, OpenEnv...)
+$(VENV)/.installed: $(VENV)/.runtime
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-demo: setup
+demo: $(VENV)/.runtime
 	$(BIN)/temper run recipes/quickstart.yaml
 
 # pytest exits 5 when it collected no tests: for this project that is a broken suite, not a pass.

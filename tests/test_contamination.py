@@ -200,3 +200,40 @@ def test_a_task_without_an_ood_split_gives_no_ood_set(tasks):
             return tasks["arithmetic"].sample(split, n, seed)
 
     assert list(eval_sets({"rows": NoOod()}, [], 10)) == ["rows:test"]
+
+
+def test_an_env_task_is_matched_by_its_map_not_its_first_view(tmp_path):
+    """The treasure hunt's prompt is the first 3x3 view, which seen and unseen maps share; the
+    check compares maps (`problem_key`), so the shipped recipe's disjoint splits are clean, and a
+    demonstration or an RL prompt of an unseen map is still caught."""
+    from temper.stages.sft import demonstrations
+
+    hunt = make_recipe_task(
+        "treasure_hunt", {"size": 4, "train_maps": 500, "progress": 0.1, "instructions": False}, Path(".")
+    )
+    ctx = StageContext(tmp_path, tmp_path, {"treasure_hunt": hunt}, {})
+    ctx.eval_specs = [(["treasure_hunt"], ["test"], 30, 1234)]
+    ctx.contamination = ContaminationSpec(eval_problems=200)
+    seen = demonstrations(ctx, ["treasure_hunt"], "train", 300, 1)
+    unseen = hunt.sample("test", 200, HELD_OUT_SEED)
+    # the premise: by their first views alone, most seen maps look like unseen ones
+    shared = {r.messages[0]["content"] for r in seen} & {p.prompt for p in unseen}
+    assert len(shared) > 10
+    _, block = screen(seen, ctx, "sft")
+    assert block["contaminated"] == 0 and set(block["eval_sets"]) == {
+        "treasure_hunt:test",
+        "treasure_hunt:ood",
+    }
+    leaked = demonstrations(ctx, ["treasure_hunt"], "test", 2, HELD_OUT_SEED)  # the first held-out maps
+    _, block = screen(seen[:5] + leaked, ctx, "sft")
+    assert block["contaminated"] == 2 and block["examples"][0]["how"] == "same problem"
+    assert [e["row"] for e in block["examples"]] == ["task:treasure_hunt:test:1", "task:treasure_hunt:test:2"]
+    _, block = screen(unseen[:3], ctx, "rl", can_drop=False)  # RL prompts: the Problems themselves
+    assert block["contaminated"] == 3
+
+
+def test_an_eval_of_the_train_split_is_no_held_out_set(tasks):
+    from temper.data.contamination import eval_sets
+
+    sets = eval_sets(tasks, [(["arithmetic"], ["train", "test"], 20, 1)], 0)
+    assert list(sets) == ["arithmetic:test"]

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "temper.guard",
             "temper.jsonl",
             "temper.labels",
+            "temper.lazy",
             "temper.precision",
             "temper.stats",
         ),

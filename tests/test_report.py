@@ -529,3 +529,32 @@ def test_header_shows_a_peft_adapter_folder_as_an_adapter(tmp_path: Path, tokeni
     n = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
     page = write_report(tmp_path).read_text()
     assert "<tr><td>01-sft</td><td>LORA adapter on " in page and f", {n:,} parameters, ?</td>" in page
+
+
+def test_the_header_names_the_tools_the_episodes_called(tmp_path):
+    """A run whose eval episodes called a tool says so in the header, per task and model, whatever
+    its chat template can render (the calculator's inline tool needs no tool syntax)."""
+    from temper.report.common import Stage
+    from temper.report.page import header
+
+    def result(calls):
+        return {"episodes": {"episodes": 4, "signals": {"tool_calls": calls, "tool_errors": 0.0}}}
+
+    ev = tmp_path / "run" / "04-eval"
+    ev.mkdir(parents=True)
+    (ev / "eval.json").write_text(
+        json.dumps(
+            {
+                "calculator": {
+                    "tool": {"test": result(1.0), "ood": result(0.5)},
+                    "mental": {"test": result(0.0)},
+                },
+                "arithmetic": {"tool": {"test": {"metrics": {}}}},  # single-turn: no episodes
+                "treasure_hunt": {"rl": {"test": result(0.0)}},  # episodes, no tool calls
+            }
+        )
+    )
+    page = header(tmp_path / "run", [Stage(ev, "eval", 1.0)])
+    assert "Tools: <b>calculator (tool 0.75, mental 0.00 calls per episode)</b>" in page
+    assert "arithmetic (" not in page and "treasure_hunt (" not in page
+    assert "Tools:" not in header(tmp_path / "run", [])

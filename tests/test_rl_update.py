@@ -280,14 +280,14 @@ def test_a_packed_row_gives_each_sequence_its_own_logprobs(tokenizer, arch):
 
 @pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "lm_head"]])
 def test_the_adapter_disabled_reference_gives_the_base_model_logprobs(tokenizer, targets):
-    from temper.stages.rl import _AdapterDisabled
+    from temper.train.rl_update import AdapterDisabled
 
     base = build_preset("nano", tokenizer, seed=0).eval()
     policy = _lora(tokenizer, targets).eval()
     batch = _rollouts(vocab=len(tokenizer))
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6)
     with torch.no_grad():
-        reference = forward_rows(PolicyWithValue(_AdapterDisabled(policy)), p)[0].logp
+        reference = forward_rows(PolicyWithValue(AdapterDisabled(policy)), p)[0].logp
         expected = forward_rows(PolicyWithValue(base), p)[0].logp
         adapted = forward_rows(PolicyWithValue(policy), p)[0].logp
     torch.testing.assert_close(reference, expected, rtol=0, atol=1e-6)

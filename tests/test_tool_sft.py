@@ -350,7 +350,7 @@ def test_an_empty_tool_list_is_no_tools(tokenizer):
 def test_the_report_names_the_template_before_tool_support():
     from temper.report.models import template_name
 
-    assert template_name(CHAT_TEMPLATE_V1).startswith("temper built-in, without tools (sha256 ")
+    assert template_name(CHAT_TEMPLATE_V1).startswith("temper built-in v1, no tool-call syntax (sha256 ")
     assert template_name(CHAT_TEMPLATE).startswith("temper built-in (sha256 ")
 
 

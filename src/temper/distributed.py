@@ -26,23 +26,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
-
-import torch
-from accelerate import Accelerator, PartialState
-from accelerate.utils import broadcast_object_list, gather_object
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from temper.atomic import atomic_dir
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from accelerate import Accelerator, PartialState
 
 T = TypeVar("T")
 
 
 def _cpu() -> bool:
+    import torch
+
     return not torch.cuda.is_available()
 
 
 def state() -> PartialState:
     """The process-wide state: rank, world size, device (gloo on CPU, NCCL on CUDA)."""
+    from accelerate import PartialState
+
     return PartialState(cpu=_cpu())
 
 
@@ -50,12 +53,16 @@ def shutdown() -> None:
     """Leave the process group before the interpreter exits: a live gloo group's threads abort
     the main process at exit about one run in four ("terminate called without an active
     exception", SIGABRT, seen with torch 2.13), failing a run that had finished."""
+    import torch
+
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
 def make_accelerator(**kwargs: Any) -> Accelerator:
     """An Accelerator over the same processes; one per trainer call (it owns what it prepared)."""
+    from accelerate import Accelerator
+
     return Accelerator(cpu=_cpu(), **kwargs)
 
 
@@ -86,6 +93,8 @@ def share(n: int, rank_: int, world: int) -> slice:
 
 def gather(items: list[T]) -> list[T]:
     """Every process's list, concatenated in rank order, on every process (pickled objects)."""
+    from accelerate.utils import gather_object
+
     if world_size() == 1:
         return list(items)
     return gather_object(list(items))
@@ -94,6 +103,8 @@ def gather(items: list[T]) -> list[T]:
 def on_main(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run `fn` on the main process only; the others wait and get its return value, or raise
     its exception (so a failed gate stops every process, not only the main one)."""
+    from accelerate.utils import broadcast_object_list
+
     if world_size() == 1:
         return fn(*args, **kwargs)
     box: list[Any] = [None]
@@ -114,6 +125,8 @@ def shared_atomic_dir(target: str | Path) -> Iterator[Path]:
     """`atomic_dir` that every process writes into (e.g. its own RNG state beside the main
     process's weights): the main process makes the scratch directory and tells the others its
     name; after all have written, the main process renames it to `target`."""
+    from accelerate.utils import broadcast_object_list
+
     if world_size() == 1:
         with atomic_dir(target) as tmp:
             yield tmp

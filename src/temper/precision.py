@@ -35,12 +35,12 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, Literal
 
 from temper.atomic import atomic_write_json
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 Precision = Literal["auto", "fp32", "bf16"]
 Mode = Literal["train", "sample"]
@@ -82,6 +82,8 @@ class PrecisionChoice:
 
     def autocast(self) -> AbstractContextManager:
         """bf16 autocast on this choice's device, or nothing for fp32."""
+        import torch
+
         if not self.bf16:
             return nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=torch.bfloat16)
@@ -141,6 +143,8 @@ def resolve_precision(
     used as it is: a resumed run keeps the arithmetic it started with. Under torch.distributed,
     rank 0 decides (and writes) and every rank receives its choice, so that all processes run the
     same arithmetic; a refusal is raised on every rank."""
+    import torch
+
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"unknown precision {precision!r}; valid: auto, fp32, bf16")
     device = next(model.parameters()).device
@@ -191,6 +195,8 @@ def _recorded(
 
 
 def _bf16_available(device: torch.device) -> bool:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu"  # autocast to bf16 runs on any CPU (slowly without native bf16)
@@ -205,6 +211,8 @@ def _write_record(path: Path, mode: Mode, choice: PrecisionChoice) -> None:
 def _decide(
     precision: Precision, model: torch.nn.Module, mode: Mode, device: torch.device, cache_dir
 ) -> PrecisionChoice:
+    import torch
+
     if precision != "auto":
         return PrecisionChoice(precision, precision, "requested", device.type)
     if device.type == "cuda":
@@ -259,6 +267,8 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     """What makes bf16 fast or slow here: the CPU model, its bf16-related flags, threads, torch."""
+    import torch
+
     name, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -348,6 +358,8 @@ def _best_pair(fp32: Callable[[], Any], bf16: Callable[[], Any], repeats: int) -
 def matmul_sweep(sizes: tuple[int, ...] = MATMUL_SIZES, repeats: int = 3) -> list[dict[str, float]]:
     """GFLOP/s of an n x n matmul in fp32 and bf16 for each n, smallest first; stops after a size
     at which bf16 is over HOPELESS x slower."""
+    import torch
+
     out = []
     gen = torch.Generator().manual_seed(0)
     for n in sizes:
@@ -366,6 +378,9 @@ def model_step_times(model: torch.nn.Module, mode: Mode, fp32_gflops: float, rep
     short prompt batch then 8 one-token forwards in one autocast context (a decode loop's weight
     casts are cached across its steps). Gradients go to `torch.autograd.grad`, not `.grad`, and
     the model runs in eval mode (no dropout, so no RNG draws): training state is left untouched."""
+    import torch
+    import torch.nn.functional as F
+
     device = next(model.parameters()).device
     vocab, dim = model.get_input_embeddings().weight.shape
     matmul_params = max(sum(p.numel() for p in model.parameters()) - vocab * dim, 1)  # not the lookup
@@ -445,6 +460,8 @@ def _patched_forward(module: torch.nn.Module, autocast: Callable[[], AbstractCon
 def _outputs_to_fp32(out: Any) -> Any:
     """Logits, hidden states and other floating tensors of a model output, back in fp32; the
     KV cache (not a tensor) is left as it is."""
+    import torch
+
     if isinstance(out, torch.Tensor):
         return out.float() if out.is_floating_point() else out
     if isinstance(out, tuple) and not hasattr(out, "keys"):

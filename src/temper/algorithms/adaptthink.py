@@ -32,8 +32,10 @@ s = 0.5. `first_token_logprobs` is the log pi_IS the rollout records for the for
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def adaptthink_advantages(
@@ -69,6 +71,8 @@ def first_token_logprobs(direct_R: torch.Tensor, direct_share: float) -> torch.T
         log(1 - s) where it was forced to the thinking marker
 
     with s = direct_share in (0, 1) (the paper: 0.5)."""
+    import torch
+
     if not 0.0 < direct_share < 1.0:
         raise ValueError(f"direct_share must be in (0, 1), got {direct_share}")
     return torch.where(direct_R.bool(), math.log(direct_share), math.log1p(-direct_share))

@@ -11,12 +11,16 @@ A group whose rewards are all equal carries no learning signal; every estimator 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def _centered(rewards_G_N: torch.Tensor, min_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """r - mean_group(r), set to exactly 0 in constant groups; also returns which groups are constant (G, 1)."""
+    import torch
+
     if rewards_G_N.dim() != 2 or rewards_G_N.shape[1] < min_samples:
         raise ValueError(f"rewards must be (G, N) with N >= {min_samples}, got {tuple(rewards_G_N.shape)}")
     rewards_G_N = rewards_G_N if rewards_G_N.is_floating_point() else rewards_G_N.float()
@@ -32,6 +36,8 @@ def grpo(rewards_G_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
     std is the unbiased sample std (divides by N - 1), as `torch.std` in TRL and verl; hence N >= 2.
     """
+    import torch
+
     centered, constant_G_1 = _centered(rewards_G_N, min_samples=2)
     std_G_1 = centered.std(dim=1, keepdim=True)
     return torch.where(constant_G_1, 0.0, centered / (std_G_1 + eps))
@@ -77,6 +83,8 @@ def reinforce_pp(
     `total(t)` sums a tensor over data-parallel processes, so that the batch is the global one when
     each process holds some of its groups (default: this process's groups are the batch).
     """
+    import torch
+
     total = total or (lambda t: t)
     if group_baseline:
         adv, constant_G_1 = _centered(rewards_G_N, min_samples=2)

@@ -11,8 +11,10 @@ signal where an outcome reward gives one number per episode.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def reverse_kl_advantages(
@@ -31,6 +33,8 @@ def reverse_kl_advantages(
     (`kl_coef * mask * (avg_logp_diff - logp_diff)`, discount 0: no credit to earlier tokens).
     `total` sums a tensor over data-parallel processes so the mean is the global batch's.
     """
+    import torch
+
     m = mask_R_T.to(k1_R_T.dtype)
     stats = torch.stack([(k1_R_T * m).sum(), m.sum()])
     if total is not None:
@@ -61,6 +65,8 @@ def forward_kl_loss(
     given (the masked tokens of the whole optimizer step, so that micro-batches add up to the
     step's loss, as `losses.sft_loss` does), otherwise the count in this batch.
     """
+    import torch
+
     dtype = torch.promote_types(student_logits_B_T_V.dtype, torch.float32)  # at least fp32 (bf16 logits)
     log_p_student = torch.log_softmax(student_logits_B_T_V.to(dtype) / temperature, dim=-1)
     log_p_teacher = torch.log_softmax(teacher_logits_B_T_V.detach().to(dtype) / temperature, dim=-1)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from temper.algorithms.adaptthink import adaptthink_advantages
 from temper.algorithms.advantages import dr_grpo, grpo, reinforce_pp, rloo
@@ -33,6 +31,9 @@ from temper.algorithms.turns import (
     turn_valid,
 )
 from temper.algorithms.value import gae, masked_whiten
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 @dataclass
@@ -80,7 +81,7 @@ class AdvantageInputs:
     feature that goes with the estimator (e.g. AdaptThink's `direct_R`, `ref_accuracy_G`, `delta`)."""
 
 
-EstimateFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
+EstimateFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, torch.Tensor | None]"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> 
     """
 
     def estimate(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
+        import torch
+
         rewards_G_N = x.rewards_G_N
         if x.step_rewards_R_K is not None:
             rewards_G_N = rewards_G_N + x.step_rewards_R_K.sum(-1).reshape(rewards_G_N.shape).to(
@@ -166,6 +169,8 @@ def _turn_layout(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.
     """(turn_R_T, step_rewards_R_K, turns_R) with the single-turn defaults filled in: without turns
     every row is one action (turn 0 on its action tokens), without process rewards they are 0.
     turn_R_T is -1 wherever the mask is off, so only action tokens ever carry credit."""
+    import torch
+
     mask_R_T = x.mask_R_T.bool()
     given = x.step_rewards_R_K
     if x.turn_R_T is None and given is not None and given.shape[1] > 1:
@@ -239,6 +244,8 @@ def gae_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     the batch's valid tokens, as verl's compute_gae_advantage_return does by default (it keeps the
     policy step's scale independent of the reward scale, which the value head takes time to learn).
     """
+    import torch
+
     beta = x.kl_coef if _kl_in_reward(x) else 0.0
     kl_R_T = x.ref_kl_R_T if x.ref_kl_R_T is not None else torch.zeros_like(x.values_R_T)
     token_rewards_R_T = kl_penalized_rewards(x.rewards_G_N.reshape(-1), kl_R_T, x.mask_R_T, beta)
@@ -268,6 +275,8 @@ def adaptthink_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
     inputs (`direct_R`: bool (R,), the sample answered in the direct mode; `ref_accuracy_G`: (G,),
     the reference model's mean accuracy on each prompt; `delta`) come from the adaptthink feature
     (`temper.train.features.adaptthink`), whose rules keep a KL and process rewards out of it."""
+    import torch
+
     direct_G_N = x.extra["direct_R"].reshape(x.rewards_G_N.shape)
     per_sample_R_1 = adaptthink_advantages(
         x.rewards_G_N, direct_G_N, x.extra["ref_accuracy_G"], x.extra["delta"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from temper.labels import IGNORE
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def sft_loss(
@@ -20,6 +22,9 @@ def sft_loss(
     gradient accumulation and data-parallel splits give the same gradient as one big batch),
     otherwise the count in this batch.
     """
+    import torch
+    import torch.nn.functional as F
+
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts label t+1
     # flattened (B*T, V) logits: no shifted copy of the largest tensor in the step
     total = F.cross_entropy(

@@ -6,10 +6,11 @@ values at masked positions never reach a loss, a gradient or a statistic.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+
 
 Aggregation = Literal["token", "sample", "constant"]
 
@@ -25,6 +26,8 @@ def masked_sum(
     Summing this over micro-batches (or processes) and dividing once by `aggregation_size` of the
     whole batch gives exactly the whole batch's `masked_mean`: the split never changes a gradient.
     """
+    import torch
+
     mask_B_T = mask_B_T.bool()
     total_B = torch.where(mask_B_T, x_B_T, 0.0).sum(dim=-1)
     if aggregation in ("token", "constant"):
@@ -38,6 +41,8 @@ def aggregation_size(
     mask_B_T: torch.Tensor, aggregation: Aggregation = "token", max_tokens: int | None = None
 ) -> torch.Tensor:
     """The denominator of `masked_mean`: valid tokens (token), rows (sample), rows x max_tokens (constant)."""
+    import torch
+
     if aggregation == "token":
         return mask_B_T.bool().sum().float()
     if aggregation == "sample":
@@ -86,6 +91,8 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     Schulman (as above); the GRPO KL penalty, DeepSeekMath eq. 4. Written with expm1 so that rounding
     near log ref = log pi cannot make it negative.
     """
+    import torch
+
     log_ratio = ref_logp - logp
     return torch.expm1(log_ratio) - log_ratio
 
@@ -116,6 +123,8 @@ def policy_loss(
     PPO clip: A > 0 and rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), dual_clip_frac (A < 0
     and rho > c), approx_kl (k3 for KL(pi_old || pi)), ratio_mean.
     """
+    import torch
+
     mask_B_T = mask_B_T.bool()
     # Zero the log-ratio under the mask before exp: padding can then never overflow into inf/NaN gradients.
     log_ratio = torch.where(mask_B_T, logprobs_B_T - old_logprobs_B_T, 0.0)
@@ -144,11 +153,15 @@ def entropy_from_logits(logits_B_T_V: torch.Tensor) -> torch.Tensor:
 
     Logits of -inf (a masked vocabulary) contribute 0, not 0 * -inf = NaN.
     """
+    import torch.nn.functional as F
+
     return entropy_from_logprobs(F.log_softmax(logits_B_T_V.float(), dim=-1))
 
 
 def entropy_from_logprobs(logp_B_T_V: torch.Tensor) -> torch.Tensor:
     """H_t = -sum_v p_v log p_v from log-probabilities (a log_softmax the caller already has)."""
+    import torch
+
     return -(logp_B_T_V.exp() * logp_B_T_V.clamp_min(torch.finfo(logp_B_T_V.dtype).min)).sum(dim=-1)
 
 
@@ -161,6 +174,8 @@ def kl_penalized_rewards(
 
     kl_B_T is usually k1 from rollout-time logprobs (a constant, not differentiated). -> (B, T)
     """
+    import torch
+
     mask_B_T = mask_B_T.bool()
     counts_B_T = mask_B_T.long().cumsum(dim=-1)
     last_B_T = mask_B_T & (counts_B_T == counts_B_T[:, -1:])

@@ -9,8 +9,10 @@ changes a gradient), and the implicit rewards r = beta (log pi - log ref), detac
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def implicit_rewards(logp_B: torch.Tensor, ref_logp_B: torch.Tensor, beta: float) -> torch.Tensor:
@@ -36,6 +38,8 @@ def dpo_loss(
     `loss_type="sigmoid"`). With eps > 0 the loss is minimal at a finite margin, h = log((1-eps)/eps)
     / beta, instead of pushing h to infinity. -> (B,)
     """
+    import torch.nn.functional as F
+
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
     h = (chosen_logp_B - ref_chosen_logp_B) - (rejected_logp_B - ref_rejected_logp_B)
@@ -94,6 +98,8 @@ def kto_loss(
     z0 is `kto_kl` (a constant). The weights balance unequal numbers of desirable and undesirable
     examples (the paper recommends w_D n_D / (w_U n_U) in [1, 4/3]). -> (B,)
     """
+    import torch
+
     r = logp_B - ref_logp_B
     desirable_B = desirable_B.bool()
     good = desirable_weight * (1 - torch.sigmoid(beta * (r - kl)))
@@ -118,6 +124,8 @@ def bradley_terry_loss(
     as TRL's RewardTrainer computes it per pair (`margin` column, `center_rewards_coefficient`).
     The gradient raises r_c and lowers r_r, by sigma(-(r_c - r_r - m)) each. -> (B,)
     """
+    import torch.nn.functional as F
+
     diff_B = chosen_rewards_B - rejected_rewards_B - margin_B
     loss_B = -F.logsigmoid(diff_B)
     if center_coef:

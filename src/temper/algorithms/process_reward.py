@@ -7,10 +7,12 @@ is correct". Its labels sit at those tokens (1 good, 0 bad) and IGNORE everywher
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from temper.labels import IGNORE
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def step_bce_loss(
@@ -27,6 +29,9 @@ def step_bce_loss(
     `num_steps` when given (the labelled steps of the whole optimizer step, so that micro-batching
     and data-parallel splits sum to the gradient of one big batch), otherwise this batch's count.
     """
+    import torch
+    import torch.nn.functional as F
+
     mask_B_T = labels_B_T != IGNORE
     z = logits_B_T[mask_B_T].float()
     y = labels_B_T[mask_B_T].to(z.dtype)

@@ -18,13 +18,18 @@ arXiv:2505.11821).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from temper.algorithms.advantages import grpo
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def turn_valid(turns_R: torch.Tensor, k_count: int) -> torch.Tensor:
     """(R, K) True where row r has an action k, i.e. k < turns_R[r]."""
+    import torch
+
     return torch.arange(k_count, device=turns_R.device)[None, :] < turns_R[:, None]
 
 
@@ -40,6 +45,8 @@ def turn_returns(
     G_k = s_k + [k = K_r - 1] o + gamma G_{k+1}, so with one turn and s = 0 it is o exactly.
     A row with no action (K_r = 0) has no return. -> (R, K)
     """
+    import torch
+
     if turns_R.numel() and int(turns_R.max()) > step_rewards_R_K.shape[1]:
         raise ValueError(
             f"a row has {int(turns_R.max())} turns but step_rewards has {step_rewards_R_K.shape[1]}"
@@ -66,6 +73,8 @@ def per_turn_group_center(returns_G_N_K: torch.Tensor, valid_G_N_K: torch.Tensor
     Exactly 0 where invalid and where the valid returns at (g, k) are all equal, in particular where
     only one row of the group has turn k (nothing to compare it with). -> (G, N, K)
     """
+    import torch
+
     valid = valid_G_N_K.bool()
     count_G_1_K = valid.sum(dim=1, keepdim=True)
     mean_G_1_K = torch.where(valid, returns_G_N_K, 0.0).sum(dim=1, keepdim=True) / count_G_1_K.clamp_min(1)
@@ -86,6 +95,8 @@ def per_turn_group_normalize(
     differently from torch.mean / torch.std); elsewhere the same formula over the rows having turn k.
     Needs N >= 2, as grpo. -> (G, N, K)
     """
+    import torch
+
     g, n, k = returns_G_N_K.shape
     valid = valid_G_N_K.bool()
     centered = per_turn_group_center(returns_G_N_K, valid)
@@ -98,6 +109,8 @@ def per_turn_group_normalize(
 
 def _constant(x_G_N_K: torch.Tensor, valid_G_N_K: torch.Tensor) -> torch.Tensor:
     """(G, 1, K) True where the valid values of (g, k) are all equal (or there are none)."""
+    import torch
+
     hi = torch.where(valid_G_N_K, x_G_N_K, -torch.inf).amax(dim=1, keepdim=True)
     lo = torch.where(valid_G_N_K, x_G_N_K, torch.inf).amin(dim=1, keepdim=True)
     return ~(hi > lo)
@@ -105,6 +118,8 @@ def _constant(x_G_N_K: torch.Tensor, valid_G_N_K: torch.Tensor) -> torch.Tensor:
 
 def broadcast_turns(values_R_K: torch.Tensor, turn_R_T: torch.Tensor) -> torch.Tensor:
     """Each token gets its turn's value: out_{r,t} = v_{r, turn_{r,t}}, 0 where turn_{r,t} = -1. -> (R, T)"""
+    import torch
+
     is_action = turn_R_T >= 0
     gathered = values_R_K.gather(1, torch.where(is_action, turn_R_T, 0).long())
     return torch.where(is_action, gathered, 0.0)
@@ -112,6 +127,8 @@ def broadcast_turns(values_R_K: torch.Tensor, turn_R_T: torch.Tensor) -> torch.T
 
 def turn_sums(x_R_T: torch.Tensor, turn_R_T: torch.Tensor, k_count: int) -> torch.Tensor:
     """The sum of x over each turn's tokens: out_{r,k} = sum_{t : turn_{r,t} = k} x_{r,t}. -> (R, K)"""
+    import torch
+
     slot_R_T = torch.where(turn_R_T >= 0, turn_R_T, k_count).long()  # -1 -> a spare slot, dropped
     out = torch.zeros(x_R_T.shape[0], k_count + 1, dtype=x_R_T.dtype, device=x_R_T.device)
     return out.scatter_add(1, slot_R_T, x_R_T)[:, :k_count]
@@ -126,6 +143,8 @@ def turn_end_rewards(step_rewards_R_K: torch.Tensor, turn_R_T: torch.Tensor) -> 
     credits it to action k and, through the discount, to the tokens and turns before it. A reward
     whose turn has no token in the row is dropped (nothing to credit). -> (R, T)
     """
+    import torch
+
     r, t = turn_R_T.shape
     position_R_T = torch.arange(t, device=turn_R_T.device).expand(r, t)
     is_action = turn_R_T >= 0

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from temper.algorithms.policy import masked_mean
+from temper.lazy import no_grad
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
-@torch.no_grad()
+@no_grad
 def gae(
     rewards_B_T: torch.Tensor,
     values_B_T: torch.Tensor,
@@ -28,6 +31,8 @@ def gae(
     across them. With gamma = lam = 1, R_t is the reward-to-go. Returns (advantages_B_T, returns_B_T),
     0 at masked positions; computed without gradient (they are targets).
     """
+    import torch
+
     mask_B_T = mask_B_T.bool()
     advantages = torch.zeros_like(values_B_T)
     next_value_B = torch.zeros_like(values_B_T[:, 0])
@@ -58,6 +63,8 @@ def value_loss(
     `masked_mean`. Stats (detached): clip_frac, the share of valid tokens where the clipped branch is
     strictly larger (its gradient is zero).
     """
+    import torch
+
     unclipped = (values_B_T - returns_B_T) ** 2
     if clip is None:
         clipped = unclipped
@@ -70,7 +77,7 @@ def value_loss(
     return per_token, stats
 
 
-@torch.no_grad()
+@no_grad
 def masked_whiten(
     x_B_T: torch.Tensor,
     mask_B_T: torch.Tensor,
@@ -85,6 +92,8 @@ def masked_whiten(
     here the values are only centered. `total(t)` sums a tensor over data-parallel processes, so that
     the statistics are the global batch's (default: this process's rows are the batch).
     """
+    import torch
+
     total = total or (lambda t: t)
     mask_B_T = mask_B_T.bool()
     sum_n = total(torch.stack([torch.where(mask_B_T, x_B_T, 0.0).sum(), mask_B_T.sum().to(x_B_T.dtype)]))

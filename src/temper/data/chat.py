@@ -17,12 +17,13 @@ refused, naming the boundary, as TRL refuses it ("not training-compatible").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from temper.data.formats import DataError, Example
 from temper.labels import IGNORE
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerBase
 
 
 class TemplateError(ValueError):

@@ -29,6 +29,13 @@ them such hands), n = 20 and 24 none (tests/test_contamination.py keeps that tru
 in more than max(2, 1%) of the eval prompts (the instructions every problem repeats) are no
 evidence of a leak and are ignored, and so are the characters only they cover; at least
 `coverage` of the rest must be covered.
+
+Tasks whose prompt does not identify a problem. An environment task's prompt is its first
+observation, which other problems share: a treasure-hunt prompt is the agent's 3x3 local view, and
+hundreds of the 500 seen maps open with the same views as the unseen test maps, though no map is
+in both. Such a task names what identifies a problem (`problem_key`, the map), and its eval
+problems are matched by that key, never by text: a demonstration made from a task problem carries
+the problem's key (`Example.key`), an RL prompt is the problem itself.
 """
 
 from __future__ import annotations
@@ -68,7 +75,11 @@ class Index:
     eval_sets: dict[str, list[str]]
     n: int = 20
     coverage: float = 0.8
-    items: list[tuple[str, str]] = field(init=False)  # (set name, normalized prompt)
+    keys: dict[str, list[str]] = field(default_factory=dict)
+    """The eval problems of tasks whose prompt does not identify a problem, by eval set name, as
+    their tasks' `problem_key`s: matched by key, never by text (module docstring)."""
+    items: list[tuple[str, str]] = field(init=False)  # (set name, normalized prompt or problem key)
+    by_key: dict[str, list[int]] = field(init=False)
     exact: dict[str, list[int]] = field(init=False)
     grams: dict[int, dict[str, list[tuple[int, int]]]] = field(init=False)  # width -> gram -> (item, start)
     informative: list[frozenset[int]] = field(init=False)
@@ -102,10 +113,21 @@ class Index:
                     self.grams[len(gram)][gram].append((i, s))
                     covered.update(range(s, s + len(gram)))
             self.informative.append(frozenset(covered))
+        self.by_key = defaultdict(list)
+        for name, keys in self.keys.items():
+            for key in dict.fromkeys(keys):
+                self.by_key[key].append(len(self.items))
+                self.items.append((name, key))
+                self.informative.append(frozenset())  # never matched by text
 
-    def match(self, prompts: Iterable[str], full_text: str) -> tuple[set[int], set[int]]:
-        """(eval items a prompt of the row equals, eval items the row's whole text covers)."""
+    def match(
+        self, prompts: Iterable[str], full_text: str, key: str | None = None
+    ) -> tuple[set[int], set[int]]:
+        """(eval items a prompt of the row equals, or whose problem key is the row's `key`; eval
+        items the row's whole text covers)."""
         exact = {i for p in prompts for i in self.exact.get(normalize(p).strip(), ())}
+        if key is not None:
+            exact |= set(self.by_key.get(key, ()))
         text = normalize(full_text)
         covered: dict[int, set[int]] = defaultdict(set)
         for width, table in self.grams.items():
@@ -153,6 +175,21 @@ def row_texts(row: Any) -> tuple[list[str], str]:
     return prompts, "\n".join([_content(prompt), *answers])
 
 
+def row_key(row: Any, tasks: dict[str, Any]) -> str | None:
+    """What identifies the problem a training row was made from, where its task names one
+    (`problem_key`): an RL prompt's (a task `Problem`), or the key a demonstration carries."""
+    if callable(getattr(row, "messages", None)):  # a task Problem
+        task = tasks.get(row.task)
+        return task.problem_key(row) if _keys(task) else None
+    return getattr(row, "key", None)
+
+
+def _keys(task: Any) -> bool:
+    """Whether `task` names its problems' keys (`temper.tasks.base.KeysProblems`; the data layer is
+    below the tasks, so the protocol is checked by its one method)."""
+    return callable(getattr(task, "problem_key", None))
+
+
 HELD_OUT_SEED = 4242  # = temper.stages.rl.HELD_OUT_SEED, the problems rl and rft grade (a test checks)
 
 
@@ -161,19 +198,35 @@ def eval_sets(
 ) -> dict[str, list[str]]:
     """The eval prompts of a recipe by `task:split`: each eval stage's (tasks, splits, n_problems,
     seed), and `held_out` test and ood problems of every task at HELD_OUT_SEED (what rl's periodic
-    evals and rft's accuracy grade). A task without an ood split gives none."""
+    evals and rft's accuracy grade). A task without an ood split gives none, and a task with a
+    `problem_key` none either: its problems are in `eval_keys`. An eval of the train split is no
+    held-out set (it measures how well the seen problems were learned, e.g. the treasure hunt's
+    seen maps), so overlapping it is no leak and it is left out."""
+    return _drawn(tasks, evals, held_out, keyed=False)
+
+
+def eval_keys(
+    tasks: dict[str, Any], evals: Iterable[tuple[list[str], list[str], int, int]], held_out: int
+) -> dict[str, list[str]]:
+    """The same eval problems as `eval_sets`, of the tasks with a `problem_key` only, as keys."""
+    return _drawn(tasks, evals, held_out, keyed=True)
+
+
+def _drawn(
+    tasks: dict[str, Any], evals: Iterable[tuple[list[str], list[str], int, int]], held_out: int, keyed: bool
+) -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     wanted = [(list(tasks), ["test", "ood"], held_out, HELD_OUT_SEED)] if held_out else []
     for names, splits, n, seed in [*wanted, *evals]:
         for name in names or list(tasks):
-            for split in splits:
-                if name not in tasks:
-                    continue
+            if name not in tasks or _keys(tasks[name]) != keyed:
+                continue
+            for split in (s for s in splits if s != "train"):  # a train-split eval grades seen problems
                 try:
                     drawn = tasks[name].sample(split, n, seed)
                 except ValueError:  # a data task without that split (no ood_data): nothing to check
                     continue
-                out[f"{name}:{split}"] += [p.prompt for p in drawn]
+                out[f"{name}:{split}"] += [tasks[name].problem_key(p) if keyed else p.prompt for p in drawn]
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
@@ -187,14 +240,18 @@ def screen(rows: list[Any], ctx: Any, what: str, can_drop: bool = True) -> tuple
     spec = getattr(ctx, "contamination", None) or ContaminationSpec()
     if not can_drop and spec.action == "drop":
         spec = spec.model_copy(update={"action": "warn"})
+    evals = list(getattr(ctx, "eval_specs", ()))
     index = Index(
-        eval_sets(ctx.tasks, getattr(ctx, "eval_specs", ()), spec.eval_problems), spec.n, spec.coverage
+        eval_sets(ctx.tasks, evals, spec.eval_problems),
+        spec.n,
+        spec.coverage,
+        keys=eval_keys(ctx.tasks, evals, spec.eval_problems),
     )
     described = []
     for i, row in enumerate(rows):
         prompts, text = row_texts(row)
         where = f"{getattr(row, 'source', getattr(row, 'task', what))}:{getattr(row, 'line', getattr(row, 'id', i + 1))}"
-        described.append((where, prompts, text))
+        described.append((where, prompts, text, row_key(row, ctx.tasks)))
     keep, block = check(described, index, spec.action)
     if not can_drop:
         block["note"] = f"{what} draws its prompts as it trains: they are counted here, never dropped"
@@ -212,16 +269,17 @@ def screen(rows: list[Any], ctx: Any, what: str, can_drop: bool = True) -> tuple
 
 
 def check(
-    rows: list[tuple[str, list[str], str]], index: Index, action: str = "warn", max_examples: int = 5
+    rows: list[tuple[Any, ...]], index: Index, action: str = "warn", max_examples: int = 5
 ) -> tuple[list[int], dict[str, Any]]:
-    """Check rows given as (where, prompts, whole text) -> (indices of the rows to keep, the
-    `contamination` block of the stage json). With action "drop" the flagged rows are left out."""
+    """Check rows given as (where, prompts, whole text[, problem key]) -> (indices of the rows to
+    keep, the `contamination` block of the stage json). With action "drop" the flagged rows are
+    left out. A problem key is matched against `Index.keys` (a same-problem hit counts as exact)."""
     exact_rows = ngram_rows = contaminated = 0
     by_set: dict[str, int] = defaultdict(int)
     keep: list[int] = []
     examples: list[dict[str, Any]] = []
-    for r, (where, prompts, text) in enumerate(rows):
-        exact, ngram = index.match(prompts, text)
+    for r, (where, prompts, text, *key) in enumerate(rows):
+        exact, ngram = index.match(prompts, text, key[0] if key else None)
         exact_rows += bool(exact)
         ngram_rows += bool(ngram)
         hit = exact | ngram
@@ -232,7 +290,7 @@ def check(
             i = min(hit)
             examples.append(
                 {"row": where, "eval_set": index.items[i][0], "eval_prompt": index.items[i][1].strip(),
-                 "how": "exact" if i in exact else "n-gram"}
+                 "how": ("same problem" if index.items[i][0] in index.keys else "exact") if i in exact else "n-gram"}
             )  # fmt: skip
         if not (hit and action == "drop"):
             keep.append(r)
@@ -240,7 +298,7 @@ def check(
         "n": index.n,
         "coverage": index.coverage,
         "action": action,
-        "eval_sets": {name: len(texts) for name, texts in index.eval_sets.items()},
+        "eval_sets": {name: len(texts) for name, texts in (index.eval_sets | index.keys).items()},
         "rows": len(rows),
         "exact": exact_rows,
         "ngram": ngram_rows,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.formats import Example, NoUsableRowsError
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -95,6 +97,8 @@ def collate(batch: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad to the longest row. No attention mask: with right padding a causal model never
     attends to the pads from a real token, and leaving it out lets packed rows be detected from
     `position_ids`. Pad positions continue the last sequence's numbering; their labels are ignored."""
+    import torch
+
     width = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # (B, T)
     labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)

@@ -58,6 +58,9 @@ class Example:
     """Substrings of the assistant turns that an environment inserts (a tool's output written
     inline, `<interpreter>...</interpreter>`): kept in the input, never trained on."""
     tools: list[dict[str, Any]] | None = None  # JSON schemas for `apply_chat_template(tools=)`
+    key: str | None = None
+    """What identifies the task problem a demonstration was made from, where its prompt does not
+    (the task's `problem_key`): the contamination check matches it (`temper.data.contamination`)."""
 
 
 @dataclass

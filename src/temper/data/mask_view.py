@@ -10,12 +10,13 @@ exactly when its label is not IGNORE, so what the page shows is what the loss se
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.formats import Example
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerBase
 
 MAX_BYTES_PER_CHAR = 4  # a UTF-8 character spans at most 4 byte tokens
 

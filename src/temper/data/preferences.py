@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from temper.data.chat import IGNORE, tokenize_example
 from temper.data.dataset import Sequence
 from temper.data.formats import DataError, Example, LoadReport, parse_row, validate_rows
 from temper.data.sources import locate, read_rows
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerBase
 
 Text = str | list[dict[str, Any]]
 

@@ -56,13 +56,14 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from temper.envs.base import StepResult
 from temper.rollout.sampler import derive_seed
 from temper.tasks.base import Problem, Score, TaskOptionError, check_split, draw
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 # --- the synthetic world ---------------------------------------------------------------------
 
@@ -165,6 +166,8 @@ class Simulator:
     def write(
         self, prompts: Sequence[str], seeds: Sequence[int], *, max_new_tokens: int, temperature: float
     ) -> list[str]:
+        import torch
+
         from temper.data.chat import prompt_ids
 
         if not prompts:

@@ -158,6 +158,11 @@ class TreasureHuntTask:
         seeds = draw(self.map_seeds(split), f"treasure_hunt:{split}:{seed}", n, repeat=split == "train")
         return [self.problem(split, s) for s in seeds]
 
+    def problem_key(self, problem: Problem) -> str:
+        """The map itself (its rows and start), what identifies a problem: the prompt is the first
+        local view, which many maps share, so the contamination check compares keys instead."""
+        return "/".join(problem.data["rows"]) + f"@{problem.data['start'][0]},{problem.data['start'][1]}"
+
     def make_env(self, problem: Problem) -> TreasureHuntEnv:
         return TreasureHuntEnv(self.config, problem.data)
 

@@ -21,10 +21,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from temper.models.tokenizer import CHAT_TEMPLATE
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 # Built-in templates for tokenizers that have none. Each renders a conversation as a prefix of
 # the same conversation with one more turn (what assistant-only masking needs, temper.data.chat)

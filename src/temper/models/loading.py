@@ -12,20 +12,15 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
-from safetensors import SafetensorError, safe_open
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from typing import TYPE_CHECKING
 
 from temper import distributed
 from temper.atomic import atomic_dir
 from temper.models.chat import sync_eos
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
 # in an adapter folder trained on another adapter: the merged model it was trained on, its base
@@ -43,6 +38,8 @@ def default_device() -> torch.device:
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """fp32 on CPU (bf16 matmul on CPUs without native bf16 is ~100x slower), bf16 on CUDA."""
+    import torch
+
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
@@ -71,6 +68,8 @@ def _check_files(folder: Path, weights: bool) -> None:
     """Refuse a model directory whose files cannot be read, naming the file: every JSON file must
     parse, and (for a model) each safetensors file must have a whole header and the data it
     declares. Only headers are read (safetensors maps the file), so this costs milliseconds."""
+    from safetensors import safe_open
+
     for path in sorted(folder.glob("*.json")):
         try:
             parsed = json.loads(path.read_text(encoding="utf-8"))
@@ -146,6 +145,8 @@ def check_local_model(name: str, weights: bool = False, tokenizer: bool = False)
 
 
 def load_tokenizer(name: str | os.PathLike) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     check_local_model(str(name), tokenizer=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name))
@@ -201,6 +202,9 @@ def load_model(
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
     device = device or default_device()
     if is_adapter_dir(name):
         return _load_adapter(Path(name).expanduser(), device, dtype)
@@ -233,6 +237,8 @@ def _load_adapter(folder: Path, device: torch.device, dtype: torch.dtype | None)
     `name_or_path` is the adapter folder, so an adapter trained on it knows its base is an adapter
     (PEFT records `model.name_or_path`, `temper.models.lora.save_adapter` reads it)."""
     from peft import PeftModel
+    from safetensors import SafetensorError
+    from transformers import GenerationConfig
 
     _check_files(folder, weights=False)
     base = load_model(adapter_base(folder), device, dtype)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from temper.models.loading import STACKED_BASE, is_adapter_dir, save_model
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def apply_lora(
@@ -24,6 +25,8 @@ def apply_lora(
 ) -> PeftModel:
     """`model` under a new adapter. `task_type="SEQ_CLS"` for a sequence classifier (a reward
     model): PEFT then trains its head (`score` / `classifier`) in full (`modules_to_save`)."""
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -52,6 +55,8 @@ def save_trained(
     folded into the base: a plain model any Auto class loads) or "adapter" (a PEFT adapter folder,
     tokenizer beside it, that `PeftModel.from_pretrained(base, out_dir)` loads, and that every
     temper stage accepts as its model)."""
+    from peft import PeftModel
+
     if isinstance(model, PeftModel):
         if lora_save == "adapter":
             return save_adapter(model, tokenizer, out_dir)

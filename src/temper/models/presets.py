@@ -8,8 +8,11 @@ what a from-scratch model learns (0.5M params learned 2-digit addition to 97% in
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
 
 PRESETS: dict[str, dict[str, int]] = {
     # name: hidden, layers, heads, ffn; parameter counts with the built-in 263-token vocab
@@ -20,6 +23,8 @@ PRESETS: dict[str, dict[str, int]] = {
 
 
 def preset_config(name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 512) -> LlamaConfig:
+    from transformers import LlamaConfig
+
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
     return LlamaConfig(
@@ -36,6 +41,9 @@ def preset_config(name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 
 
 def build_preset(name: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> LlamaForCausalLM:
     """A freshly initialized preset model (fp32), deterministic in `seed`."""
+    import torch
+    from transformers import LlamaForCausalLM
+
     config = preset_config(name, tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -8,10 +8,12 @@ through `AutoTokenizer` like any hub tokenizer.
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from temper.data.formats import ROLES
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, *(f"<|{r}|>" for r in ROLES)]
@@ -87,6 +89,9 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The built-in tokenizer: 256 byte tokens, then the special tokens (ids 256..262)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -12,9 +12,27 @@ Plots use `matplotlib.figure.Figure` directly rather than pyplot: it renders wit
 (a notebook's, say), and figures need no `plt.close` to be freed.
 """
 
-from temper.report.common import Stage, read_metrics
-from temper.report.evaluation import eval_table, highlights
-from temper.report.page import find_stages, write_report
-from temper.report.sections import section_for
+from typing import TYPE_CHECKING
+
+from temper.lazy import exports
+
+if TYPE_CHECKING:  # the names, for type checkers; imported on first use (temper.lazy)
+    from temper.report.common import Stage, read_metrics
+    from temper.report.evaluation import eval_table, highlights
+    from temper.report.page import find_stages, write_report
+    from temper.report.sections import section_for
+
+__getattr__, __dir__ = exports(
+    globals(),
+    {
+        "Stage": "common",
+        "read_metrics": "common",
+        "eval_table": "evaluation",
+        "highlights": "evaluation",
+        "find_stages": "page",
+        "write_report": "page",
+        "section_for": "sections",
+    },
+)
 
 __all__ = ["Stage", "eval_table", "find_stages", "highlights", "read_metrics", "section_for", "write_report"]

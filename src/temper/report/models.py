@@ -52,7 +52,9 @@ def template_name(template: Any) -> str:
     from temper.models.tokenizer import CHAT_TEMPLATE, CHAT_TEMPLATE_V1
 
     style = "temper built-in" if template == CHAT_TEMPLATE else None
-    style = style or ("temper built-in, without tools" if template == CHAT_TEMPLATE_V1 else None)
+    # the template says what it can render, not what the run used (the header's Tools line says that):
+    # v1 writes no tool schemas or tool_calls, and a run's inline tools (calculator) need neither
+    style = style or ("temper built-in v1, no tool-call syntax" if template == CHAT_TEMPLATE_V1 else None)
     style = style or next((name for marker, name in _STYLES if marker in template), "custom")
     digest = hashlib.sha256(template.encode()).hexdigest()[:10]
     n = len(template.splitlines())

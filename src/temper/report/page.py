@@ -10,6 +10,7 @@ from temper.atomic import atomic_write_text
 from temper.report.common import CSS, Stage, boxes, duration, esc, html_table, read_json
 from temper.report.models import models_table, precision
 from temper.report.sections import section_for
+from temper.report.tools_used import tools_line
 from temper.stages import registry
 
 
@@ -51,9 +52,17 @@ def _models(run_dir: Path, stages: list[Stage]) -> str:
         return boxes([f"could not read the models: {e}"])
 
 
+def _tools(stages: list[Stage]) -> str:
+    """The tools the run's episodes called; a broken eval.json is a note, not a lost page."""
+    try:
+        return tools_line(stages)
+    except (OSError, ValueError) as e:
+        return boxes([f"could not read the tool use: {e}"])
+
+
 def header(run_dir: Path, stages: list[Stage]) -> str:
-    """Run name, when the page was written, total time, the model and tokenizers, and a row per
-    stage with the precision it ran in (incomplete ones flagged)."""
+    """Run name, when the page was written, total time, the model and tokenizers, the tools the
+    episodes called, and a row per stage with the precision it ran in (incomplete ones flagged)."""
     total = sum(s.seconds for s in stages if s.seconds is not None)
     open_ = {i for i, s in enumerate(stages) if s.seconds is None}
     rows = [
@@ -73,7 +82,8 @@ def header(run_dir: Path, stages: list[Stage]) -> str:
     written = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (
         f"<h1>{esc(run_dir.name)}</h1><p><small>report written {written} · total stage time {duration(total)}"
-        f" · {esc(run_dir.resolve())}</small></p>{_models(run_dir, stages)}{table or '<p>No stages yet.</p>'}"
+        f" · {esc(run_dir.resolve())}</small></p>{_models(run_dir, stages)}{_tools(stages)}"
+        f"{table or '<p>No stages yet.</p>'}"
     )
 
 

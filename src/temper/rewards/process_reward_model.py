@@ -29,12 +29,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from transformers import AutoModelForTokenClassification, AutoTokenizer, PreTrainedTokenizerBase
-
+from temper.lazy import no_grad
 from temper.tasks.steps import IGNORE, Span, segment
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 Aggregate = Literal["min", "product"]
 Mode = Literal["dense", "min", "product"]
@@ -96,6 +98,8 @@ class ProcessRewardModel:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None) -> ProcessRewardModel:
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
+
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -105,11 +109,13 @@ class ProcessRewardModel:
         model = AutoModelForTokenClassification.from_pretrained(path).requires_grad_(False)
         return cls(model if device is None else model.to(device), AutoTokenizer.from_pretrained(path))
 
-    @torch.no_grad()
+    @no_grad
     def logits(
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 32
     ) -> list[list[float]]:
         """The head's logit at every completion token, per completion (right-padded batches)."""
+        import torch
+
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         out: list[list[float]] = []
@@ -231,6 +237,8 @@ def prm_scorer(prm: Any, mode: Mode = "dense", batch_size: int = 32):
 
 def process_model_from(source: str | Path, pad_token_id: int):
     """A fresh PRM on `source`'s weights: the causal LM's backbone, a new one-output token head."""
+    from transformers import AutoModelForTokenClassification
+
     model = AutoModelForTokenClassification.from_pretrained(str(source), num_labels=1)
     model.config.pad_token_id = pad_token_id
     return model

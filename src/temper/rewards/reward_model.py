@@ -16,11 +16,14 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
-
+from temper.lazy import no_grad
 from temper.models.loading import ModelNotFoundError, default_device, default_dtype, load_tokenizer
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from transformers import PreTrainedModel
 
 # The folder a `reward_model` stage writes inside its output folder.
 REWARD_MODEL_DIR = "reward_model"
@@ -81,6 +84,9 @@ def reward_model_from_policy(policy: PreTrainedModel, pad_token_id: int, seed: i
     weights and a freshly initialized scalar head (seeded), on its device and in its dtype: where
     a reward model starts (InstructGPT's RM and TRL's RewardTrainer start from the SFT policy).
     The config names `pad_token_id`, so the head reads each sequence's last non-pad token."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
     config = copy.deepcopy(policy.config)
     config.num_labels = 1
     config.pad_token_id = int(pad_token_id)
@@ -112,6 +118,8 @@ class RewardModel:
     ) -> RewardModel:
         """Load `path` (a `reward_model` stage's `<out>/reward_model`, or any HF one-label sequence
         classifier saved with its tokenizer); a `RewardModelError` says why when it cannot be."""
+        from transformers import AutoModelForSequenceClassification
+
         folder = Path(path).expanduser()
         config = _check_config(folder)
         device = device or default_device()
@@ -132,7 +140,7 @@ class RewardModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.no_grad()
+    @no_grad
     def score(
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 32
     ) -> list[float]:
@@ -170,6 +178,8 @@ class RewardModel:
 
 def right_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids right-padded with `pad_token_id` and the attention mask (1 on real tokens), each (B, T)."""
+    import torch
+
     width = max(len(s) for s in sequences)
     ids_B_T = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
     mask_B_T = torch.zeros((len(sequences), width), dtype=torch.long)

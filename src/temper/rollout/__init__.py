@@ -7,7 +7,24 @@ sampler and `trajectory` records each as token-exact segments (they import the e
 this package's `__init__` does not import them).
 """
 
-from temper.rollout.hf_sampler import HFSampler, stop_ids
-from temper.rollout.sampler import Sample, Sampler, SampleStopReason, prompt_seeds
+from typing import TYPE_CHECKING
+
+from temper.lazy import exports
+
+if TYPE_CHECKING:  # the names, for type checkers; imported on first use (temper.lazy)
+    from temper.rollout.hf_sampler import HFSampler, stop_ids
+    from temper.rollout.sampler import Sample, Sampler, SampleStopReason, prompt_seeds
+
+__getattr__, __dir__ = exports(
+    globals(),
+    {
+        "HFSampler": "hf_sampler",
+        "stop_ids": "hf_sampler",
+        "Sample": "sampler",
+        "Sampler": "sampler",
+        "SampleStopReason": "sampler",
+        "prompt_seeds": "sampler",
+    },
+)
 
 __all__ = ["HFSampler", "Sample", "SampleStopReason", "Sampler", "prompt_seeds", "stop_ids"]

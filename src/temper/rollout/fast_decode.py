@@ -31,11 +31,14 @@ compile again, which the sampling of an RL step cannot repay.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
-from temper.rollout.kv_cache import SlabCache
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from torch import nn
+
+    from temper.rollout.kv_cache import SlabCache
+
 
 _FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 
@@ -44,6 +47,8 @@ def _linear(x_A_I: torch.Tensor, w_I_O: torch.Tensor, b_O: torch.Tensor | None) 
     """x @ w (+ b) with w stored (in, out) contiguous: for a few hundred rows MKL runs this
     layout up to 1.5x faster than `F.linear`'s transposed (out, in) weight (measured on the tiny
     preset's shapes)."""
+    import torch
+
     return torch.mm(x_A_I, w_I_O) if b_O is None else torch.addmm(b_O, x_A_I, w_I_O)
 
 
@@ -66,6 +71,8 @@ class LlamaDecodeStep:
     rebuilt after they change."""
 
     def __init__(self, model: nn.Module):
+        import torch
+
         base = model.model
         config = model.config
         self.heads = config.num_attention_heads
@@ -105,6 +112,9 @@ class LlamaDecodeStep:
         (another architecture, adapters or hooks on the modules, autocast, non-fp32 weights, a
         rotary embedding that depends on the sequence length), or off a CPU, where the model's own
         kernels are the better choice."""
+        import torch
+        from torch import nn
+
         config = getattr(model, "config", None)
         prefix = _FAMILIES.get(getattr(config, "model_type", None))
         if prefix is None or type(model).__name__ != f"{prefix}ForCausalLM":
@@ -179,6 +189,8 @@ class SharedPrefixDecoder:
         valid_U_W: torch.Tensor,
         max_new_tokens: int,
     ):
+        import torch
+
         self.step = step
         rows, width = len(src_R), valid_U_W.shape[1]
         device = valid_U_W.device
@@ -218,6 +230,8 @@ class SharedPrefixDecoder:
 
     def _check_identity(self) -> None:
         """Rows fill the grid in order (every prompt has n live rows): no scatter or gather."""
+        import torch
+
         slots = self.prompts * self.n
         self.identity = len(self.slot_A) == slots and bool(
             (self.slot_A == torch.arange(slots, device=self.slot_A.device)).all()
@@ -225,6 +239,8 @@ class SharedPrefixDecoder:
 
     def select_rows(self, keep_A: torch.Tensor) -> None:
         """Keep rows keep_A (in order); prompts left without rows are dropped from the prefix."""
+        import torch
+
         n, t = len(keep_A), self.length
         for keys, values in self.suffix:
             keys[:n, :, :t] = keys[keep_A, :, :t]
@@ -259,6 +275,9 @@ class SharedPrefixDecoder:
 
     def __call__(self, token_A: torch.Tensor, position_A: torch.Tensor) -> torch.Tensor:
         """token_A: the new token of each live row; position_A: its position id -> logits_A_V."""
+        import torch
+        import torch.nn.functional as F
+
         step = self.step
         rows, h, kv, d = token_A.shape[0], step.heads, step.kv_heads, step.head_dim
         group, half, t = h // kv, d // 2, self.length

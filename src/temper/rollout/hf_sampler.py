@@ -23,14 +23,11 @@ BENCHMARKS.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from temper.models.chat import eos_ids
 from temper.precision import FP32, PrecisionChoice
 from temper.rollout.fast_decode import LlamaDecodeStep, SharedPrefixDecoder
-from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
 from temper.rollout.sampler import (
     Sample,
     SampleStopReason,
@@ -40,6 +37,12 @@ from temper.rollout.sampler import (
     with_greedy_copies,
 )
 from temper.rollout.sampling import choose_tokens, row_uniforms
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from temper.rollout.kv_cache import AttentionMask, SlabCache
 
 
 def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -123,6 +126,8 @@ class HFSampler:
     ) -> list[list[Sample]]:
         # longest prompts first so a chunk holds similar lengths (less padding); stable, so a
         # prompt's samples stay in order. A job is (prompt i, sample j).
+        import torch
+
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         jobs = [(i, j) for i in order for j in range(n)]
         results: list[list[Sample]] = [[] for _ in prompts]
@@ -179,6 +184,10 @@ class HFSampler:
         top_k: int,
     ) -> list[tuple[list[int], list[float], SampleStopReason]]:
         """Decode one batch of rows; row r continues row_prompts[r] with uniforms seeded by row_seeds[r]."""
+        import torch
+
+        from temper.rollout.kv_cache import AttentionMask, SlabCache, check_attention_layers
+
         model, device = self.model, _model_device(self.model)
         # distinct prompts, and which one each row continues
         if self.share_prefill:

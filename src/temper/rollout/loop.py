@@ -43,9 +43,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from temper import guard
 from temper.data.chat import check_tool_template, prompt_ids
@@ -63,6 +61,9 @@ from temper.envs.base import (
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 from temper.rollout.trajectory import Segment, StopReason, Trajectory
 from temper.tasks.base import Score
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)

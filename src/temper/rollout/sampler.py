@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-import torch
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
     from transformers import PreTrainedTokenizerBase
+
 
 SampleStopReason = Literal["eos", "stop", "length"]
 

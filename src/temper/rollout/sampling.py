@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def choose_tokens(
@@ -23,6 +26,8 @@ def choose_tokens(
     smallest set whose probability reaches top_p (the nucleus, Holtzman et al. 2020), renormalized;
     the order matches transformers and vLLM (temperature, top-k, top-p).
     """
+    import torch
+
     logits_B_V = logits_B_V.float()
     if temperature == 0.0:
         logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
@@ -46,6 +51,8 @@ def _draw(probs_B_V: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
     `torch.multinomial(probs, 1)`, whose exponential noise over the whole vocabulary cost ~4% of a
     CPU decode step. A zero-probability token is never drawn (its CDF step is empty); if rounding
     puts u * total at the very top of the CDF, the row takes its most likely token."""
+    import torch
+
     cdf_B_V = probs_B_V.cumsum(dim=-1)
     u_B_1 = uniform_B.to(cdf_B_V.dtype)[:, None]
     token_B_1 = torch.searchsorted(cdf_B_V, u_B_1 * cdf_B_V[:, -1:], right=True)
@@ -56,6 +63,8 @@ def _draw(probs_B_V: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
 
 def _truncate(logp_B_V: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """Set the log-probs outside the top-k / top-p set to -inf (at least one token survives)."""
+    import torch
+
     if 0 < top_k < logp_B_V.shape[-1]:
         kth_B_1 = logp_B_V.topk(top_k, dim=-1).values[:, -1:]
         logp_B_V = logp_B_V.masked_fill(logp_B_V < kth_B_1, float("-inf"))
@@ -71,6 +80,8 @@ def _truncate(logp_B_V: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
 
 def row_uniforms(row_seeds: list[int], steps: int, device: torch.device) -> torch.Tensor:
     """(rows, steps) uniform numbers in [0, 1), row r from a generator seeded with row_seeds[r]."""
+    import torch
+
     gen = torch.Generator()
     out_R_T = torch.empty((len(row_seeds), steps), dtype=torch.float32)
     for r, s in enumerate(row_seeds):

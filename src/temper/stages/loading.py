@@ -5,9 +5,9 @@ adapter folder refused where only a whole model will do (vLLM)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from temper.models import (
     apply_chat_options,
@@ -19,6 +19,9 @@ from temper.models import (
 from temper.models.chat import eos_ids, template_warning
 from temper.stages.base import StageError
 from temper.stages.context import StageContext
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 console = Console(stderr=True)
 

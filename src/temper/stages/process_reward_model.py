@@ -17,9 +17,8 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
@@ -28,6 +27,7 @@ from temper.algorithms.process_reward import IGNORE, step_bce_loss
 from temper.atomic import atomic_write_json, atomic_write_text
 from temper.data.chat import prompt_ids
 from temper.data.dataset import Sequence, collate
+from temper.lazy import no_grad
 from temper.models import save_model
 from temper.rewards.process_reward_model import (
     PROCESS_REWARD_MODEL_DIR,
@@ -47,11 +47,16 @@ from temper.stages.base import (
     raise_located,
     train_rules,
 )
-from temper.stages.loading import load_chat_model, whole_model
 from temper.tasks.base import Task
 from temper.tasks.steps import STEP_LABELLERS, label_steps
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+
+    pass
+
 
 console = Console(stderr=True)
 
@@ -168,7 +173,7 @@ def step_items(
     return items, rows, counts
 
 
-@torch.no_grad()
+@no_grad
 def step_metrics(model, items: list[Sequence], pad_id: int, batch_size: int = 32) -> dict[str, float]:
     """Held-out per-step accuracy (sigma(z) > 1/2 vs the label), balanced accuracy (the mean of
     the good steps' and the bad steps' accuracies: 1/2 for any constant guess, however skewed the
@@ -205,6 +210,8 @@ def _loss(logits_B_T_1: torch.Tensor, labels_B_T: torch.Tensor, n: int) -> torch
 
 
 def run(stage: ProcessRewardModelStage, job) -> Path:
+    from temper.stages.loading import load_chat_model, whole_model
+
     ctx, out = job.ctx, job.out
     source = whole_model(job.source, "a process reward model (its backbone is the policy's)")
     tokenizer, policy = load_chat_model(source, ctx)

@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
@@ -37,9 +36,12 @@ from temper.data.preferences import Labelled, Pair, TokenizedPair, tokenize_pair
 from temper.models import save_model, with_lora
 from temper.rewards.reward_model import REWARD_MODEL_DIR, reward_model_from_policy
 from temper.stages.base import Loc, StageKind, epoch_steps, length, raise_located
-from temper.stages.preference import PreferenceDataStage, preference_items, tasks_of
+from temper.stages.preference import PreferenceDataStage, tasks_of
 from temper.train.preference import BradleyTerry, Preference, reward_forward
 from temper.train.supervised import TrainConfig, train_supervised
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 console = Console(stderr=True)
 
@@ -109,6 +111,8 @@ def held_out_rewards(
     model, items: list[TokenizedPair], pad_id: int, batch_size: int
 ) -> list[dict[str, float]]:
     """r_chosen, r_rejected (and the pair's margin) of each held-out pair, without gradient."""
+    import torch
+
     was_training = model.training
     model.eval()
     out = []
@@ -153,6 +157,8 @@ def calibration(rows: list[dict[str, float]], bins: int = CALIBRATION_BINS) -> d
 
 
 def run(stage: RewardModelStage, job) -> Path:
+    from temper.stages.preference import preference_items
+
     ctx, source, out = job.ctx, job.source, job.out
     tokenizer, policy, items, eval_items, stats, summary = preference_items(
         stage, "reward_model", ctx, source, out, build, unit="pairs"

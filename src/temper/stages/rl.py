@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
@@ -40,8 +39,13 @@ from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
 from temper.train.features.base import SetupError
 from temper.train.features.privileged import SELF
-from temper.train.rl import RLConfig, collect_groups, problems_for_step, train_rl
-from temper.train.rl_config import rl_rules, rl_task_rules
+from temper.train.rl_config import RLConfig, rl_rules, rl_task_rules
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+
+    pass
+
 
 __all__ = ["SELF", "RLStage", "run_rl", "tokenizer_mismatch"]
 
@@ -265,6 +269,8 @@ def reachability_probe(
     rewards are all equal (no learning signal), by cause, and (`stop_warning`) whether the samples
     ran past a special token such as the template's end of turn. Groups whose user code failed
     are left out, and judged by `policy` (before training: a stop naming it, by default)."""
+    from temper.train.rl import collect_groups
+
     probe = RLConfig(
         **{
             **config.__dict__,
@@ -312,23 +318,6 @@ def reachability_probe(
     return stats
 
 
-class _AdapterDisabled(torch.nn.Module):
-    """The frozen reference of a LoRA policy: the same module with its adapter switched off."""
-
-    def __init__(self, peft_model):
-        super().__init__()
-        self.peft_model = peft_model
-
-    def forward(self, **kwargs):
-        with self.peft_model.disable_adapter():
-            return self.peft_model(**kwargs)
-
-    def get_output_embeddings(self):
-        """lm_head without its adapter, if it has one: the RL update applies it itself (rl_update.PolicyWithValue)."""
-        head = self.peft_model.get_output_embeddings()
-        return head.get_base_layer() if hasattr(head, "get_base_layer") else head
-
-
 def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     """The stage (module docstring), every call of user code under `train.user_code.timeout`. A
     run that user code stops before any step trained (no metrics logged, no checkpoint) leaves
@@ -344,6 +333,10 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
 
 
 def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+    import torch
+
+    from temper.train.rl import problems_for_step, train_rl
+
     config = stage.train
     if bad := task_rules(stage, ctx.tasks):  # the CLI builds its tasks without the recipe's check
         raise StageError("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in bad))
@@ -407,7 +400,9 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
         if isinstance(sampler, HFSampler):
             sampler.sync(model)  # sample from the adapter model; vLLM receives weights after each update
         if reference is None and config.kl_coef > 0:
-            reference = _AdapterDisabled(model)
+            from temper.train.rl_update import AdapterDisabled
+
+            reference = AdapterDisabled(model)
     elif reference is None and config.kl_coef > 0:
         reference = load_model(source).eval().requires_grad_(False)  # the eos options change no logit
 

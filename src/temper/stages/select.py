@@ -28,9 +28,8 @@ import json
 import operator
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 from rich.console import Console
 
@@ -41,8 +40,10 @@ from temper.evaluate import evaluate
 from temper.models import load_model, save_trained
 from temper.rollout import HFSampler
 from temper.stages.base import StageError, StageKind, StageRun, Strict, raise_located
-from temper.stages.loading import load_chat_model
 from temper.train.checkpoint import list_checkpoints
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 console = Console(stderr=True)
 
@@ -137,6 +138,8 @@ def load_candidate(path: Path, final: Path) -> torch.nn.Module:
     """A model folder as is; a checkpoint as the final model's architecture with the checkpoint's
     weights (the state dict of the module the trainer prepared: the model itself, or RL's
     `PolicyWithValue`, whose keys start with `policy.`; a value head's keys are left out)."""
+    import torch
+
     if not (path / "state.json").exists():
         return load_model(path)
     model = load_model(final)
@@ -164,6 +167,8 @@ def load_candidate(path: Path, final: Path) -> torch.nn.Module:
 def mean_kl(model, reference, tokenizer, prompts: list[list[int]], max_new_tokens: int, seed: int) -> float:
     """Mean over sampled tokens of KL(model || reference) = sum_v p(v) (log p(v) - log q(v)), exact
     over the vocabulary at each position of the model's own samples (temperature 1)."""
+    import torch
+
     samples = HFSampler(model, tokenizer).sample(prompts, 1, max_new_tokens=max_new_tokens, seed=seed)
     total, tokens = 0.0, 0
     with torch.no_grad():
@@ -227,6 +232,8 @@ def _reference(stage: SelectStage, job: StageRun) -> tuple[str, Path | str] | No
 
 
 def run_select(stage: SelectStage, job: StageRun) -> Path:
+    from temper.stages.loading import load_chat_model
+
     if job.source is None:
         raise StageError("select: no earlier stage produced a model to choose among")
     folder = Path(job.source).parent

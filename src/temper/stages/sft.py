@@ -44,7 +44,7 @@ from temper.stages.ranking import (
     load_ranker,
     reward_model_use,
 )
-from temper.tasks.base import DemonstratesEpisodes, MarksEnvironmentSpans
+from temper.tasks.base import DemonstratesEpisodes, KeysProblems, MarksEnvironmentSpans
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -142,9 +142,15 @@ def demonstrations(
                 ]
             spans = tuple(task.environment_spans(problem)) if isinstance(task, MarksEnvironmentSpans) else ()
             tools = tools_of(task)  # the schemas an env task's prompts show (multi_tool)
+            key = task.problem_key(problem) if isinstance(task, KeysProblems) else None
             out.append(
                 Example(
-                    source=f"task:{name}:{split}", line=i + 1, messages=messages, untrained=spans, tools=tools
+                    source=f"task:{name}:{split}",
+                    line=i + 1,
+                    messages=messages,
+                    untrained=spans,
+                    tools=tools,
+                    key=key,
                 )
             )
     return out

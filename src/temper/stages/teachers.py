@@ -8,13 +8,14 @@ message here says why the stage at hand needs it.
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from temper.models import load_model, load_tokenizer
 from temper.stages.base import StageError
 from temper.stages.context import StageContext
-from temper.stages.rl import tokenizer_mismatch
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 def load_frozen_teacher(
@@ -23,6 +24,8 @@ def load_frozen_teacher(
     """The model `ref` names (an earlier stage, a folder or a hub id), in eval mode without
     gradients, once its tokenizer gives every token the student's id; else a `StageError` naming
     the first difference, the `stage` and `why` it needs shared ids."""
+    from temper.stages.rl import tokenizer_mismatch
+
     if ref in ctx.stage_dirs and ref not in ctx.models:
         raise StageError(f"{stage}: teacher {ref!r} is a stage that saves no model")
     source = ctx.model_of(ref)

@@ -227,6 +227,16 @@ class MarksEnvironmentSpans(Protocol):
     def environment_spans(self, problem: Problem) -> list[str]: ...
 
 
+@runtime_checkable
+class KeysProblems(Protocol):
+    """A task whose prompt does not identify a problem (an environment's first observation, which
+    other problems share): `problem_key` does (the treasure hunt's map), and the contamination
+    check matches its eval problems by key, not by text. Implemented by `TreasureHuntTask`; called
+    by `temper.data.contamination` and the sft stage's demonstrations."""
+
+    def problem_key(self, problem: Problem) -> str: ...
+
+
 class TaskOptionError(ValueError):
     """A task option that cannot be used (a data column that is not there, a reward function that
     cannot be imported); `option` is its key path inside the task entry, so a recipe error points

@@ -14,12 +14,14 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from accelerate import Accelerator
 from rich.console import Console
 
 from temper.distributed import shared_atomic_dir
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from accelerate import Accelerator
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 console = Console(stderr=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
-
 from temper import distributed
 from temper.envs.base import make_env
 from temper.rewards.diagnostics import breakdown
@@ -25,7 +23,9 @@ from temper.train.features import Features, Step, shapers
 from temper.train.rollouts import Group, grade_episodes
 from temper.train.user_code import GroupFailure, group_failure
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from transformers import PreTrainedTokenizerBase
+
     from temper.train.rl_config import RLConfig
 
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
-from accelerate import Accelerator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from temper import distributed
 from temper.algorithms.losses import IGNORE, sft_loss
 from temper.data.dataset import Sequence, collate
 
-Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (sum, count); the metric is sum / count
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from accelerate import Accelerator
+
+Stats = dict[str, "tuple[torch.Tensor, torch.Tensor]"]  # name -> (sum, count); the metric is sum / count
 
 
 class Objective(Protocol):
@@ -64,6 +65,8 @@ class Objective(Protocol):
 
 def add_stat(stats: Stats, name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> None:
     """Add `values` (where `where`) to the running sum and count of the metric `name`."""
+    import torch
+
     values = values.detach().float()
     where = torch.ones_like(values, dtype=torch.bool) if where is None else where
     s, c = torch.where(where, values, 0.0).sum(), where.sum().float()
@@ -73,6 +76,8 @@ def add_stat(stats: Stats, name: str, values: torch.Tensor, where: torch.Tensor 
 
 def stat_means(stats: Stats, accelerator: Accelerator) -> dict[str, float]:
     """Each metric's sum over count, summed over processes (one collective; none without stats)."""
+    import torch
+
     names = sorted(stats)
     if not names:
         return {}
@@ -102,6 +107,8 @@ def evaluate_loss(
 ) -> float:
     """Token-weighted mean loss over `sequences`; with an `accelerator`, each process scores its
     share and the sums are added up. Pass the unwrapped model: no DDP collective may run here."""
+    import torch
+
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = sequences[distributed.share(len(sequences), rank, world)]
     was_training = model.training

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from temper.algorithms.preference import (
     bradley_terry_loss,
@@ -34,6 +31,9 @@ from temper.rewards.reward_model import right_pad, sequence_rewards
 from temper.train.objective import Stats, add_stat
 from temper.train.rollouts import pack
 
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+
 
 def sequence_logps(
     model: torch.nn.Module, seqs: list[Sequence], pad_id: int
@@ -47,6 +47,9 @@ def sequence_logps(
     The logits come from the model's own forward, so any head (soft-capped, scaled, PEFT-wrapped,
     data-parallel) is applied as the model applies it; only the trained positions reach the
     softmax. `pad_id` fills the packed rows' tails, which nothing reads."""
+    import torch
+    import torch.nn.functional as F
+
     device = next(model.parameters()).device
     prompts, completions_N_T, mask_N_T, targets_N = _as_completions(seqs, pad_id)
     packed = pack(prompts, completions_N_T.to(device), mask_N_T.to(device))
@@ -68,6 +71,8 @@ def _as_completions(
     (N, T) right-padded, the mask of the tokens with a label (N, T), and those labels in the
     row-major order of the mask (the order `pack` indexes them in). Position t predicts label
     t + 1, as in the padded forward; a label on the first token is never predicted."""
+    import torch
+
     width = max(len(s.input_ids) for s in seqs) - 1
     completions_N_T = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
     labels_N_T = torch.full_like(completions_N_T, IGNORE)
@@ -191,11 +196,15 @@ class KTO:
     def prepare(self, model, items: list[KTOItem], refs: torch.Tensor, pad_id: int) -> torch.Tensor:
         # z0 over the whole global batch (every process computes it, so no collective is needed
         # and every micro-batch of the step uses the same reference point)
+        import torch
+
         with torch.no_grad():
             kl_logp, _ = sequence_logps(model, [it.kl for it in items], pad_id)
         return kto_kl(kl_logp, refs[:, 1].to(kl_logp.device))
 
     def loss(self, items, logp, tokens, refs, ctx, stats: Stats) -> torch.Tensor:
+        import torch
+
         desirable = torch.tensor([it.completion.desirable for it in items], device=logp.device)
         losses = kto_loss(
             logp, refs[:, 0], desirable, ctx, self.beta, self.desirable_weight, self.undesirable_weight
@@ -241,6 +250,8 @@ class BradleyTerry:
         return None
 
     def loss(self, items, rewards, tokens, refs, ctx, stats: Stats) -> torch.Tensor:
+        import torch
+
         chosen, rejected = rewards.chunk(2)
         margin = torch.tensor([p.margin for p in items], dtype=chosen.dtype, device=chosen.device)
         losses = bradley_terry_loss(chosen, rejected, margin, self.center_coef)
@@ -257,6 +268,8 @@ def reference_logps(
 ) -> torch.Tensor:
     """(N, columns) summed logprobs under the reference: `model` as it is now, with its LoRA
     adapter disabled if it has one (the base it was added to). No columns: (N, 0), no forward."""
+    import torch
+
     if not columns:
         return torch.zeros(n, 0)
     was_training = model.training
@@ -283,6 +296,8 @@ def evaluate_method(
     batch_size: int,
 ) -> dict[str, float]:
     """The method's loss and metrics over `items` (held out), without gradient, one process."""
+    import torch
+
     was_training = model.training
     model.eval()
     stats: Stats = {}
@@ -305,6 +320,8 @@ class Referenced:
 
 
 def _refs(items: list[Referenced]) -> torch.Tensor:
+    import torch
+
     return torch.stack([it.refs for it in items])  # (N, columns)
 
 

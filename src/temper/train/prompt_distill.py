@@ -7,11 +7,13 @@ Snell et al. 2022, "Learning by Distilling Context"). The stage is `temper.stage
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from temper.algorithms.distill import forward_kl_loss
 from temper.train.objective import Stats
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ def completion_logits(
 ):
     """(logits_B_L_V, mask_B_L): the model's next-token logits at the positions that predict each
     row's completion tokens (row b's tokens starts[b] .. starts[b] + lengths[b] - 1)."""
+    import torch
+
     device = next(model.parameters()).device
     width = max(len(r) for r in rows)
     ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -55,6 +59,8 @@ def distill_loss(
 ) -> torch.Tensor:
     """The forward KL of the student without the instruction to the teacher with it, on `batch`,
     summed over its completion tokens and divided by `num_tokens` (default: their count)."""
+    import torch
+
     lengths = [len(p.completion) for p in batch]
     with torch.no_grad():
         t_logits, mask = completion_logits(
@@ -97,6 +103,8 @@ class PromptDistill:
 
     def evaluate(self, model, items: list[Pair], batch_size: int, accelerator) -> dict[str, float]:
         """The held-out KL per completion token (every process scores every item)."""
+        import torch
+
         was_training = model.training
         model.eval()
         n = self.context(model, items)

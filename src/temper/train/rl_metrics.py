@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-from accelerate import Accelerator
-
 from temper.rewards import BATCH_COMPONENTS
 from temper.rollout.trajectory import mean_signals
 from temper.train.rollouts import Group
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    from accelerate import Accelerator
+
     from temper.train.rl_config import RLConfig
 
 
@@ -91,6 +90,8 @@ def _ref_kl_sums(prepared: Any) -> dict[str, float]:
 
 def _mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
     """Per-process values averaged over processes (sums: `/sum` and `/tokens` keys, added up)."""
+    import torch
+
     if accelerator.num_processes == 1:
         return values
     keys = sorted(values)

@@ -424,3 +424,20 @@ def _add(stats: dict[str, list[float]], key: str, value: torch.Tensor | float) -
     stats.setdefault(key, []).append(
         float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
     )
+
+
+class AdapterDisabled(torch.nn.Module):
+    """The frozen reference of a LoRA policy: the same module with its adapter switched off."""
+
+    def __init__(self, peft_model):
+        super().__init__()
+        self.peft_model = peft_model
+
+    def forward(self, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(**kwargs)
+
+    def get_output_embeddings(self):
+        """lm_head without its adapter, if it has one: the RL update applies it itself (rl_update.PolicyWithValue)."""
+        head = self.peft_model.get_output_embeddings()
+        return head.get_base_layer() if hasattr(head, "get_base_layer") else head

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from temper.models.chat import shown_completion
 from temper.rewards.components import RewardInput, combine
@@ -20,6 +18,9 @@ from temper.rewards.process_reward_model import TokenRewards
 from temper.rollout.sampler import Sample
 from temper.rollout.trajectory import Segment, Trajectory
 from temper.tasks.base import Problem, Score, Task, grade_batch
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 @dataclass
@@ -253,6 +254,8 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
     """Rows = the groups' episodes; row r holds everything after the prompt (policy and
     environment tokens), `mask_R_T` is True at policy tokens only: environment, tool and prompt
     tokens are never trained on. Old logprobs are the sampler's at policy tokens, 0 elsewhere."""
+    import torch
+
     rows = [r.trajectory for g in groups for r in g.rollouts]
     width = max(len(t.completion_ids) for t in rows)
     completions = torch.zeros((len(rows), width), dtype=torch.long)
@@ -315,6 +318,8 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
     hold no padding between sequences and the vocabulary projection is applied at `index_N` only.
     `mask_B_T` marks the tokens whose logprobs are wanted (policy tokens); a row's sequence runs
     to its last marked token, environment tokens between marked ones included (read, not scored)."""
+    import torch
+
     marked = [torch.nonzero(m).flatten().tolist() for m in mask_B_T.bool().cpu()]
     lengths = [m[-1] + 1 if m else 0 for m in marked]
     completions = completions_B_T.tolist()

@@ -18,10 +18,8 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
-from accelerate import Accelerator
 from pydantic import Field
 
 from temper import distributed
@@ -32,6 +30,10 @@ from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.objective import Objective, Stats, stat_means
 from temper.train.schedule import lr_at
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
+    from accelerate import Accelerator
 
 # Ranges pydantic checks when a recipe or a CLI flag sets a field (`Annotated` metadata is inert
 # in plain Python, so tests and benchmarks still construct these directly); cross-field rules are
@@ -105,6 +107,8 @@ class TrainResult:
 
 def batch_indices(step: int, n_examples: int, batch_size: int, seed: int) -> list[int]:
     """Indices of the global batch at `step`: a stream of seeded permutations, one per epoch."""
+    import torch
+
     start = step * batch_size
     out: list[int] = []
     while len(out) < batch_size:
@@ -129,6 +133,8 @@ def process_batches(config: TrainConfig, accelerator: Accelerator) -> tuple[int,
 
 def adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW over the trainable parameters, with no weight decay on vectors (norms, biases)."""
+    import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(
         [
@@ -186,6 +192,8 @@ def backward_batch(
     `micro` items per forward (gradients synchronized on the last); return the loss summed over
     the micro-batches and the tokens read. Any split into micro-batches, and of the global batch
     into processes, gives the same summed gradient (the objective normalizes by the global batch)."""
+    import torch
+
     world = accelerator.num_processes if accelerator else 1
     loss_sum, tokens = torch.zeros((), device=accelerator.device if accelerator else "cpu"), 0
     for m in range(0, len(items), micro):
@@ -217,6 +225,8 @@ def train_supervised(
     """Train `model` in place on `train` for `config.max_steps` steps of `objective`; resume from
     the newest checkpoint under `out_dir/checkpoints` if there is one. Metrics go to
     `out_dir/metrics.jsonl` (held-out ones, `objective.evaluate`, at `eval_every` and at the end)."""
+    import torch
+
     if not train:
         raise ValueError("no training sequences (every example was empty or dropped)")
     out_dir = Path(out_dir)

@@ -25,19 +25,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 from pydantic import ConfigDict, Field
 
 from temper import distributed
 from temper.atomic import atomic_write_json
 from temper.envs.base import make_env
+from temper.lazy import no_grad
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.rollout.sampler import Sample, Sampler, StopsAtTokens, derive_seed, model_of, prompt_seeds
 from temper.tasks.base import Problem, Task
 from temper.tasks.two_mode import marker_ids
 from temper.train.features.base import BatchExtras, Error, Hooks, RLFeature, RunStart, StageView, Step, at
+
+if TYPE_CHECKING:  # imported where used: importing this module stays cheap
+    import torch
 
 
 @dataclass
@@ -149,6 +152,8 @@ class ForcedFirstToken:
 def direct_flags(first_tokens: Sequence[int | None], tokenizer) -> torch.Tensor:
     """bool (R,): which samples answered in the direct mode (first completion token = the direct
     marker's first token; None: an empty completion, not direct)."""
+    import torch
+
     direct_id = marker_ids(tokenizer)[0]
     return torch.tensor([t == direct_id for t in first_tokens], dtype=torch.bool)
 
@@ -193,12 +198,14 @@ def _id_number(problem_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(problem_id.encode(), digest_size=8).digest(), "little")
 
 
-@torch.no_grad()
+@no_grad
 def direct_probability(
     model: torch.nn.Module, prompts: Sequence[Sequence[int]], tokenizer, temperature: float
 ) -> float:
     """Mean over `prompts` of pi(first token = the direct marker | prompt) at `temperature`: the
     policy's own choice of mode, which the forced rollouts (half and half) do not show."""
+    import torch
+
     direct_id = marker_ids(tokenizer)[0]
     device = next(model.parameters()).device
     t = temperature if temperature > 0 else 1.0
@@ -302,6 +309,8 @@ class AdaptThinkRun(Hooks):
         return row
 
     def extras(self, step: Step, batch: Any) -> BatchExtras:
+        import torch
+
         rollouts = [r for g in step.local for r in g.rollouts]
         return BatchExtras(
             {
