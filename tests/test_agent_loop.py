@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from fakes import Script
 from temper.catalog import make_task
 from temper.data.chat import prompt_ids, render_ids
 from temper.envs.base import StepResult, TaskEnv
@@ -15,40 +16,6 @@ from temper.rollout import HFSampler
 from temper.rollout.loop import EpisodeLimits, action_text, run_episodes
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Score
-
-
-class Script:
-    """A `Sampler` with no model: `reply(prompt_text, round)` gives the completion text; a stop
-    string ends it there (reason "stop"), otherwise it ends with the eos token. Token ids are the
-    byte tokenizer's; logprob of token t is -(t + 1) / 100 so misplaced logprobs show."""
-
-    def __init__(self, tokenizer, reply):
-        self.tokenizer, self.reply, self.calls = tokenizer, reply, []
-
-    def sample(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop=(), seed=0):
-        self.calls.append({"prompts": len(prompts), "n": n, "stop": list(stop), "seed": seed})
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-            out.append([self._one(prompt, self.reply(text, j), max_new_tokens, stop) for j in range(n)])
-        return out
-
-    def _one(self, prompt, text, max_new_tokens, stop):
-        cut = min((text.find(s) + len(s) for s in stop if s in text), default=None)
-        reason = "stop" if cut is not None else "eos"
-        body = text[:cut] if cut is not None else text
-        ids = self.tokenizer.encode(body, add_special_tokens=False)
-        if reason == "eos":
-            ids = ids + [self.tokenizer.eos_token_id]
-        if len(ids) > max_new_tokens:
-            ids, reason = ids[:max_new_tokens], "length"
-        shown = self.tokenizer.decode(ids if reason != "eos" else ids[:-1], skip_special_tokens=True)
-        if reason == "stop":
-            shown = shown[: shown.rfind(next(s for s in stop if shown.endswith(s)))]
-        return Sample(list(prompt), ids, [-(t + 1) / 100 for t in range(len(ids))], shown, reason)
-
-    def sync(self, model):
-        pass
 
 
 class CodeEnv:

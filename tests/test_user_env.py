@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-from tests.test_agent_loop import Script
 
+from fakes import Script
 from temper.catalog import make_recipe_task
 from temper.models import build_preset, save_model
 from temper.rollout.loop import EpisodeLimits, run_episodes
