@@ -222,7 +222,7 @@ def test_a_hub_id_offline_and_not_cached_fails_at_once(monkeypatch, tmp_path):
     start = time.perf_counter()
     with pytest.raises(SourceNotFoundError, match="not in the local cache while HF_HUB_OFFLINE is set"):
         list(read_rows("someone/no-such-dataset-xyz", base_dir=tmp_path))
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 60  # no retries (minutes); generous, for a busy machine
 
 
 def test_every_format_through_the_sft_loader_gives_the_same_examples(tmp_path):
