@@ -21,7 +21,7 @@ from temper.evaluate import (
     evaluate_splits,
     write_eval,
 )
-from temper.models import build_preset, build_tokenizer
+from temper.models import build_preset
 from temper.rollout import HFSampler
 from temper.stats import pass_at_k, wilson_interval
 from temper.tasks.base import Task
@@ -58,11 +58,6 @@ class FakeTask:
 
     def corpus_text(self, problem: Problem) -> str:
         return problem.prompt
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")
