@@ -241,6 +241,20 @@ def test_the_network_probe_gives_up_within_its_timeout(monkeypatch):
     monkeypatch.setattr(sources, "_reachable", None)
 
 
+def test_an_opener_that_answers_nothing_means_unreachable_and_raises_in_no_thread(monkeypatch):
+    """urlopen gives None when no handler takes the endpoint's scheme: the probe says unreachable;
+    it used to raise AttributeError on None.close() in its thread, seen in whatever test ran next."""
+    import threading
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    monkeypatch.setattr(sources.urllib.request, "urlopen", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sources, "_reachable", None)
+    assert sources.hub_reachable(timeout=30) is False  # the thread ends at once; 30 s only bounds a hang
+    assert raised == []
+    monkeypatch.setattr(sources, "_reachable", None)
+
+
 def test_an_eval_only_recipe_evaluates_the_recipe_model(tmp_path, capsys, tokenizer, nano):
     from temper.models import save_model
 
