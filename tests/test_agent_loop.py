@@ -459,9 +459,15 @@ def test_an_episode_the_loop_ends_asks_the_env_for_its_end_signals_once(tokenize
     [[budget]] = run_episodes(script, tokenizer, [[env]], [0], EpisodeLimits(max_tokens=12))
     assert budget.stop_reason == "max_tokens" and env.cuts == ["max_tokens"]
     # an env that ended its own episode, failed or hung is not asked
-    env, broken, slow = CutWalkEnv(), CutWalkEnv(fail=True), CutWalkEnv(sleep=1.0)
-    [[own], [bad], [hung]] = run_episodes(
-        script, tokenizer, [[env], [broken], [slow]], [0, 1, 2], EpisodeLimits(step_timeout=0.3)
-    )
+    hold = threading.Event()
+    env, broken, slow = CutWalkEnv(), CutWalkEnv(fail=True), CutWalkEnv(hold=hold)
+    try:
+        [[own], [bad], [hung]] = run_episodes(
+            script, tokenizer, [[env], [broken], [slow]], [0, 1, 2], EpisodeLimits(step_timeout=0.3)
+        )
+    finally:
+        hold.set()  # the abandoned step ends with this test, not in a later one
+        for t in guard.user_threads():
+            t.join(10)
     assert (own.stop_reason, bad.stop_reason, hung.stop_reason) == ("done", "env_error", "timeout")
     assert env.cuts == broken.cuts == slow.cuts == []
