@@ -7,6 +7,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+from leaks import descendants, left_running, live_threads  # noqa: E402
 from temper.models import build_preset, build_tokenizer  # noqa: E402
 
 
@@ -31,3 +32,14 @@ def tokenizer():
 @pytest.fixture
 def nano(tokenizer):
     return build_preset("nano", tokenizer, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_running():
+    """Fails a module that leaves a thread or a child process running after its last test
+    (TESTING.md): a leak slows every later test and the suite's exit, and hides in them."""
+    threads, processes = live_threads(), set(descendants())
+    yield
+    left = left_running(threads, processes)
+    if left:
+        pytest.fail("left running after the module's tests: " + "; ".join(left), pytrace=False)

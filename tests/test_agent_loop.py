@@ -3,11 +3,14 @@ single-turn tasks through `TaskEnv` sampling exactly what plain sampling gave.""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import torch
 
+from fakes import Script
+from temper import guard
 from temper.catalog import make_task
 from temper.data.chat import prompt_ids, render_ids
 from temper.envs.base import StepResult, TaskEnv
@@ -15,40 +18,6 @@ from temper.rollout import HFSampler
 from temper.rollout.loop import EpisodeLimits, action_text, run_episodes
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Score
-
-
-class Script:
-    """A `Sampler` with no model: `reply(prompt_text, round)` gives the completion text; a stop
-    string ends it there (reason "stop"), otherwise it ends with the eos token. Token ids are the
-    byte tokenizer's; logprob of token t is -(t + 1) / 100 so misplaced logprobs show."""
-
-    def __init__(self, tokenizer, reply):
-        self.tokenizer, self.reply, self.calls = tokenizer, reply, []
-
-    def sample(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop=(), seed=0):
-        self.calls.append({"prompts": len(prompts), "n": n, "stop": list(stop), "seed": seed})
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-            out.append([self._one(prompt, self.reply(text, j), max_new_tokens, stop) for j in range(n)])
-        return out
-
-    def _one(self, prompt, text, max_new_tokens, stop):
-        cut = min((text.find(s) + len(s) for s in stop if s in text), default=None)
-        reason = "stop" if cut is not None else "eos"
-        body = text[:cut] if cut is not None else text
-        ids = self.tokenizer.encode(body, add_special_tokens=False)
-        if reason == "eos":
-            ids = ids + [self.tokenizer.eos_token_id]
-        if len(ids) > max_new_tokens:
-            ids, reason = ids[:max_new_tokens], "length"
-        shown = self.tokenizer.decode(ids if reason != "eos" else ids[:-1], skip_special_tokens=True)
-        if reason == "stop":
-            shown = shown[: shown.rfind(next(s for s in stop if shown.endswith(s)))]
-        return Sample(list(prompt), ids, [-(t + 1) / 100 for t in range(len(ids))], shown, reason)
-
-    def sync(self, model):
-        pass
 
 
 class CodeEnv:
@@ -80,14 +49,16 @@ class WalkEnv:
 
     stop = ()
 
-    def __init__(self, sleep: float = 0.0, fail: bool = False):
-        self.k, self.sleep, self.fail = 0, sleep, fail
+    def __init__(self, sleep: float = 0.0, fail: bool = False, hold: threading.Event | None = None):
+        self.k, self.sleep, self.fail, self.hold = 0, sleep, fail, hold
 
     def reset(self):
         return [{"role": "system", "content": "walk"}, {"role": "user", "content": "at 0"}]
 
     def step(self, action):
         time.sleep(self.sleep)
+        if self.hold is not None:  # hung until the test lets it go (a minute at most)
+            self.hold.wait(60)
         if self.fail:
             raise RuntimeError("the env broke")
         self.k += 1
@@ -179,15 +150,23 @@ def test_limits_end_episodes_with_their_reason(tokenizer):
 
 def test_a_hung_or_broken_env_ends_its_episode_not_the_batch(tokenizer):
     script = Script(tokenizer, lambda text, j: "left")
+    hold = threading.Event()
     t0 = time.perf_counter()
-    [[slow, fine], [broken]] = run_episodes(
-        script,
-        tokenizer,
-        [[WalkEnv(sleep=3.0), WalkEnv()], [WalkEnv(fail=True)]],
-        [0, 1],
-        EpisodeLimits(step_timeout=0.3),
-    )
-    assert time.perf_counter() - t0 < 2.5  # the batch did not wait for the hung step
+    try:
+        [[slow, fine], [broken]] = run_episodes(
+            script,
+            tokenizer,
+            [[WalkEnv(hold=hold), WalkEnv()], [WalkEnv(fail=True)]],
+            [0, 1],
+            EpisodeLimits(step_timeout=0.3),
+        )
+        # the batch did not wait for the hung step (a minute): the bound only tells waiting from not
+        # waiting, generous so that a busy machine passes it
+        assert time.perf_counter() - t0 < 30
+    finally:
+        hold.set()  # the abandoned step ends here, not in a later test that counts user-code threads
+        for t in guard.user_threads():
+            t.join(10)
     assert slow.stop_reason == "timeout" and slow.score is None
     assert fine.stop_reason == "done" and fine.score.correct
     assert broken.stop_reason == "env_error" and "the env broke" in broken.signals[-1]["error"]
@@ -360,9 +339,10 @@ def test_a_template_that_rewrites_history_ends_the_episode_instead_of_misalignin
 
 def test_environment_time_is_each_episodes_own(tokenizer):
     script = Script(tokenizer, lambda text, j: "left")
-    [[slow, fast]] = run_episodes(script, tokenizer, [[WalkEnv(sleep=0.2), WalkEnv()]], [0], EpisodeLimits())
-    assert slow.seconds_in_env >= 0.6  # three steps of 0.2 s
-    assert fast.seconds_in_env < 0.3  # stepped in parallel: not charged the slow one's 0.6 s
+    [[slow, fast]] = run_episodes(script, tokenizer, [[WalkEnv(sleep=0.5), WalkEnv()]], [0], EpisodeLimits())
+    assert slow.seconds_in_env >= 1.5  # three steps of 0.5 s
+    # stepped in parallel: not charged the slow one's 1.5 s (a second of slack for a busy machine)
+    assert fast.seconds_in_env < 1.0
 
 
 def test_a_chat_tool_call_episode_renders_tools_and_never_trains_on_the_result(tokenizer):
@@ -479,9 +459,15 @@ def test_an_episode_the_loop_ends_asks_the_env_for_its_end_signals_once(tokenize
     [[budget]] = run_episodes(script, tokenizer, [[env]], [0], EpisodeLimits(max_tokens=12))
     assert budget.stop_reason == "max_tokens" and env.cuts == ["max_tokens"]
     # an env that ended its own episode, failed or hung is not asked
-    env, broken, slow = CutWalkEnv(), CutWalkEnv(fail=True), CutWalkEnv(sleep=1.0)
-    [[own], [bad], [hung]] = run_episodes(
-        script, tokenizer, [[env], [broken], [slow]], [0, 1, 2], EpisodeLimits(step_timeout=0.3)
-    )
+    hold = threading.Event()
+    env, broken, slow = CutWalkEnv(), CutWalkEnv(fail=True), CutWalkEnv(hold=hold)
+    try:
+        [[own], [bad], [hung]] = run_episodes(
+            script, tokenizer, [[env], [broken], [slow]], [0, 1, 2], EpisodeLimits(step_timeout=0.3)
+        )
+    finally:
+        hold.set()  # the abandoned step ends with this test, not in a later one
+        for t in guard.user_threads():
+            t.join(10)
     assert (own.stop_reason, bad.stop_reason, hung.stop_reason) == ("done", "env_error", "timeout")
     assert env.cuts == broken.cuts == slow.cuts == []

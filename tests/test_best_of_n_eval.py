@@ -13,7 +13,6 @@ from transformers import LlamaForSequenceClassification
 from temper.cli import main
 from temper.data.chat import prompt_ids
 from temper.evaluate import best_of_n_metrics, best_of_n_rows, evaluate, format_table
-from temper.models import build_tokenizer
 from temper.models.presets import preset_config
 from temper.recipe import RecipeError, parse_recipe
 from temper.rewards.best_of_n import best_index, bon_kl
@@ -67,11 +66,6 @@ class Scripted:
 
     def sync(self, model):
         pass
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def _scripted(tokenizer):

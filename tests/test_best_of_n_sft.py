@@ -9,7 +9,6 @@ import pytest
 from temper.cli import main
 from temper.data.chat import prompt_ids
 from temper.data.formats import load_rows
-from temper.models import build_tokenizer
 from temper.recipe import RecipeError, parse_recipe
 from temper.rollout.sampler import Sample
 from temper.stages.ranking import generate_best_of_n
@@ -48,11 +47,6 @@ class Scripted:
             ]
             for p in prompts
         ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def _generate(tokenizer, **kw):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fakes import Script  # tests/ is on the path (pytest rootdir mode)
 from temper.catalog import make_task
 from temper.envs.code_repair.admission import REASONS, admit, check
 from temper.envs.code_repair.env import PATH_SIGNALS, CodeRepairEnv
@@ -16,7 +17,6 @@ from temper.envs.code_repair.generator import RepairTask, generate
 from temper.envs.code_repair.task import CodeRepairConfig, CodeRepairTask
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.stages.sft import demonstrations
-from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 FIXED = "def f(a, b):\n    # a * 3 + b\n    return a * 3 + b\n"
 BUGGY = "def f(a, b):\n    # a * 3 + b\n    return a * 3 - b\n"

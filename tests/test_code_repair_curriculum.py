@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fakes import Script  # tests/ is on the path (pytest rootdir mode)
 from temper.catalog import make_task
 from temper.envs.code_repair.curriculum import CURRICULUM_REASONS, CurriculumConfig, variant
 from temper.envs.code_repair.generator import RepairTask, task_of
@@ -18,7 +19,6 @@ from temper.models import build_preset
 from temper.report.rl import curriculum_table
 from temper.train.features.curriculum import grow_curricula
 from temper.train.rl import RLConfig, train_rl
-from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 from test_code_repair import TASK
 
 CURRICULUM = {"every": 1, "variants_per_failure": 2, "max_share": 0.5}

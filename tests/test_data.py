@@ -3,8 +3,11 @@ import json
 import pytest
 import torch
 
+from fakes import EOS, Stub, codes
 from temper.data import DataError, build_sequences, collate, load_jsonl, parse_row, tokenize_example
 from temper.data.chat import IGNORE
+from temper.data.dataset import DatasetStats, Sequence, _pack
+from temper.data.formats import Example
 
 
 def _supervised(tokenizer, tok):
@@ -141,3 +144,77 @@ def test_collate_right_pads_with_ignored_labels(tokenizer):
     assert batch["input_ids"].tolist()[1] == [97, 258, 256, 256]
     assert batch["labels"].tolist()[1] == [IGNORE, 258, IGNORE, IGNORE]
     assert batch["position_ids"].tolist()[1] == [0, 1, 2, 3]
+
+
+# ---- exact cases, folded in from test_data_exact.py --------------------------------------------
+# Exact cases for the data layer that the mutation run (TESTING.md) found untested: the packing
+# boundary and the full text of the template-merge refusal.
+
+
+def _item(n: int, start: int) -> Sequence:
+    ids = list(range(start, start + n))
+    return Sequence(ids, list(ids), list(range(n)))
+
+
+def test_pack_fills_a_row_up_to_exactly_max_len_and_no_further():
+    # 3 + 2 = 5 tokens fit a row of 5 exactly; the next 1 starts a new row
+    rows = _pack([_item(3, 0), _item(2, 10), _item(1, 20)], max_len=5)
+    assert [r.input_ids for r in rows] == [[0, 1, 2, 10, 11], [20]]
+    assert [r.position_ids for r in rows] == [[0, 1, 2, 0, 1], [0]]
+    # 4 + 2 = 6 > 5: the second example goes to a new row
+    rows = _pack([_item(4, 0), _item(2, 10)], max_len=5)
+    assert [r.input_ids for r in rows] == [[0, 1, 2, 3], [10, 11]]
+
+
+def test_template_merge_refusal_gives_the_whole_diagnosis():
+    from tests.test_bad_data import _bpe
+
+    tok = _bpe(" ")
+    ex = parse_row(
+        {"messages": [{"role": "user", "content": "what is 30+3?"}, {"role": "assistant", "content": "33"}]},
+        "d.jsonl",
+        7,
+    )
+    with pytest.raises(DataError) as err:
+        tokenize_example(tok, ex, 64)
+    msg = str(err.value)
+    tail = (
+        "the chat template is not training-compatible with this tokenizer: the assistant prompt "
+        "before message 1 ends in '\\nAssistant: ', whose last ' ' (tokens ['Ġ']) merges with the answer "
+        "into ['Ġ33'], so the answer's first token would never be trained; end the template's assistant "
+        "header at a token boundary (a newline or a special token, not a trailing space)"
+    )
+    assert msg.endswith(tail), msg
+
+
+# ---- exact cases, folded in from test_dataset_exact.py -----------------------------------------
+# Exact counts of `build_sequences` and the pad positions of `collate`, by hand with the stub
+# tokenizer of test_chat_exact. Written against survivors of the earlier mutation run (TESTING.md).
+
+
+def test_build_sequences_counts_by_hand():
+    user_only = Example("f", 1, messages=[{"role": "user", "content": "q"}])  # nothing supervised
+    examples = [
+        Example("f", 1, text="xy"),  # 3 tokens, 2 supervised (the first is never a label)
+        user_only,
+        user_only,
+        Example("f", 2, prompt="abcdefgh", completion="e"),  # cut at 8: only the prompt is left -> dropped
+        Example("f", 3, text="abcdefghij"),  # cut at 8: 8 tokens, 7 supervised
+    ]
+    sequences, stats = build_sequences(Stub(), examples, max_len=8)  # ("user:q|" is 7 tokens)
+    assert stats == DatasetStats(
+        examples=5, truncated=2, dropped=1, empty=2, sequences=2, tokens=3 + 8, supervised_tokens=2 + 7
+    )
+    assert sequences[0] == Sequence(codes("xy") + [EOS], [IGNORE, ord("y"), EOS], [0, 1, 2])
+
+
+def test_collate_continues_positions_after_each_row():
+    batch = [
+        Sequence([1, 2, 3, 4, 5], [IGNORE, 2, 3, 4, 5], [0, 1, 2, 0, 1]),
+        Sequence([7, 8, 9], [IGNORE, 8, 9], [0, 1, 2]),
+        Sequence([], [], []),
+    ]
+    out = collate(batch, pad_id=0)
+    assert out["input_ids"].tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0], [0, 0, 0, 0, 0]]
+    assert out["labels"].tolist() == [[IGNORE, 2, 3, 4, 5], [IGNORE, 8, 9, IGNORE, IGNORE], [IGNORE] * 5]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from fakes import FirstByteTask
 from temper.algorithms.distill import reverse_kl_advantages
 from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
 from temper.models import build_preset, build_tokenizer, save_model
@@ -17,7 +18,6 @@ from temper.stages.base import StageError
 from temper.stages.context import StageContext
 from temper.stages.rl import RLStage, run_rl, tokenizer_mismatch
 from temper.train.rl import RLConfig
-from test_rl import FirstByteTask
 
 F64 = torch.float64
 

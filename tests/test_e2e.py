@@ -74,5 +74,10 @@ def test_micro_recipe_end_to_end_then_skips_complete_stages(tmp_path, capsys):
 
 
 def test_shipped_recipes_are_valid():
-    for path in sorted(Path(__file__).parents[1].joinpath("recipes").glob("*.yaml")):
-        load_recipe(path)
+    from temper.envs.multi_tool import close_connections
+
+    try:
+        for path in sorted(Path(__file__).parents[1].joinpath("recipes").glob("*.yaml")):
+            load_recipe(path)
+    finally:  # validating agent_multi_tool starts its MCP server (kept until exit, or closed here)
+        close_connections()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tests.test_agent_loop import Script, WalkEnv
+from tests.test_agent_loop import WalkEnv
 
+from fakes import Script
 from temper.evaluate import evaluate
 from temper.tasks.base import Problem
 

@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from temper.tasks.expression import ExpressionError, evaluate, extract_answer
+from temper.tasks.expression import MAX_LENGTH, ExpressionError, evaluate, extract_answer
 
 
 @pytest.mark.parametrize(
@@ -89,3 +89,52 @@ def test_deep_nesting_within_length_is_fine():
 )
 def test_extract_answer(completion, answer):
     assert extract_answer(completion) == answer
+
+
+# ---- exact cases, folded in from test_tasks_exact.py -------------------------------------------
+# Exact edges of the task layer the mutation run (TESTING.md) found untested: the split hash, the
+# config errors users see, and the expression grader's limits and messages.
+
+
+def test_expression_limits_and_messages():
+    assert evaluate("1+" * ((MAX_LENGTH - 1) // 2) + "1").value == (MAX_LENGTH - 1) // 2 + 1  # 99 chars
+    assert evaluate("1" * 5 + " " * (MAX_LENGTH - 5)).value == 11111  # exactly MAX_LENGTH is allowed
+    cases = {
+        "1" * (MAX_LENGTH + 1): ("too_large", f"expression longer than {MAX_LENGTH} characters"),
+        "1234567": ("too_large", "literal longer than 6 digits"),
+        "2 $ 3": ("syntax_error", "unexpected character '$'"),
+        "  \t ": ("syntax_error", "empty expression"),
+        "(1+2": ("syntax_error", "unexpected end of expression"),
+        "1 2": ("syntax_error", "unexpected '2'"),
+    }
+    for text, (reason, message) in cases.items():
+        with pytest.raises(ExpressionError) as err:
+            evaluate(text)
+        assert (err.value.reason, str(err.value)) == (reason, message), text
+    assert evaluate("\t7 *\t(1 + 2) ").value == 21  # tabs and spaces are blanks
+
+
+# ---- exact cases, folded in from test_tasks_more_exact.py --------------------------------------
+# Exact cases for survivors of the earlier mutation run in modules this run did not re-mutate
+# (their code is unchanged): expression errors word for word, the magnitude limit at its edge, the
+# arithmetic no-answer Score, and the dtype of the PPO token rewards (TESTING.md).
+
+
+@pytest.mark.parametrize(
+    "text, reason, message",
+    [
+        ("(1 2)", "syntax_error", "expected ')'"),
+        ("1+*2", "syntax_error", "expected a number or '(', got '*'"),
+        ("1+", "syntax_error", "unexpected end of expression"),
+        ("3/(1-1)", "division_by_zero", "division by zero"),
+        ("1/1000/1000/1000/10", "too_large", "intermediate numerator or denominator beyond 1000000000"),
+    ],
+)
+def test_expression_errors_word_for_word(text, reason, message):
+    with pytest.raises(ExpressionError) as err:
+        evaluate(text)
+    assert (err.value.reason, str(err.value)) == (reason, message)
+
+
+def test_a_denominator_of_exactly_the_limit_is_allowed():
+    assert evaluate("1/1000/1000/1000").value == Fraction(1, 10**9)

@@ -370,10 +370,10 @@ def test_judge_reward_trains_the_policy_and_counts_unparseable(tokenizer, tmp_pa
     verdicts are counted per step and given the group's mean, never 0."""
     import torch
 
+    from fakes import FirstByteTask
     from temper.models import build_preset
     from temper.rewards.judge import judge_scorer
     from temper.train.rl import RLConfig, train_rl
-    from test_rl import FirstByteTask
 
     torch.manual_seed(0)
     model = build_preset("nano", tokenizer, seed=1)
@@ -471,9 +471,9 @@ def test_rl_stage_with_the_policy_as_judge(tmp_path, capsys, verdict):
 
 
 def test_train_rl_refuses_a_judge_weight_without_a_scorer(tokenizer, tmp_path):
+    from fakes import FirstByteTask
     from temper.models import build_preset
     from temper.train.rl import RLConfig, train_rl
-    from test_rl import FirstByteTask
 
     config = RLConfig(steps=1, prompts_per_step=2, group_size=2, progress=False, rewards={"judge": 1.0})
     with pytest.raises(ValueError, match="'judge' needs a scorer"):

@@ -10,6 +10,7 @@ import asyncio
 import psutil
 import pytest
 
+from fakes import Script  # tests/ is on the path (pytest rootdir mode)
 from temper.catalog import make_task
 from temper.data.chat import tokenize_messages
 from temper.envs.multi_tool import MultiToolConfig, MultiToolTask, call_text, close_connections, registry_of
@@ -17,7 +18,6 @@ from temper.envs.shop_tools import world
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.tools.calls import ToolDefinitionError
 from temper.tools.registry import PATH_SIGNALS, CostRegistry, ToolServerError
-from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 SERVER = ["-m", "temper.envs.mcp_servers.shop"]
 

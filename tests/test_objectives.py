@@ -29,6 +29,7 @@ from temper.train.preference import (
 from temper.train.prompt_distill import Pair as DistillPair
 from temper.train.prompt_distill import PromptDistill, completion_logits
 from temper.train.supervised import backward_batch
+from tiny_models import perturbed_nano
 
 
 def _rows(n=6) -> list[Pair]:
@@ -37,14 +38,6 @@ def _rows(n=6) -> list[Pair]:
              [{"role": "assistant", "content": f"{i + 7}{i}"}], margin=0.5 * (i % 3))
         for i in range(n)
     ]  # fmt: skip
-
-
-def _perturbed(tokenizer, seed=3):
-    model = build_preset("nano", tokenizer, seed=seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.05)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +90,7 @@ def _setup(method, tokenizer, pairs, labelled):
             model.score.weight.normal_(generator=torch.Generator().manual_seed(1))  # rewards that differ
         reference = None
     else:
-        model, reference = _perturbed(tokenizer), build_preset("nano", tokenizer, seed=3)
+        model, reference = perturbed_nano(tokenizer), build_preset("nano", tokenizer, seed=3)
     return raw, pad, model, reference
 
 
@@ -181,7 +174,10 @@ def test_the_reward_model_stage_passes_its_centering_coefficient(tmp_path, token
 
 def _distill(tokenizer):
     """Prompt distillation on six teacher samples of different lengths."""
-    student, teacher = _perturbed(tokenizer), build_preset("nano", tokenizer, seed=5).requires_grad_(False)
+    student, teacher = (
+        perturbed_nano(tokenizer),
+        build_preset("nano", tokenizer, seed=5).requires_grad_(False),
+    )
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     items = [DistillPair(enc(f"rule {i}: q{i}"), enc(f"q{i}"), enc("7" * (1 + i % 3))) for i in range(6)]
     return PromptDistill(teacher, tokenizer.pad_token_id), student, items
@@ -214,7 +210,7 @@ def _objective(which, tokenizer, pairs, labelled):
     """(objective, model, its items, the whole-batch loss written out or None) for `which`."""
     pad = tokenizer.pad_token_id
     if which == "next_token":
-        return NextToken(pad), _perturbed(tokenizer), [p.chosen for p in pairs], _next_token_reference
+        return NextToken(pad), perturbed_nano(tokenizer), [p.chosen for p in pairs], _next_token_reference
     if which == "prompt_distill":
         objective, student, items = _distill(tokenizer)
         return objective, student, items, _distill_reference
@@ -227,7 +223,7 @@ def _objective(which, tokenizer, pairs, labelled):
     items, _ = objective.start(
         build_preset("nano", tokenizer, seed=3), labelled if which == "kto" else pairs, [], 4
     )
-    return objective, _perturbed(tokenizer), items, None  # (the reference: test_preference_train.py)
+    return objective, perturbed_nano(tokenizer), items, None  # (the reference: test_preference_train.py)
 
 
 @pytest.mark.parametrize("which", ["next_token", "dpo", "ipo", "kto", "prompt_distill"])

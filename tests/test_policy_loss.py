@@ -288,3 +288,50 @@ def test_masked_sum_over_splits_divided_once_is_the_masked_mean(aggregation):
     size = aggregation_size(mask, aggregation, max_tokens=6)
     parts = sum(masked_sum(x[rows], mask[rows], aggregation) for rows in ([0, 3], [1], [2, 4]))
     torch.testing.assert_close(parts / size, masked_mean(x, mask, aggregation, max_tokens=6))
+
+
+# ---- exact cases, folded in from test_policy_exact.py ------------------------------------------
+# Exact values for the defaults and edges of the policy and value losses that the mutation run
+# (TESTING.md) found untested. Every number is worked by hand in the comment beside it.
+
+
+def test_policy_loss_clips_at_0_2_by_default():
+    # rho = e^0.5 = 1.6487 > 1.2 with A = 1: l = -min(1.6487, 1.2) = -1.2, gradient zeroed (clipped)
+    # rho = e^-0.5 = 0.6065 < 0.8 with A = -1: l = -min(-0.6065, -0.8) = 0.8, clipped
+    logp = torch.tensor([[0.5, -0.5]])
+    old = torch.zeros(1, 2)
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = policy_loss(logp, old, adv, mask)
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, 0.8]]))
+    assert stats["clip_frac"].item() == 1.0
+
+
+def test_a_zero_advantage_is_never_counted_as_clipped():
+    # A = 0: the loss is 0 whatever rho is, and no gradient is zeroed by the clip
+    loss, stats = policy_loss(
+        torch.tensor([[-1.0, 1.0]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2)
+    )
+    torch.testing.assert_close(loss, torch.zeros(1, 2))
+    assert stats["clip_frac"].item() == 0.0
+
+
+def test_masked_mean_of_one_valid_token_is_that_token():
+    x = torch.tensor([[3.0, 100.0]])
+    mask = torch.tensor([[True, False]])
+    assert masked_mean(x, mask).item() == 3.0
+    assert masked_mean(x, mask, "sample").item() == 3.0
+    assert math.isclose(masked_mean(x, torch.ones(1, 2)).item(), 51.5)
+
+
+# ---- exact cases, folded in from test_tasks_more_exact.py --------------------------------------
+# Exact cases for survivors of the earlier mutation run in modules this run did not re-mutate
+# (their code is unchanged): expression errors word for word, the magnitude limit at its edge, the
+# arithmetic no-answer Score, and the dtype of the PPO token rewards (TESTING.md).
+
+
+def test_token_rewards_keep_the_dtype_of_the_kl():
+    rewards = kl_penalized_rewards(
+        torch.tensor([1.0], dtype=torch.float64), torch.zeros(1, 2), torch.tensor([[True, True]]), 0.1
+    )
+    assert rewards.dtype == torch.float32 and rewards.tolist() == [[0.0, 1.0]]

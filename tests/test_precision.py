@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from fakes import FirstByteTask  # tests/ is on the path (pytest rootdir mode)
 from temper import precision as prec
 from temper.data import build_sequences, parse_row
 from temper.models import build_preset
@@ -16,7 +17,6 @@ from temper.precision import FP32, PrecisionChoice, resolve_precision
 from temper.rollout import HFSampler
 from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.rl import RLConfig, train_rl
-from test_rl import FirstByteTask  # tests/ is on the path (pytest rootdir mode)
 
 BF16 = PrecisionChoice("bf16", "bf16")
 

@@ -14,6 +14,7 @@ from temper.data.preferences import Pair, tokenize_labelled, tokenize_pairs, unp
 from temper.models import build_preset
 from temper.train.preference import DPO, KTO, Preference, Referenced, kto_items, sequence_logps
 from temper.train.supervised import backward_batch
+from tiny_models import perturbed_nano
 
 
 def padded_logps(model, seqs: list[Sequence], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +48,6 @@ def labelled(tokenizer):
     return kto_items(tokenize_labelled(tokenizer, unpair(_rows()), max_len=128)[0])
 
 
-def _perturbed(tokenizer, seed=3):
-    model = build_preset("nano", tokenizer, seed=seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.05)
-    return model
-
-
 def _multi_turn(tokenizer) -> Sequence:
     """Two trained spans with untrained tokens between them (a chat with two assistant turns)."""
     ids = tokenizer("12+3=15 and 4+4=8, so 15+8=23", add_special_tokens=False)["input_ids"]
@@ -66,7 +59,7 @@ def _multi_turn(tokenizer) -> Sequence:
 
 def test_packed_logprobs_are_the_padded_ones(tokenizer, pairs, labelled):
     pad = tokenizer.pad_token_id
-    model = _perturbed(tokenizer)
+    model = perturbed_nano(tokenizer)
     seqs = (
         DPO().sequences(pairs)
         + [s for column in KTO().reference_sequences(labelled) for s in column]
@@ -96,7 +89,7 @@ def test_packed_micro_batches_sum_to_the_padded_gradient(tokenizer, pairs, label
         refs = torch.stack(
             [padded_logps(reference, column, pad)[0] for column in objective.reference_sequences(items)], 1
         )
-    model = _perturbed(tokenizer)
+    model = perturbed_nano(tokenizer)
     ctx = objective.prepare(model, items, refs, pad)
 
     # the padded forward over the whole batch

@@ -14,6 +14,7 @@ from temper.rollout.sampler import Sample
 from temper.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from temper.train.preference import DPO, KTO, Preference, kto_items, reference_logps, sequence_logps
 from temper.train.supervised import TrainConfig, backward_batch, train_supervised
+from tiny_models import perturbed_nano
 
 
 def _rows(n=8) -> list[Pair]:
@@ -35,15 +36,6 @@ def labelled(tokenizer):
     return kto_items(tokenize_labelled(tokenizer, unpair(_rows(4)), max_len=64)[0])
 
 
-def _perturbed(tokenizer, seed=3):
-    """A nano model a little away from its init, so the policy differs from the reference."""
-    model = build_preset("nano", tokenizer, seed=seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.05)
-    return model
-
-
 @pytest.mark.parametrize(
     "method",
     [
@@ -58,7 +50,7 @@ def test_micro_batch_split_never_changes_the_gradient(tokenizer, pairs, labelled
     pad = tokenizer.pad_token_id
     objective = Preference(method, pad)
     items, _ = objective.start(build_preset("nano", tokenizer, seed=3), raw, [], 4)  # the reference
-    model = _perturbed(tokenizer)
+    model = perturbed_nano(tokenizer)
     context = objective.context(model, items)
     grads, losses = [], []
     for micro in (len(items), 3, 1):

@@ -13,6 +13,7 @@ import pydantic
 import pytest
 import torch
 
+from fakes import PatternSampler, YesTask  # noqa: E402  (tests/ is on sys.path)
 from temper.models import build_preset
 from temper.rewards.judge import JudgeSpec
 from temper.rewards.monitors import MonitorConfig
@@ -30,7 +31,6 @@ from temper.train.features.dynamic_sampling import DynamicSampling
 from temper.train.features.process_reward_model import ProcessRewardModelSpec
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rollouts import Group, Rollout, grade_episodes, one_step
-from test_rl_loop_exact import _Sampler, _Task  # noqa: E402  (tests/ is on sys.path)
 
 
 def _run(**kw) -> RunStart:
@@ -243,10 +243,10 @@ def test_a_feature_runs_at_its_points_of_the_loop(tokenizer, tmp_path, monkeypat
     real = rl.prepare
     monkeypatch.setattr(rl, "prepare", lambda *a: given.append(a[-1]) or real(*a))
     model, reference = build_preset("nano", tokenizer, seed=0), build_preset("nano", tokenizer, seed=1)
-    sampler = _Sampler([[True, True], [True, False]])
+    sampler = PatternSampler([[True, True], [True, False]])
     config = RLConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, kl_coef=0.1, eval_every=2,
                       progress=False, monitors=MonitorConfig(enabled=False))  # fmt: skip
-    result = train_rl(model, tokenizer, [_Task()], config, tmp_path, sampler=sampler, reference=reference,
+    result = train_rl(model, tokenizer, [YesTask()], config, tmp_path, sampler=sampler, reference=reference,
                       evaluate=lambda step: {"acc": 1.0})  # fmt: skip
     [hooks] = made
     assert hooks.run.start == 0 and hooks.run.tasks[0].name == "toy" and hooks.run.model is model

@@ -126,7 +126,8 @@ def test_cpu_spin_killed_at_wall_clock(sbx):
     t = time.monotonic()
     r = sbx.run("while True: pass")
     assert r.timed_out and r.exit_code is None and r.killed_reason == "wall_clock"
-    assert time.monotonic() - t < FAST.wall_s + 1.0
+    # only guards a kill that never comes (the loop spins forever): generous, for a busy machine
+    assert time.monotonic() - t < FAST.wall_s + 30
 
 
 @needs_tier
@@ -269,9 +270,13 @@ def test_daemon_dies_with_the_episode(base, tier, cgroup, monkeypatch):
         f"subprocess.Popen(['nohup', 'sleep', '{marker}'])\n"  # this one keeps stdout open
         "print('started')\n"
     )
+    # a run that waited for its daemons would end at the wall clock: a long one here, so that the
+    # bound below tells waiting from not waiting however busy the machine is
+    sbx.limits = dataclasses.replace(sbx.limits, wall_s=60.0)
     t = time.monotonic()
     r = sbx.run(code)
-    assert r.stdout.startswith("started") and not r.timed_out and time.monotonic() - t < 1.5, r
+    assert r.stdout.startswith("started") and not r.timed_out and time.monotonic() - t < 30, r
+    sbx.limits = dataclasses.replace(sbx.limits, wall_s=FAST.wall_s)
     assert _procs_with(marker) == []
     # at the wall-clock deadline too, with the daemons holding no pipe
     code = (
@@ -290,7 +295,7 @@ def test_huge_output_capped_and_prompt(sbx):
     r = sbx.run("import sys\nfor _ in range(100):\n    sys.stdout.buffer.write(b'x' * (1 << 20))")
     assert r.exit_code == 0 and r.truncated and len(r.stdout) == FAST.output_bytes
     assert r.dropped_bytes == 100 * (1 << 20) - FAST.output_bytes
-    assert time.monotonic() - t < 5.0
+    assert time.monotonic() - t < 30  # only guards a run that hangs on its output: generous
 
 
 @needs_tier

@@ -32,3 +32,25 @@ def test_an_unset_warmup_is_a_tenth_of_the_steps_at_most_20():
     # the trainer's schedule uses it: no warm-up on a 5-step run, 10 steps of it on a 100-step one
     assert lr_schedule(TrainConfig(max_steps=5, lr=1.0, schedule="constant"))(0) == 1.0
     assert lr_schedule(TrainConfig(max_steps=100, lr=1.0, schedule="constant"))(0) == 0.1
+
+
+# ---- exact cases, folded in from test_rollouts_exact.py ----------------------------------------
+# From samples to training inputs on hand-computed values: a group's rewards with the overlong
+# component (length, limit, truncation and buffer each reaching it), the token ids a batch grader is
+# given, the rollouts.jsonl record, first-fit packing of sequences into rows, and the learning-rate
+# schedules at their edges.
+#
+# Written against the survivors of a mutmut run (TESTING.md): each test here failed with a mutant applied.
+
+
+def test_schedules_at_their_edges_with_the_default_floor_and_decay():
+    kw = dict(lr=1.0, warmup_steps=1)
+    # cosine over steps 1..2 after one warm-up step: p = (step - 1) / max(1, 3 - 1 - 1); floor 0.1
+    assert lr_at(2, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(5, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)  # held after the end
+    # wsd: the last max(1, int(5 x 0.2)) = 1 step decays to the floor
+    assert lr_at(3, max_steps=5, schedule="wsd", **kw) == 1.0
+    assert lr_at(4, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)
+    assert lr_at(7, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)  # held after the end
+    # 10 steps: decay over the last 2, halfway at step 8
+    assert lr_at(8, max_steps=10, schedule="wsd", **kw) == pytest.approx(0.55)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fakes import Script  # tests/ is on the path (pytest rootdir mode)
 from temper.catalog import make_task
 from temper.data.chat import IGNORE, prompt_ids, tokenize_example
 from temper.data.formats import Example
@@ -18,7 +19,6 @@ from temper.models import build_preset
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.stages.sft import demonstrations
 from temper.train.rl import RLConfig, train_rl
-from test_agent_loop import Script  # tests/ is on the path (pytest rootdir mode)
 
 
 def small(**kw) -> TreasureHuntTask:

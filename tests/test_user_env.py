@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-from tests.test_agent_loop import Script
 
+from fakes import Script
 from temper.catalog import make_recipe_task
 from temper.models import build_preset, save_model
 from temper.rollout.loop import EpisodeLimits, run_episodes
@@ -216,7 +216,9 @@ def test_every_failure_of_the_users_env_ends_its_episode_with_one_line_never_the
     started = time.monotonic()
     with guard.time_limit(0.3):
         out = run_episodes(script, tokenizer, envs, list(range(len(envs))), EpisodeLimits(step_timeout=0.3))
-    assert time.monotonic() - started < 5  # the hung calls were not waited for (each limit 0.3 s)
+    # the hung calls (until released, i.e. forever) were not waited for, each limit 0.3 s: the bound
+    # only tells waiting from not waiting, generous so that a busy machine passes it
+    assert time.monotonic() - started < 60
     [fine], *failed = out
     assert fine.stop_reason == "done" and fine.score.correct
     for how, [episode] in zip(CASES, failed, strict=True):

@@ -113,3 +113,24 @@ def test_value_loss_without_clip_is_half_mse():
         masked_mean(per_token, mask).item(), 0.5 * (0.25 + 0.81 + 0.25 + 0.0) / 4, rel_tol=1e-12
     )
     assert stats["clip_frac"].item() == 0.0
+
+
+# ---- exact cases, folded in from test_policy_exact.py ------------------------------------------
+# Exact values for the defaults and edges of the policy and value losses that the mutation run
+# (TESTING.md) found untested. Every number is worked by hand in the comment beside it.
+
+
+def test_value_loss_clips_at_0_2_by_default():
+    # v = 1, v_old = 0, R = 0: unclipped (1 - 0)^2 = 1, clipped v_old + clip(1, -0.2, 0.2) = 0.2 -> 0.04;
+    # 0.5 * max(1, 0.04) = 0.5.  v = 0.1 is inside the clip: 0.5 * 0.01 = 0.005
+    loss, stats = value_loss(
+        torch.tensor([[1.0, 0.1]]), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2)
+    )
+    torch.testing.assert_close(loss, torch.tensor([[0.5, 0.005]]))
+    # v = 1, v_old = 0, R = 2: unclipped (1 - 2)^2 = 1, clipped (0.2 - 2)^2 = 3.24 is larger:
+    # 0.5 * 3.24 = 1.62, the clip is what bounds this update
+    loss, stats = value_loss(
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1)
+    )
+    torch.testing.assert_close(loss, torch.tensor([[1.62]]))
+    assert stats["clip_frac"].item() == 1.0

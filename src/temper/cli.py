@@ -784,6 +784,12 @@ def main(argv: list[str] | None = None) -> int:
             from temper import distributed
 
             distributed.shutdown()
+        # the MCP servers the command's tasks started (cached per config while it runs) end with
+        # it, not at interpreter exit: a caller of `main` in-process is not left with their
+        # processes and threads (tests/conftest.py fails a module that is)
+        from temper.envs.multi_tool import close_connections
+
+        close_connections()
     return 0
 
 

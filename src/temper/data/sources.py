@@ -413,8 +413,10 @@ def hub_reachable(timeout: float = 2.0) -> bool:
         def probe() -> None:
             request = urllib.request.Request(hub_endpoint(), method="HEAD")
             try:
-                urllib.request.urlopen(request, timeout=timeout).close()
-                result.append(True)
+                response = urllib.request.urlopen(request, timeout=timeout)
+                if response is not None:  # None: an opener with no handler for the endpoint's scheme
+                    response.close()
+                result.append(response is not None)
             except urllib.error.HTTPError:  # an answer, even 404, means the hub is there
                 result.append(True)
             except (OSError, ValueError):  # URLError, timeout, TLS failure, a malformed endpoint

@@ -117,3 +117,36 @@ def test_the_draws_do_not_depend_on_torchs_default_dtype():
     assert uniforms.dtype == torch.float32
     assert uniforms[1].tolist() == torch.rand(5, generator=torch.Generator().manual_seed(4)).tolist()
     assert tokens.tolist() == expected
+
+
+# ---- exact cases, folded in from test_rollout_exact.py -----------------------------------------
+# The rollout package's pure parts on hand-computed values: which tokens top-p and top-k keep (a
+# distribution of halves and quarters, and the uniform number that picks between them), the stop ids
+# a sampler stops at, the attention masks per attention kind and dtype, and the slab cache's sizes.
+#
+# Written against the survivors of a mutmut run (TESTING.md): each test here failed with a mutant applied.
+
+
+def _pick(u, rows=1, **kw):
+    tokens, logp = choose_tokens(
+        LOGITS.repeat(rows, 1), temperature=1.0, uniform_B=torch.full((rows,), u), **kw
+    )
+    return tokens.tolist(), logp.tolist()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    """top_p 0.75: the tokens before token 2 hold 0.75 already, so only tokens 0 and 1 stay, renormalized
+    to 2/3 and 1/3; u = 0.9 falls in token 1's share (in token 3's without truncation)."""
+    assert _pick(0.9)[0] == [3]  # untruncated CDF: 0.5, 0.75, 0.875, 1
+    tokens, logp = _pick(0.9, rows=2, top_p=0.75)
+    assert tokens == [1, 1] and logp == pytest.approx([math.log(0.25)] * 2)  # logprob before truncation
+    assert _pick(0.6, top_p=0.75)[0] == [0]  # 0.6 < 2/3
+    assert _pick(0.7, top_p=0.75)[0] == [1]
+    # top_p 0.8: token 2 (0.75 before it) stays: 4/7, 2/7, 1/7, and 0.9 falls in its share
+    assert _pick(0.9, top_p=0.8)[0] == [2]
+
+
+def test_top_k_keeps_the_k_largest():
+    assert _pick(0.9, top_k=2)[0] == [1]  # tokens 0 and 1: 2/3 and 1/3
+    assert _pick(0.9, rows=3, top_k=2)[0] == [1, 1, 1]
+    assert _pick(0.99, top_k=4)[0] == [3]  # k = vocabulary: nothing dropped

@@ -6,13 +6,11 @@ schedules at their edges.
 Written against the survivors of a mutmut run (TESTING.md): each test here failed with a mutant applied.
 """
 
-import pytest
 import torch
 
 from temper.rollout.sampler import Sample
 from temper.tasks.base import Problem, Score
 from temper.train.rollouts import Group, Rollout, grade_group, one_step, pack, rollout_record
-from temper.train.schedule import lr_at
 
 
 class _BatchTask:
@@ -109,16 +107,3 @@ def test_pack_pads_the_tail_of_a_row_continuing_its_positions():
     assert packed.input_ids_P_W.tolist() == [[1, 2, 3, 7], [4, 0, 0, 0]]
     assert packed.position_ids_P_W.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     assert packed.index_N.tolist() == [2, 3, 4] and packed.targets_N.tolist() == [7, 8, 9]
-
-
-def test_schedules_at_their_edges_with_the_default_floor_and_decay():
-    kw = dict(lr=1.0, warmup_steps=1)
-    # cosine over steps 1..2 after one warm-up step: p = (step - 1) / max(1, 3 - 1 - 1); floor 0.1
-    assert lr_at(2, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)
-    assert lr_at(5, max_steps=3, schedule="cosine", **kw) == pytest.approx(0.1)  # held after the end
-    # wsd: the last max(1, int(5 x 0.2)) = 1 step decays to the floor
-    assert lr_at(3, max_steps=5, schedule="wsd", **kw) == 1.0
-    assert lr_at(4, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)
-    assert lr_at(7, max_steps=5, schedule="wsd", **kw) == pytest.approx(0.1)  # held after the end
-    # 10 steps: decay over the last 2, halfway at step 8
-    assert lr_at(8, max_steps=10, schedule="wsd", **kw) == pytest.approx(0.55)

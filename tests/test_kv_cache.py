@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from temper.rollout.kv_cache import AttentionMask, check_attention_layers
+from temper.rollout.kv_cache import AttentionMask, SlabLayer, check_attention_layers
 
 
 def _refusal(config, capacity: int) -> str | None:
@@ -87,3 +87,40 @@ def test_row_selection_moves_the_mask_rows(kind):
     mask = AttentionMask(VALID.clone(), kind, torch.float32)
     mask.select_rows(torch.tensor([0, 0, 1]))
     assert mask.valid_B_C.tolist() == [[False, True, True], [False, True, True], [True, True, True]]
+
+
+# ---- exact cases, folded in from test_rollout_exact.py -----------------------------------------
+# The rollout package's pure parts on hand-computed values: which tokens top-p and top-k keep (a
+# distribution of halves and quarters, and the uniform number that picks between them), the stop ids
+# a sampler stops at, the attention masks per attention kind and dtype, and the slab cache's sizes.
+#
+# Written against the survivors of a mutmut run (TESTING.md): each test here failed with a mutant applied.
+
+
+def test_attention_masks_per_kind():
+    valid = torch.tensor([[False, True, True, False], [True, True, True, True]])
+    sdpa = AttentionMask(valid, "sdpa", torch.bfloat16).decode(3)
+    assert sdpa.dtype == torch.bool and sdpa.shape == (2, 1, 1, 3)
+    assert sdpa[:, 0, 0].tolist() == [[False, True, True], [True, True, True]]
+    eager = AttentionMask(valid, "eager", torch.bfloat16).decode(3)
+    low = torch.finfo(torch.bfloat16).min
+    assert eager.dtype == torch.bfloat16 and eager.shape == (2, 1, 1, 3)
+    assert eager[:, 0, 0].tolist() == [[low, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    flash = AttentionMask(valid, "flash_attention_2", torch.bfloat16).decode(3)
+    assert flash.dtype == torch.long and flash.tolist() == [[0, 1, 1], [1, 1, 1]]
+    prefill = AttentionMask(valid, "eager", torch.float16).prefill(2)
+    assert prefill.dtype == torch.float16
+    lo = torch.finfo(torch.float16).min
+    # row 0: position 0 is padding (sees only itself), position 1 sees itself; row 1: causal
+    assert prefill[:, 0].tolist() == [[[0.0, lo], [lo, 0.0]], [[0.0, lo], [0.0, 0.0]]]
+
+
+def test_slab_layer_sizes_and_row_selection():
+    layer = SlabLayer(capacity=8)
+    k = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2)
+    layer.update(k, -k)
+    assert layer.get_mask_sizes(1) == (4, 0) and layer.get_seq_length() == 3 and layer.get_max_length() == 8
+    layer.select_rows(torch.tensor([1, 1]))  # as many rows as the buffer: rows copied in place
+    keys, values = layer.update(k[:, :, :1], -k[:, :, :1])
+    assert keys.shape == (2, 1, 4, 2) and keys[:, :, :3].tolist() == [k[1].tolist(), k[1].tolist()]
+    assert values[:, :, 3].tolist() == (-k[:, :, 0]).tolist()

@@ -21,14 +21,23 @@ from temper.data.formats import (
 )
 
 U = {"role": "user", "content": "q"}
+
+
 A = {"role": "assistant", "content": "a"}
+
+
 S = {"role": "system", "content": "s"}
+
+
 T = {"role": "tool", "content": "r"}
+
+
 CALL = {
     "role": "assistant",
     "content": "",
     "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": {}}}],
 }
+
 
 # (row, field, problem): the whole message is f"f.jsonl:7: field {field!r}: {problem}"
 BAD = [

@@ -4,14 +4,13 @@ sampling, grading reasons, demonstrations (mutation testing found these unchecke
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
-
 import reasoning_gym  # noqa: E402
 
 from temper.catalog import make_task  # noqa: E402
 from temper.tasks.base import Score, TaskOptionError, split_of  # noqa: E402
 from temper.tasks.reasoning_gym_task import INSTRUCTION, ReasoningGym, ReasoningGymConfig  # noqa: E402
+
+pytest.importorskip("reasoning_gym")
 
 
 def legs(**options):

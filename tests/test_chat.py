@@ -5,43 +5,9 @@ mutants mutmut left alive (TESTING.md)."""
 
 import pytest
 
+from fakes import EOS, Stub, codes
 from temper.data.chat import IGNORE, TemplateError, tokenize_example, tokenize_messages
 from temper.data.formats import DataError, Example
-
-BOS, EOS = 1, 2
-
-
-class Stub:
-    """A tokenizer that spells each character as its code point, adds BOS when asked for special
-    tokens (as a Llama tokenizer does by default), and renders a chat as `role:content|` per
-    turn, with `assistant:` as the generation prompt. `rewrite` drops the content of every
-    assistant turn but the last, as templates that strip earlier reasoning do."""
-
-    eos_token_id = EOS
-
-    def __init__(self, rewrite=False):
-        self.rewrite = rewrite
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": ([BOS] if add_special_tokens else []) + [ord(c) for c in text]}
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids if i > 2)
-
-    def apply_chat_template(
-        self, messages, tokenize=True, add_generation_prompt=False, return_dict=False, tools=None
-    ):
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-        text = "".join(
-            f"{m['role']}:{'' if self.rewrite and m['role'] == 'assistant' and i != last else m['content']}|"
-            for i, m in enumerate(messages)
-        )
-        text += "assistant:" if add_generation_prompt else ""
-        return {"input_ids": [ord(c) for c in text]}
-
-
-def codes(text):
-    return [ord(c) for c in text]
 
 
 def test_raw_rows_get_no_special_tokens_but_the_end_token():

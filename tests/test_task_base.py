@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from temper.tasks.base import SPLITS, Problem, Score, check_split, draw, grade, grade_batch, verifier_error
+from temper.tasks.base import (
+    SPLITS,
+    Problem,
+    Score,
+    check_split,
+    draw,
+    grade,
+    grade_batch,
+    split_of,
+    verifier_error,
+)
 
 
 def test_check_split():
@@ -118,3 +128,16 @@ def test_grade_batch_one_by_one_or_through_score_batch():
     infinite = grade_batch(Batch([good, Score(float("inf"), True, True)]), [p, q], ["a", "b"])
     said = "the verifier of task 't' returned a non-finite reward (inf) on problem 2"
     assert infinite == [good, Score(0.0, False, False, {"reason": "verifier_error", "error": said})]
+
+
+# ---- exact cases, folded in from test_tasks_exact.py -------------------------------------------
+# Exact edges of the task layer the mutation run (TESTING.md) found untested: the split hash, the
+# config errors users see, and the expression grader's limits and messages.
+
+
+def test_split_is_the_big_endian_first_8_bytes_of_sha256_below_the_fraction():
+    # sha256(b"c") starts 2e7d2c03a9507ae2: big-endian that is 0.1816 of 2**64 (little-endian 0.885)
+    point = int("2e7d2c03a9507ae2", 16) / 2**64
+    assert split_of("c", 0.2) == "test" and split_of("c", 0.18) == "train"
+    assert split_of("c", point) == "train"  # strictly below the fraction is "test"
+    assert split_of("c", point + 1e-12) == "test"
