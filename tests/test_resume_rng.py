@@ -22,7 +22,7 @@ from temper.data import build_sequences, parse_row
 from temper.models.presets import preset_config
 from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.rl import RLConfig, train_rl
-from test_rl import FirstByteTask
+from fakes import FirstByteTask
 
 
 class Stop(Exception):
