@@ -20,50 +20,20 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from temper.catalog import TASKS
+from temper.cli import REQUIRED, config_fields
 from temper.recipe import ModelSpec, Recipe
 from temper.stages import registry
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "reference" / "recipe.md"
-REQUIRED = object()
-
-
-def _dataclass_docs(cls: type) -> dict[str, str]:
-    """A dataclass's attribute docstrings, as pydantic reads them (`use_attribute_docstrings`)."""
-    try:
-        properties = TypeAdapter(cls).json_schema().get("properties", {})
-    except Exception:  # a task config whose field types have no JSON schema: no descriptions
-        return {}
-    return {name: p.get("description", "") for name, p in properties.items()}
 
 
 def fields(cls: type) -> list[tuple[str, Any, str, Any]]:
-    """(name, annotation, description, default or REQUIRED) of a pydantic model or dataclass,
-    in declaration order."""
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return [
-            (
-                name,
-                f.annotation,
-                f.description or "",
-                REQUIRED if f.is_required() else f.get_default(call_default_factory=True),
-            )
-            for name, f in cls.model_fields.items()
-        ]
-    docs = _dataclass_docs(cls)
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = REQUIRED
-        out.append((f.name, hints[f.name], docs.get(f.name, ""), default))
-    return out
+    """(name, annotation, description, default or REQUIRED) of a pydantic model or dataclass, in
+    declaration order: what `temper <kind> --help` lists."""
+    return [(name, *rest) for name, rest in config_fields(cls).items()]
 
 
 def nested(annotation: Any) -> type | None:

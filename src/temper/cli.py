@@ -42,17 +42,18 @@ from temper.stages import registry
 from temper.stages.base import StageError, StageKind, StageRun
 from temper.stages.context import settings_hash
 
-_REQUIRED = object()
+REQUIRED = object()
 
 
-def _fields(cls: type) -> dict[str, tuple[Any, str, Any]]:
-    """name -> (annotation, docstring, default or _REQUIRED) for a pydantic model or a dataclass."""
+def config_fields(cls: type) -> dict[str, tuple[Any, str, Any]]:
+    """name -> (annotation, docstring, default or REQUIRED) for a pydantic model or a dataclass (its
+    flags here, and the generated recipe reference, tools/recipe_reference.py)."""
     if issubclass(cls, BaseModel):
         return {
             n: (
                 f.annotation,
                 f.description or "",
-                _REQUIRED if f.is_required() else f.get_default(call_default_factory=True),
+                REQUIRED if f.is_required() else f.get_default(call_default_factory=True),
             )
             for n, f in cls.model_fields.items()
         }
@@ -65,7 +66,7 @@ def _fields(cls: type) -> dict[str, tuple[Any, str, Any]]:
             if f.default is not dataclasses.MISSING
             else f.default_factory()
             if f.default_factory is not dataclasses.MISSING
-            else _REQUIRED
+            else REQUIRED
         )
         out[f.name] = (hints[f.name], docs.get(f.name, ""), default)
     return out
@@ -139,14 +140,14 @@ def add_config_flags(
 ) -> None:
     """One `--a.b` flag per leaf field of `cls`, its help the field's docstring and default; lists
     take comma-separated values, dicts a YAML mapping."""
-    for name, (annotation, doc, default) in _fields(cls).items():
+    for name, (annotation, doc, default) in config_fields(cls).items():
         if name in skip:
             continue
         nested = _nested(annotation)
         if nested is not None and typing.get_origin(annotation) is not list:
             add_config_flags(parser, nested, f"{prefix}{name}.", group=group)
             continue
-        said = "required" if default is _REQUIRED else f"default: {_shown(default)}"
+        said = "required" if default is REQUIRED else f"default: {_shown(default)}"
         parser.add_argument(
             f"--{prefix}{name}",
             dest=f"{group}:{prefix}{name}",
@@ -167,9 +168,9 @@ def config_from_args(
         path = key[len(group) + 1 :].split(".")
         node, owner = data, cls
         for part in path[:-1]:
-            owner = _nested(_fields(owner)[part][0])
+            owner = _nested(config_fields(owner)[part][0])
             node = node.setdefault(part, {})
-        annotation = _fields(owner)[path[-1]][0]
+        annotation = config_fields(owner)[path[-1]][0]
         if _is_dict(annotation) and value.lstrip().startswith("{"):
             value = _yaml_value(f"--{key[len(group) + 1 :]}", value)  # --train.rewards '{outcome: 1}'
         elif _is_list(annotation) and value.lstrip().startswith("["):  # --train.path.rules '[{...}]'
