@@ -67,7 +67,8 @@ def update_metrics(
     reference per token (`kl_ref`) and per sequence (`kl_ref_seq`: the KL of Gao et al.'s
     over-optimization axis, sqrt KL), summed over every process's completion tokens."""
     row = _mean_over_processes(
-        {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator
+        {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared) | prepared.mismatch,
+        accelerator,
     )
     if "kl_ref/sum" in row:
         total = row.pop("kl_ref/sum")
