@@ -18,11 +18,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import temper.train.checkpoint as checkpoint
+from fakes import FirstByteTask
 from temper.data import build_sequences, parse_row
 from temper.models.presets import preset_config
 from temper.train import NextToken, TrainConfig, train_supervised
 from temper.train.rl import RLConfig, train_rl
-from fakes import FirstByteTask
 
 
 class Stop(Exception):
