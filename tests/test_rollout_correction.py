@@ -137,3 +137,22 @@ def test_two_features_cannot_both_correct():
     assert (
         BatchExtras().merge(BatchExtras(correction=Correction("token_mask"))).correction.mode == "token_mask"
     )
+
+
+def test_with_dropout_the_trainer_logprobs_are_taken_without_it_and_draw_no_rng(tokenizer):
+    """The sampler ran without dropout: the logprobs compared with its own must too, and the pass
+    must not move the RNG (it would change every later sample of a run with the diagnostics on)."""
+    from temper.train.rl_update import policy_with_value
+    from test_rl_update import _gpt2
+
+    config = _config(advantage="grpo", kl_coef=0.0, entropy_coef=0.0, dropout=True)
+    module = policy_with_value(_gpt2(tokenizer), config).double()
+    batch = _off_policy(module.eval(), _rollouts(vocab=len(tokenizer)), noise=0.3)
+    want = _trainer_logp(module.eval(), batch)
+    state = torch.random.get_rng_state()
+    p = prepare(
+        batch, module, None, config, extras=BatchExtras(correction=Correction("token_truncate", cap=5.0))
+    )
+    assert torch.equal(torch.random.get_rng_state(), state)
+    torch.testing.assert_close(p.old_logp, want, rtol=0, atol=0)
+    assert module.training  # dropout back on for the update

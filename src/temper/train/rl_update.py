@@ -236,9 +236,18 @@ def prepare(
             if extras.reference_prompts is not None:  # OPSD: the same completions after the teacher's prompt
                 ref_rows.prompts = [extras.reference_prompts[i] for i in rows.tolist()]
             ref_parts.append(forward_rows(ref_module, ref_rows)[0].logp)
-        if needs_values or extras.correction is not None:  # one pass: the values and the trainer's logprobs
+        # one pass for the values and the trainer's logprobs, unless dropout is on: the sampler ran
+        # without it, so the logprobs compared with its own are taken in eval mode (no RNG drawn)
+        if needs_values:
             out = forward_rows(module, p.rows(rows))[0]
             value_parts.append(out.values)
+        if extras.correction is not None:
+            if config.dropout:
+                module.eval()
+                out = forward_rows(module, p.rows(rows))[0]
+                set_dropout(config, module)
+            elif not needs_values:
+                out = forward_rows(module, p.rows(rows))[0]
             logp_parts.append(out.logp)
     if extras.correction is not None:  # the trainer's logprobs at the sampling weights vs the sampler's
         trainer_logp = torch.cat(logp_parts)
