@@ -26,7 +26,7 @@ def _tensors(seed: int = 0, scale: float = 0.6):
 
 
 def _trl_is_ratio(old, sampling, mask, mode, clip_max, clip_min):
-    # trl/trainer/grpo_trainer.py:2665-2706 (TRL 1.16.0)
+    # trl/trainer/grpo_trainer.py:2660-2706 (TRL 1.16.0)
     per_token_logps_diff = (old - sampling) * mask
     sequence_level_is = mode in ["sequence_mask", "sequence_truncate"]
     if sequence_level_is:
@@ -40,7 +40,7 @@ def _trl_is_ratio(old, sampling, mask, mode, clip_max, clip_min):
         min_val = clip_min if clip_min is not None else -math.inf
         max_val = clip_max if clip_max is not None else math.inf
         ratio = ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
-    # the loss multiplies per_token_loss by it, then by the completion mask (grpo_trainer.py:3147, 3160)
+    # the loss multiplies per_token_loss by it, then by the completion mask (grpo_trainer.py:3147, 3154-3159)
     return ratio.expand_as(mask) * mask
 
 
@@ -148,3 +148,17 @@ def test_off_gives_stats_only_and_bad_modes_are_refused():
     assert stats["mismatch/dropped"] == pytest.approx(float(((w == 0) & mask).sum() / mask.sum()))
     with pytest.raises(ValueError, match="unknown correction mode"):
         correction_weights(trainer, sampler, mask, "token_clip", 2.0)
+
+
+def test_sequence_mask_equals_verls_decoupled_seq_is_rs_preset():
+    """verl's decoupled_seq_is_rs(is_threshold=2.0, rs_threshold="0.5_2.0") weights a kept
+    sequence by min(R, 2) and rejects the rest (verl/trainer/config/algorithm.py:210-232); within
+    [0.5, 2] min(R, 2) = R, so its weight x keep is our sequence_mask with floor 0.5, cap 2.
+    (verl drops a rejected token from the loss's mask; temper, as TRL, gives it weight 0.)"""
+    trainer, sampler, mask = _tensors(seed=6, scale=0.2)
+    verl = _verl_is_weights(trainer, sampler, mask, "sequence", 2.0) * _verl_seq_sum_k1_keep(
+        trainer, sampler, mask, 0.5, 2.0
+    )
+    ours = correction_weights(trainer, sampler, mask, "sequence_mask", 2.0, 0.5)
+    torch.testing.assert_close(ours, verl, rtol=1e-12, atol=0)
+    assert (ours == 0).logical_and(mask).any() and (ours > 0).any()
