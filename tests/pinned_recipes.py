@@ -63,6 +63,10 @@ ZEROED = {"warmup_steps", "eval_every", "save_every"}
 DROPPED = {"cache"}  # a pretrain cache of the full settings would never match the shrunk ones
 TIMING = ("time/", "seconds")
 TRAINED = TRAINING_KINDS | {"sft", "pretrain"}
+ADDED_SINCE_PINNED = ("mismatch/",)
+"""Metric columns added after the pins were recorded (issue 26's sampler/trainer mismatch
+diagnostics): absent from a pin, they are no difference; present in one, they compare as every
+other key. Empty it when the pins are next written."""
 
 
 def shrink(value: Any, key: str | None = None) -> Any:
@@ -180,6 +184,8 @@ def differences(
         for i, (ra, rb) in enumerate(zip(a, b, strict=True)):
             for key in sorted(set(ra) | set(rb)):
                 x, y = ra.get(key), rb.get(key)
+                if x is None and y is not None and key.startswith(ADDED_SINCE_PINNED):
+                    continue
                 if x is None or y is None:
                     out.append(f"{stage} row {i} {key}: pinned {x}, now {y}")
                 elif not ((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=abs_)):

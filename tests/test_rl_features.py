@@ -62,6 +62,7 @@ def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
         "judge",
         "path",
         "curriculum",
+        "rollout_correction",
         "monitors",
     ]  # fmt: skip (in hook order)
     fields = {f.name: f for f in dataclasses.fields(RLConfig)}

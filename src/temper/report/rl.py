@@ -191,6 +191,28 @@ def _path(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
     return twin
 
 
+def _mismatch(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    """Sampler/trainer mismatch (`temper.algorithms.mismatch`): mean and max |log pi_trainer -
+    log pi_sampler| per token and the k3 KL estimate on a log axis; on the right, the share of
+    tokens past the threshold and, with a correction, the share its weights drop."""
+    _plot(ax, rows, "mismatch/max_abs", color="C3", label="max |log-ratio|")
+    _plot(ax, rows, "mismatch/mean_abs", color="C0", label="mean |log-ratio|")
+    _plot(ax, rows, "mismatch/kl_k3", "--", color="C2", label="KL (k3)")
+    if any(v > 0 for line in ax.lines for v in line.get_ydata()):
+        ax.set_yscale("log")
+    if ax.lines:
+        ax.set(ylabel="sampler/trainer mismatch (nats)")
+    shares = [k for k in ("mismatch/share_past", "mismatch/dropped") if _points(rows, k)]
+    if not shares:
+        return None
+    twin = ax.twinx() if ax.lines else ax
+    for k, style in zip(shares, (":", "-."), strict=False):
+        label = "share past threshold" if k.endswith("share_past") else "share dropped (correction)"
+        _plot(twin, rows, k, style, color="C4" if k.endswith("share_past") else "C1", label=label)
+    twin.set(ylabel="share of tokens", ylim=(-0.03, 1.03))
+    return twin
+
+
 PROXY = "reward/reward_model"  # a learned reward model's mean score (the proxy)
 
 
@@ -217,6 +239,7 @@ PANELS = (
     (_clip, lambda k: k in ("clip_frac", "value_clip_frac")),
     (_path, lambda k: k.startswith("path/violations") or k == "path/compliance_rate"),
     (_proxy_gold, lambda k: k == monitors.GOLD),
+    (_mismatch, lambda k: k.startswith("mismatch/")),
 )
 
 
@@ -256,10 +279,11 @@ def proxy_gold_kl_figure(rows: list[dict[str, Any]], title: str) -> Figure | Non
 
 
 def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
-    """Up to eight panels over steps, two per row: reward, accuracy/parse rate (+ evals),
+    """Up to nine panels over steps, two per row: reward, accuracy/parse rate (+ evals),
     zero-variance by cause, KL and entropy, response length and truncation, clip fraction, path
     signals (RLVP: violations, compliance rate, success; only when path metrics were logged), proxy
-    vs gold (a learned reward: reward model score against the verifier's reward). A panel
+    vs gold (a learned reward: reward model score against the verifier's reward), the
+    sampler/trainer mismatch (`mismatch/...`). A panel
     whose metrics were never logged (KL without a KL term, say) is left out rather than drawn
     empty; None when there is no panel at all. One figure: one render, one PNG."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -377,6 +401,27 @@ def _rollout(r: Mapping[str, Any]) -> str:
     return f"<div>{correct_mark(r.get('correct'))} <small>{esc(' · '.join(meta))}</small>{body}</div>"
 
 
+def provenance_line(r: Mapping[str, Any]) -> str:
+    """Where a logged step's samples came from (`temper.train.provenance`), or '' for rows
+    logged before provenance was recorded."""
+    if "policy_version" not in r:
+        return ""
+    s = r.get("sampler") or {}
+    settings = ", ".join(f"{k} {v}" for k, v in s.items() if k != "kind")
+    graders = ", ".join(
+        g.get("name", "?") + (f" @{g['sha']}" if g.get("sha") else "")
+        + (f" fingerprint {g['fingerprint']}" if g.get("fingerprint") else "")
+        for g in r.get("graders") or []
+    )  # fmt: skip
+    parts = [
+        f"policy version {r['policy_version']} (updates before sampling)",
+        f"sampler {s.get('kind', '?')} ({settings})",
+        f"chat template {r.get('chat_template') or 'none'}",
+        f"graders: {graders or 'none'}",
+    ]
+    return f"<p class='provenance'><small>{esc(' · '.join(parts))}</small></p>"
+
+
 def rollout_samples(path: Path) -> str:
     """The first and the last logged step's rollouts, collapsed, grouped by problem (prompt shown once)."""
     records, bad = read_metrics(path, "rollout row")
@@ -403,7 +448,8 @@ def rollout_samples(path: Path) -> str:
             f'<div class="ex">{esc(p)}<pre>{esc(g[0].get("prompt", ""))}</pre>{"".join(map(_rollout, g))}</div>'
             for p, g in problems.items()
         )
-        out.append(f"<details><summary>{esc(title)}</summary>{body}</details>")
+        origin = "".join(dict.fromkeys(provenance_line(r) for r in rs))  # a line per task's graders
+        out.append(f"{origin}<details><summary>{esc(title)}</summary>{body}</details>")
     return "".join(out)
 
 

@@ -7,8 +7,10 @@ distillation. What varies a run beyond the core settings is an RL feature
 (`temper.train.features`: dynamic sampling, AdaptThink, OPSD's teacher context, learned rewards,
 path rewards, curricula, the reward-hacking monitors), each one module whose hooks run at fixed
 points of the loop below. Departures from the textbook loop:
-1. The importance ratio is taken against the sampler's logprobs (no second forward pass to
-   recompute "old" logprobs; tests check the sampler matches teacher forcing).
+1. The importance ratio is taken against the sampler's logprobs (tests check the sampler matches
+   teacher forcing); one no-grad forward in `prepare` measures the sampler/trainer mismatch every
+   step, and the `rollout_correction` feature can weight the loss by it (then the ratio is against
+   the trainer's logprobs at sampling time, verl's decoupled mode).
 2. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
 3. Every step logs the zero-variance share by cause, not just the reward.
 4. Data parallel (N processes, see `train_rl`): each process samples, grades and trains on its
@@ -17,6 +19,7 @@ points of the loop below. Departures from the textbook loop:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,6 +50,7 @@ from temper.train.collect import (
 )
 from temper.train.features import RunStart, Step
 from temper.train.metrics import MetricsLog, progress_bar
+from temper.train.provenance import RunProvenance
 from temper.train.rl_config import RLConfig
 from temper.train.rl_metrics import episode_metrics, rollout_metrics, update_metrics
 from temper.train.rl_update import policy_with_value, prepare, update
@@ -175,6 +179,7 @@ def train_rl(
         lambda step: problems_for_step(tasks, config.prompts_per_step, config.seed, step), episode_limits(config),
     ))  # fmt: skip
     train_sampler = features.sampler(sampler)
+    origin = RunProvenance.of_run(train_sampler, tokenizer, tasks, config, base=sampler)  # once per run
     loaded, totals = resume(out_dir / "checkpoints", accelerator)
     assert loaded == start, (loaded, start)
     accelerator.wait_for_everyone()
@@ -208,7 +213,10 @@ def train_rl(
                 row |= rollout_metrics(groups, config, t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
                 for g in groups[: config.log_rollouts]:
-                    for rec in rollout_record(step + 1, g, tokenizer):
+                    # sampled by the weights after `step` updates: the policy version
+                    for rec in rollout_record(
+                        step + 1, g, tokenizer, functools.partial(origin.row, policy_version=step)
+                    ):
                         rollouts.log(rec)
                 # 3. tensors, what the features add, reference logprobs and values (no grad), advantages
                 batch = to_batch(local)

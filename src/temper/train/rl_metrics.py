@@ -65,9 +65,12 @@ def update_metrics(
 ) -> dict[str, float]:
     """The update's statistics (means of its lists) averaged over processes, and the KL to the
     reference per token (`kl_ref`) and per sequence (`kl_ref_seq`: the KL of Gao et al.'s
-    over-optimization axis, sqrt KL), summed over every process's completion tokens."""
+    over-optimization axis, sqrt KL), summed over every process's completion tokens. The
+    sampler/trainer `mismatch/...` diagnostics (`prepare`) are each process's, averaged like the
+    update's statistics (under N processes `max_abs` is the mean of the processes' maxima)."""
     row = _mean_over_processes(
-        {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared), accelerator
+        {k: sum(v) / len(v) for k, v in stats.items()} | _ref_kl_sums(prepared) | prepared.mismatch,
+        accelerator,
     )
     if "kl_ref/sum" in row:
         total = row.pop("kl_ref/sum")

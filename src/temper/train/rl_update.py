@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -162,6 +162,11 @@ class Prepared:
     ref_kl: torch.Tensor | None  # k1 of the sampled tokens against the reference
     old_values: torch.Tensor | None
     returns: torch.Tensor | None
+    is_weights: torch.Tensor | None = None
+    """The mismatch correction's per-token weights (then `old_logp` is the trainer's at sampling
+    time, not the sampler's: the decoupled ratio), or None."""
+    mismatch: dict[str, float] = field(default_factory=dict)
+    """The step's `mismatch/...` diagnostics (this process's rows)."""
 
     def rows(self, idx: torch.Tensor) -> Prepared:
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -171,6 +176,7 @@ class Prepared:
             [self.prompts[i] for i in idx.tolist()],
             *(take(t) for t in (self.completions, self.mask, self.old_logp, self.advantages)),
             *(take(t) for t in (self.ref_logp, self.ref_kl, self.old_values, self.returns)),
+            take(self.is_weights),
         )
 
     def packed(self) -> Packed:
@@ -223,19 +229,35 @@ def prepare(
     needs_values = config.advantage in NEEDS_VALUES
     ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
     set_dropout(config, module, ref_module)
-    ref_parts, value_parts = [], []
+    ref_parts, value_parts, logp_parts = [], [], []
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
             ref_rows = p.rows(rows)
             if extras.reference_prompts is not None:  # OPSD: the same completions after the teacher's prompt
                 ref_rows.prompts = [extras.reference_prompts[i] for i in rows.tolist()]
             ref_parts.append(forward_rows(ref_module, ref_rows)[0].logp)
+        # one pass for the values and the trainer's logprobs, unless dropout is on: the sampler ran
+        # without it, so the logprobs compared with its own are taken in eval mode (no RNG drawn)
         if needs_values:
-            value_parts.append(forward_rows(module, p.rows(rows))[0].values)
+            out = forward_rows(module, p.rows(rows))[0]
+            value_parts.append(out.values)
+        if extras.correction is not None:
+            if config.dropout:
+                module.eval()
+                out = forward_rows(module, p.rows(rows))[0]
+                set_dropout(config, module)
+            elif not needs_values:
+                out = forward_rows(module, p.rows(rows))[0]
+            logp_parts.append(out.logp)
+    if extras.correction is not None:  # the trainer's logprobs at the sampling weights vs the sampler's
+        trainer_logp = torch.cat(logp_parts)
+        p.is_weights, p.mismatch = extras.correction(trainer_logp, p.old_logp, p.mask)
+        if p.is_weights is not None:  # decoupled: the PPO ratio against the trainer, the weights for the rest
+            p.old_logp = trainer_logp
     if ref_parts:
         p.ref_logp = torch.cat(ref_parts)
         p.ref_kl = kl_k1(p.old_logp, p.ref_logp) * p.mask
-    if value_parts:
+    if needs_values:
         p.old_values = torch.cat(value_parts)
     inputs = AdvantageInputs(
         rewards_G_N=batch.rewards_G_N,
@@ -275,7 +297,7 @@ class LossTerm:
 
 
 def _policy(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return policy_loss(
+    loss, stats = policy_loss(
         out.logp,
         p.old_logp,
         p.advantages,
@@ -284,6 +306,9 @@ def _policy(out: TokenOutputs, p: Prepared, config: RLConfig) -> tuple[torch.Ten
         clip_high=config.clip_high,
         dual_clip=config.dual_clip,
     )
+    if p.is_weights is not None:  # the mismatch correction: TRL's per_token_loss * importance_sampling_ratio
+        loss = loss * p.is_weights
+    return loss, stats
 
 
 def _entropy(

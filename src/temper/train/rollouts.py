@@ -353,12 +353,15 @@ def pack(prompts: list[list[int]], completions_B_T: torch.Tensor, mask_B_T: torc
     return Packed(ids.to(device), positions.to(device), index.to(device), completions_B_T[mask_B_T.bool()])
 
 
-def rollout_record(step: int, group: Group, tokenizer: Any = None) -> list[dict[str, Any]]:
+def rollout_record(
+    step: int, group: Group, tokenizer: Any = None, provenance: Callable[[str], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """JSON rows for rollouts.jsonl (what the report shows as sample rollouts). With the tokenizer,
     `completion` keeps the special tokens generation ran past, marked, as eval examples do
     (`temper.models.chat.shown_completion`), and `graded` is the text graded when it differs.
     A multi-turn episode also gets `episode`: its segments in order, each {"by": "policy" or
-    "env", "text"}, so the report can show environment turns apart from the policy's."""
+    "env", "text"}, so the report can show environment turns apart from the policy's.
+    `provenance`: task name -> the row's provenance keys (`temper.train.provenance`)."""
     return [
         {
             "step": step,
@@ -372,6 +375,7 @@ def rollout_record(step: int, group: Group, tokenizer: Any = None) -> list[dict[
             "reason": r.score.details.get("reason"),
             "stop": r.stop,
         }
+        | (provenance(r.problem.task) if provenance is not None else {})
         for r in group.rollouts
     ]
 

@@ -118,13 +118,20 @@ class BatchExtras:
     """Named estimator inputs (`temper.algorithms.estimators.Estimator.inputs`)."""
     reference_prompts: list[list[int]] | None = None
     """Per row, the prompt the reference reads instead of the row's own (OPSD's teacher context)."""
+    correction: Any = None
+    """The sampler/trainer mismatch correction (`temper.algorithms.mismatch.Correction`): with it,
+    `prepare` computes the trainer's logprobs at sampling time, logs the mismatch and, unless its
+    mode is off, weights the policy loss (the `rollout_correction` feature)."""
 
     def merge(self, other: BatchExtras) -> BatchExtras:
         if self.reference_prompts is not None and other.reference_prompts is not None:
             raise ValueError("two features give the reference its prompts")
+        if self.correction is not None and other.correction is not None:
+            raise ValueError("two features correct the sampler/trainer mismatch")
         return BatchExtras(
             self.inputs | other.inputs,
             self.reference_prompts if other.reference_prompts is None else other.reference_prompts,
+            self.correction if other.correction is None else other.correction,
         )
 
 
