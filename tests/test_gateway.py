@@ -258,6 +258,9 @@ def test_bad_gateway_options_are_refused_naming_the_option(folder):
     assert err.value.option == ("agent",)
     with pytest.raises(TaskOptionError, match="needs `agent`"):
         gateway_task(folder, agent=None)
+    with pytest.raises(TaskOptionError, match="drop `env`") as err:
+        gateway_task(folder, env="envs.py:make_env")
+    assert err.value.option == ("env",)
 
 
 @pytest.mark.slow
@@ -299,3 +302,21 @@ stages:
                 calls = [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in calls]
                 trained.add(json.dumps({"content": content, "calls": calls}))
     assert trained and trained <= served
+
+
+def test_serve_a_saved_model_and_the_gateway_command(tmp_path, tokenizer, nano):
+    """`temper.gateway.serve(model)` serves a saved model (its HFSampler) and records the call;
+    `temper gateway --model DIR --port N` parses to it."""
+    import temper.gateway
+    from temper.cli import build_parser, cmd_gateway
+    from temper.models import save_model
+
+    save_model(nano, tokenizer, tmp_path / "m")
+    with temper.gateway.serve(tmp_path / "m", max_new_tokens=8) as gw:
+        c = openai.OpenAI(base_url=gw.base_url("e"), api_key="x", max_retries=0, timeout=60)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], seed=3)
+        [row] = gw.recorder.trajectories("e")
+        assert r.choices[0].model_extra["token_ids"] == row.segments[1].token_ids
+        assert 0 < len(row.segments[1].token_ids) <= 8 and all(lp <= 0 for lp in row.segments[1].logprobs)
+    args = build_parser().parse_args(["gateway", "--model", str(tmp_path / "m"), "--port", "0"])
+    assert (args.func, args.port, args.max_new_tokens) == (cmd_gateway, 0, 256)

@@ -77,7 +77,8 @@ class GatewayTaskConfig(DataTaskConfig):
 
 
 class GatewayTask(DataTask):
-    """A data task whose problems are episodes of the user's agent program (module docstring)."""
+    """The user's openai-client agent script, run once per episode against the gateway
+    (docs/gateway.md): the `dataset` task's options, plus `agent` and `agent_timeout`."""
 
     config_type = GatewayTaskConfig
 
@@ -91,6 +92,11 @@ class GatewayTask(DataTask):
         self.agent = path if path.is_absolute() else self.base_dir / path
         if not self.agent.is_file():
             raise TaskOptionError(("agent",), f"task {name!r}: agent script {config.agent} not found")
+        for key in ("env", "environment_factory"):
+            if getattr(config, key):
+                raise TaskOptionError(
+                    (key,), f"task {name!r}: a gateway task's episodes are its agent's; drop `{key}`"
+                )
         if not config.agent_timeout > 0:
             raise TaskOptionError(("agent_timeout",), f"task {name!r}: agent_timeout must be > 0")
         if config.max_turns < 1:
