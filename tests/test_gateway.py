@@ -320,3 +320,41 @@ def test_serve_a_saved_model_and_the_gateway_command(tmp_path, tokenizer, nano):
         assert 0 < len(row.segments[1].token_ids) <= 8 and all(lp <= 0 for lp in row.segments[1].logprobs)
     args = build_parser().parse_args(["gateway", "--model", str(tmp_path / "m"), "--port", "0"])
     assert (args.func, args.port, args.max_new_tokens) == (cmd_gateway, 0, 256)
+
+
+def test_the_episode_is_named_by_path_header_or_user_field(served):
+    recorder, server = served
+    plain = openai.OpenAI(base_url=server.base_url(), api_key="x", max_retries=0, timeout=30)
+    hi = [{"role": "user", "content": "hi"}]
+    plain.chat.completions.create(model="m", messages=hi, user="by-user")
+    plain.chat.completions.create(model="m", messages=hi, extra_headers={"X-Temper-Episode": "by-header"})
+    client(server, "by-path").chat.completions.create(model="m", messages=hi, user="ignored")
+    assert sorted(recorder.episodes) == ["by-header", "by-path", "by-user"]
+
+
+def test_a_training_episode_takes_one_call_at_a_time():
+    """A second call while one waits for its turn is refused (409), not interleaved into the row;
+    a call still waiting when the episode closes is told it is over (410)."""
+    import threading
+
+    from temper.gateway.bridge import Bridge
+
+    bridge = Bridge("p")
+    with GatewayServer(bridge) as server:
+        c = client(server, "e")
+        errors = []
+
+        def first():
+            try:
+                c.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+            except openai.APIStatusError as err:
+                errors.append(err.status_code)
+
+        t = threading.Thread(target=first)
+        t.start()
+        assert bridge.next_call(10) is not None  # the first call is with the env now
+        with pytest.raises(openai.ConflictError, match="one call at a time"):
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}])
+        bridge.close()
+        t.join(10)
+        assert errors == [410]
