@@ -44,6 +44,7 @@ def make_env(row):
 
 OPTIONS = {
     "dataset": {"data": "rows.jsonl"},
+    "gateway": {"data": "rows.jsonl", "agent": "agent.py"},
     "reasoning_gym": {"dataset": "leg_counting", "size": 10},
     "two_mode": {"base": "arithmetic"},
     "code_repair": {"train_tasks": 4, "test_tasks": 2, "ood_tasks": 2},
@@ -57,11 +58,12 @@ ENV_TASKS = {
     "multi_tool",
     "simulated_search",
     "user_env",
+    "gateway",
 }
 
 TASK_CAPABILITIES = {
-    tasks.BatchScored: {"dataset", "user_env"},
-    tasks.Fingerprinted: {"dataset", "user_env", "two_mode"},
+    tasks.BatchScored: {"dataset", "user_env", "gateway"},
+    tasks.Fingerprinted: {"dataset", "user_env", "two_mode", "gateway"},
     tasks.SamplesAtStep: {"code_repair", "simulated_search"},
     tasks.DeclaresPathSignals: {"code_repair", "multi_tool"},
     tasks.CurriculumTask: {"code_repair"},
@@ -74,18 +76,18 @@ TASK_CAPABILITIES = {
 """Protocol -> the shipped tasks (catalog names; `user_env`: a dataset entry with `env:`) that are one."""
 
 CLASS_CAPABILITIES = {
-    tasks.BuiltFromRecipe: {"dataset", "user_env", "reasoning_gym", "simulated_search"},
+    tasks.BuiltFromRecipe: {"dataset", "user_env", "reasoning_gym", "simulated_search", "gateway"},
     tasks.WrapsTask: {"two_mode"},
 }
 """The protocols of a task class (classmethods the catalog calls), checked on the class."""
 
 ENV_CAPABILITIES = {
-    envs.Cuttable: {"code_repair", "user_env"},
-    envs.Closable: {"calculator_arithmetic", "code_repair", "user_env"},
+    envs.Cuttable: {"code_repair", "user_env", "gateway"},
+    envs.Closable: {"calculator_arithmetic", "code_repair", "user_env", "gateway"},
     envs.StepsInBatch: {"simulated_search", "arithmetic"},
-    envs.Labelled: {"user_env"},
-    envs.DescribesCalls: {"user_env"},
-    envs.OffersTools: {"multi_tool", "user_env"},
+    envs.Labelled: {"user_env", "gateway"},
+    envs.DescribesCalls: {"user_env", "gateway"},
+    envs.OffersTools: {"multi_tool", "user_env", "gateway"},
 }
 """Protocol -> the tasks whose envs are one (`arithmetic`: the one-step `TaskEnv` of any single-turn task)."""
 
@@ -95,6 +97,7 @@ def shipped(tmp_path_factory):
     """Every catalog task, built (reasoning_gym only where it is installed), and a user env task."""
     folder = tmp_path_factory.mktemp("capabilities")
     (folder / "envs.py").write_text(ENV_SOURCE)
+    (folder / "agent.py").write_text("")  # the gateway's agent script (never run here)
     rows = [{"prompt": f"say {w}", "answer": w} for w in ("cat", "dog", "owl", "emu")]
     (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     names = [n for n in TASKS if n != "reasoning_gym" or importlib.util.find_spec("reasoning_gym")]

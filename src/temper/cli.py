@@ -556,6 +556,18 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(write_report(run_dir))
 
 
+def cmd_gateway(args: argparse.Namespace) -> None:
+    """Serve a saved model as an OpenAI-compatible endpoint on 127.0.0.1 until Ctrl-C."""
+    from temper.gateway.serving import serve
+
+    with serve(args.model, port=args.port, max_new_tokens=args.max_new_tokens, seed=args.seed) as gw:
+        print(f"serving {args.model} at {gw.base_url()} (OPENAI_BASE_URL); Ctrl-C stops", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print(f"stopped; {gw.recorder.new_segments} call(s) started a new segment", flush=True)
+
+
 def add_stage_command(sub: Any, kind: StageKind) -> None:
     p = sub.add_parser(kind.name, help=kind.help, description=kind.help)
     if kind.reads == "base":  # --preset, --path, --seed (pretraining renders no chats)
@@ -624,6 +636,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="(re)write report.html for a run folder")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "gateway", help="serve a saved model as OpenAI-compatible /v1/chat/completions on 127.0.0.1"
+    )
+    p.add_argument("--model", required=True, help="a model folder (save_model's, a stage's model/)")
+    p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="default max_tokens of a call")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first unseeded call")
+    p.set_defaults(func=cmd_gateway)
     return parser
 
 
