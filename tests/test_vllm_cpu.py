@@ -62,9 +62,9 @@ def sampler(saved):
 
 @pytest.fixture
 def prompts(tokenizer):
-    # 40+ tokens: whole KV blocks, which the prefix cache keeps between calls
+    # the first is longer than a KV block (128 tokens on the CPU), which the prefix cache keeps
     texts = [
-        "the quick brown fox jumps over the lazy dog " * 2,
+        "the quick brown fox jumps over the lazy dog " * 4,
         "abcdefghijklmnopqrstuvwxyz0123456789 hello",
         "q3",
     ]
@@ -82,6 +82,7 @@ def test_samples_match_teacher_forcing(saved, sampler, prompts):
 
 def test_sync_moves_the_engine_to_the_new_weights(saved, sampler, prompts):
     model, _ = saved
+    assert len(prompts[0]) > 128
     sampler.sample(prompts, 1, max_new_tokens=4, seed=1)  # fills the prefix cache with old keys/values
     new = copy.deepcopy(model)
     with torch.no_grad():
@@ -89,6 +90,9 @@ def test_sync_moves_the_engine_to_the_new_weights(saved, sampler, prompts):
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     with pytest.raises(SyncError, match="not sampling from the trained weights"):
         sampler._check(new)  # the check sees an engine still on the old weights
+    sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": sampler._weights(new)})
+    with pytest.raises(SyncError, match="not sampling from the trained weights"):
+        sampler._check(new)  # ... and one with the new weights but the old prefix cache
     sampler.sync(new)  # reload, reset the prefix cache, check (raises past TOL)
     assert sampler.last_sync_error < TOL
     out = sampler.sample(prompts, 2, max_new_tokens=8, seed=1)

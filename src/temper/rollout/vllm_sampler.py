@@ -44,7 +44,7 @@ CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "n
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 # The token sequences of the post-sync check: fixed, so that two syncs compare like with like.
 CHECK_PROMPTS = 2
-CHECK_PROMPT_LEN = 8
+CHECK_PROMPT_LEN = 136  # past one KV block (128 tokens on vLLM 0.32's CPU): the prefix cache keeps it
 CHECK_NEW_TOKENS = 8
 CHECK_SEED = 1234
 
@@ -138,18 +138,28 @@ class VLLMSampler:
                     "vLLM >= 0.10.2 so that sampled logprobs include the temperature"
                 ) from err
             raise
-        self.token_budget, self.max_num_seqs = self._scheduler_limits(llm_kwargs)
+        self.token_budget, self.max_num_seqs, self.max_model_len = self._engine_limits(llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = self._config_stop_ids(str(model))
         self.stop_token_ids += [int(i) for i in stop_token_ids if int(i) not in self.stop_token_ids]
 
-    def _scheduler_limits(self, llm_kwargs: dict[str, Any]) -> tuple[int, int]:
-        """(max_num_batched_tokens, max_num_seqs) as the engine resolved them."""
+    def _engine_limits(self, llm_kwargs: dict[str, Any]) -> tuple[int, int, int]:
+        """(max_num_batched_tokens, max_num_seqs, max_model_len) as the engine resolved them."""
         try:
-            config = self.llm.llm_engine.vllm_config.scheduler_config
-            return int(config.max_num_batched_tokens), int(config.max_num_seqs)
+            config = self.llm.llm_engine.vllm_config
+            scheduler = config.scheduler_config
+            return (
+                int(scheduler.max_num_batched_tokens),
+                int(scheduler.max_num_seqs),
+                int(config.model_config.max_model_len),
+            )
         except AttributeError:  # another vLLM layout, or a stand-in: what was asked for
-            return int(llm_kwargs["max_num_batched_tokens"]), int(llm_kwargs.get("max_num_seqs", 256))
+            asked = llm_kwargs.get
+            return (
+                int(asked("max_num_batched_tokens")),
+                int(asked("max_num_seqs", 256)),
+                int(asked("max_model_len", 2048)),
+            )
 
     def _config_stop_ids(self, model: str) -> list[int]:
         """The generation config's eos ids (vLLM stops on the tokenizer's eos by itself)."""
@@ -316,10 +326,13 @@ class VLLMSampler:
     def _check(self, model: torch.nn.Module) -> None:
         """Sample a few fixed prompts on the engine at temperature 1 and compare each sampled
         token's logprob with a teacher-forced forward of `model`: a sync that left the engine on
-        old weights (or on wrongly mapped ones) shows as a difference far above rounding."""
+        old weights (or on wrongly mapped ones) shows as a difference far above rounding. The
+        prompts are the same at every check and longer than a KV block, so the previous check's
+        cached keys/values are there to be reused if the prefix cache was not reset."""
         vocab = int(model.get_output_embeddings().weight.shape[0])
         gen = torch.Generator().manual_seed(CHECK_SEED)
-        prompts = torch.randint(0, vocab, (CHECK_PROMPTS, CHECK_PROMPT_LEN), generator=gen).tolist()
+        length = max(1, min(CHECK_PROMPT_LEN, self.max_model_len - CHECK_NEW_TOKENS))
+        prompts = torch.randint(0, vocab, (CHECK_PROMPTS, length), generator=gen).tolist()
         samples = [
             row[0]
             for row in self._generate(
