@@ -23,7 +23,7 @@ except Exception as err:  # ImportError, or a broken build (torchvision::nms, a 
 
 from fakes import FirstByteTask
 from temper.models import build_preset, save_model
-from temper.rollout.vllm_sampler import SyncError, VLLMSampler
+from temper.rollout.vllm_sampler import EngineError, SyncError, VLLMSampler
 from temper.train.rl import RLConfig, train_rl
 
 TOL = 1e-3  # fp32 on both sides; measured differences are ~3e-5
@@ -148,7 +148,7 @@ def test_rl_run_keeps_the_engine_on_the_trainer_weights(saved, sampler, tokenize
 
 
 def test_a_failed_sync_raises_one_clear_error(sampler, tokenizer, prompts):
-    """Last in the module: a load that failed part-way leaves the engine unusable."""
+    """Last but one in the module: a load that failed part-way leaves the engine unusable."""
     wrong = build_preset("nano", tokenizer, seed=0)  # other shapes: no load path can take them
     with pytest.raises(SyncError, match=r"could not load the trainer's weights .*; tried: reload_weights: "):
         sampler.sync(wrong)
@@ -156,3 +156,23 @@ def test_a_failed_sync_raises_one_clear_error(sampler, tokenizer, prompts):
         sampler.sample(prompts, 1, max_new_tokens=4)  # never silently the old or half-loaded weights
     with pytest.raises(SyncError, match="unusable since a failed weight sync"):
         sampler.sync(wrong)
+
+
+def test_a_dead_engine_is_refused_not_waited_on(sampler, tokenizer, monkeypatch):
+    """A dead engine (as the unsplit call of the chunked-prefill test leaves it: vLLM then hangs
+    on every later call) is said once and refused from then on. The death is played (the real one
+    is seen with `_fitting_calls` returning one call: the chunked-prefill test fails and the next
+    call hangs); after the failed sync above, the weights are meta tensors and a real call fails
+    otherwise."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    def dies(*args, **kwargs):
+        raise EngineDeadError()
+
+    sampler.broken = None
+    monkeypatch.setattr(sampler.llm, "generate", dies)
+    with pytest.raises(EngineError, match="the vLLM engine died"):
+        sampler.sample([[1, 2, 3]], 1, max_new_tokens=2)
+    monkeypatch.setattr(sampler.llm, "generate", lambda *a, **k: pytest.fail("called a dead engine"))
+    with pytest.raises(EngineError, match="unusable since its death"):
+        sampler.sample([[1, 2, 3]], 1, max_new_tokens=2)

@@ -49,7 +49,12 @@ CHECK_NEW_TOKENS = 8
 CHECK_SEED = 1234
 
 
-class SyncError(RuntimeError):
+class EngineError(RuntimeError):
+    """The engine cannot be used: it died (vLLM then hangs on every later call, so temper refuses
+    them), or a weight sync failed (`SyncError`)."""
+
+
+class SyncError(EngineError):
     """The engine could not take the trainer's weights, or took them and samples from something
     else (the post-sync check): sampling on would train on another policy's samples."""
 
@@ -120,7 +125,8 @@ class VLLMSampler:
             check_sync = float(os.environ["TEMPER_VLLM_CHECK_SYNC"])
         self.check_sync = check_sync
         self.last_sync_error: float | None = None  # the check's max |logprob difference|
-        self.broken: str | None = None  # why the engine's weights cannot be trusted (a failed sync)
+        self.broken: str | None = None  # why the engine cannot be used (it died, a sync failed)
+        self._broken_error: type[EngineError] = EngineError
         if Path(model).is_dir():
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # else config resolution waits on hub timeouts
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
@@ -251,11 +257,20 @@ class VLLMSampler:
         ]
         outputs = []
         for call in self._fitting_calls(prompts, n):
-            outputs += self.llm.generate(
-                [{"prompt_token_ids": list(prompts[i])} for i in call],
-                sampling_params=[params[i] for i in call],
-                use_tqdm=False,
-            )
+            try:
+                outputs += self.llm.generate(
+                    [{"prompt_token_ids": list(prompts[i])} for i in call],
+                    sampling_params=[params[i] for i in call],
+                    use_tqdm=False,
+                )
+            except Exception as err:
+                if type(err).__name__ != "EngineDeadError" and not _died_of(err):
+                    raise  # a refused request: the engine goes on
+                self.broken = (
+                    f"the vLLM engine died: {type(err).__name__}: {err} (caused by {err.__cause__!r})"
+                )
+                self._broken_error = EngineError
+                raise EngineError(self.broken) from err
         return [
             [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
             for prompt, request in zip(prompts, outputs, strict=True)
@@ -292,18 +307,20 @@ class VLLMSampler:
                 "could not load the trainer's weights into this vLLM engine "
                 f"({getattr(self._vllm, '__version__', '?')}); tried: " + "; ".join(errors)
             )
+            self._broken_error = SyncError
             raise SyncError(self.broken)
         self.llm.reset_prefix_cache()
         if self.check_sync is not None:
             try:
                 self._check(model)
             except SyncError as err:
-                self.broken = str(err)
+                self.broken, self._broken_error = str(err), SyncError
                 raise
 
     def _refuse_if_broken(self) -> None:
         if self.broken is not None:
-            raise SyncError(f"this vLLM engine is unusable since a failed weight sync: {self.broken}")
+            cause = "a failed weight sync" if self._broken_error is SyncError else "its death"
+            raise self._broken_error(f"this vLLM engine is unusable since {cause}: {self.broken}")
 
     def _load_attempts(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, Any]]:
         llm = self.llm
@@ -380,6 +397,15 @@ class VLLMSampler:
             return out
         finally:
             model.unmerge_adapter()
+
+
+def _died_of(err: BaseException) -> bool:
+    """Whether `err` is (or was caused by) vLLM's EngineDeadError."""
+    while err is not None:
+        if type(err).__name__ == "EngineDeadError":
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _to_sample(prompt: list[int], completion: Any) -> Sample:
