@@ -147,6 +147,24 @@ def test_rl_run_keeps_the_engine_on_the_trainer_weights(saved, sampler, tokenize
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), saved[0].parameters()))
 
 
+def test_a_lora_model_syncs_merged(saved, sampler, prompts):
+    """vLLM receives the adapter folded into the base weights (names without PEFT's prefixes),
+    and the trainer's model keeps its adapter unmerged."""
+    from temper.models.lora import apply_lora
+
+    lora = apply_lora(copy.deepcopy(saved[0]), r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    sampler.sync(lora)  # the check compares with the adapter model's forward
+    assert sampler.last_sync_error < TOL
+    assert worst_difference(lora, sampler.sample(prompts, 1, max_new_tokens=8, seed=6), 1.0) < TOL
+    assert worst_difference(saved[0], sampler.sample(prompts, 1, max_new_tokens=8, seed=6), 1.0) > 0.05
+    assert not any(getattr(m, "merged", False) for m in lora.modules())
+    sampler.sync(saved[0])
+
+
 def test_a_failed_sync_raises_one_clear_error(sampler, tokenizer, prompts):
     """Last but one in the module: a load that failed part-way leaves the engine unusable."""
     wrong = build_preset("nano", tokenizer, seed=0)  # other shapes: no load path can take them
