@@ -190,6 +190,7 @@ def test_registry():
         "simulated_search", "search_documents",
         "two_mode",
         "instructed_arithmetic",
+        "gateway",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

@@ -296,7 +296,16 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
     # the train block's late blocks are left out at their defaults too, and the blocks that replaced
     # flat keys hash as those keys did
     want = plain.model_dump(
-        exclude={"train": {"progress", "process_reward_model", "adaptthink", "dynamic_sampling", "user_code"}}
+        exclude={
+            "train": {
+                "progress",
+                "process_reward_model",
+                "adaptthink",
+                "dynamic_sampling",
+                "user_code",
+                "rollout_correction",
+            }
+        }
     )
     want["train"] |= {"dynamic_sampling": False, "max_sampling_rounds": 4}
     assert "task_options" not in stage_settings(plain)
