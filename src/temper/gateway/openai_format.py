@@ -174,15 +174,7 @@ def chat_response(
         "logprobs": _logprobs(tokens, logprobs) if logprobs is not None and tokens is not None else None,
         "token_ids": list(token_ids),
     }
-    return {
-        "id": "chatcmpl-" + hashlib.sha256(f"{time.time_ns()}{text}".encode()).hexdigest()[:16],
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": _usage(prompt_ids, token_ids),
-        "prompt_token_ids": list(prompt_ids),
-    }
+    return _envelope("chatcmpl-", "chat.completion", model, text, choice, prompt_ids, token_ids)
 
 
 def completion_response(
@@ -205,9 +197,23 @@ def completion_response(
         "logprobs": lp,
         "token_ids": list(token_ids),
     }
+    return _envelope("cmpl-", "text_completion", model, text, choice, prompt_ids, token_ids)
+
+
+def _envelope(
+    prefix: str,
+    kind: str,
+    model: str,
+    text: str,
+    choice: dict[str, Any],
+    prompt_ids: list[int],
+    token_ids: list[int],
+) -> dict[str, Any]:
+    """The response around one choice: an id, OpenAI's `object`, the usage, and the prompt's token
+    ids (which OpenAI does not send, vLLM's `return_token_ids` does)."""
     return {
-        "id": "cmpl-" + hashlib.sha256(f"{time.time_ns()}{text}".encode()).hexdigest()[:16],
-        "object": "text_completion",
+        "id": prefix + hashlib.sha256(f"{time.time_ns()}{text}".encode()).hexdigest()[:16],
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
