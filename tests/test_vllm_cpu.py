@@ -42,13 +42,15 @@ except subprocess.TimeoutExpired:
 if _probe.returncode != 0:
     _last = (_probe.stderr.strip().splitlines() or ["no output"])[-1]
     pytest.skip(
-        f"a vLLM engine cannot run on this machine (exit {_probe.returncode}: {_last})", allow_module_level=True
+        f"a vLLM engine cannot run on this machine (exit {_probe.returncode}: {_last})",
+        allow_module_level=True,
     )
 
-from fakes import FirstByteTask
-from temper.models import build_preset, save_model
-from temper.rollout.vllm_sampler import EngineError, SyncError, VLLMSampler
-from temper.train.rl import RLConfig, train_rl
+# imported after the probe: a machine that skips loads none of this
+from fakes import FirstByteTask  # noqa: E402
+from temper.models import build_preset, save_model  # noqa: E402
+from temper.rollout.vllm_sampler import EngineError, SyncError, VLLMSampler  # noqa: E402
+from temper.train.rl import RLConfig, train_rl  # noqa: E402
 
 TOL = 1e-3  # fp32 on both sides; measured differences are ~3e-5
 
