@@ -8,9 +8,10 @@ distillation. What varies a run beyond the core settings is an RL feature
 path rewards, curricula, the reward-hacking monitors), each one module whose hooks run at fixed
 points of the loop below. Departures from the textbook loop:
 1. The importance ratio is taken against the sampler's logprobs (tests check the sampler matches
-   teacher forcing); one no-grad forward in `prepare` measures the sampler/trainer mismatch every
-   step, and the `rollout_correction` feature can weight the loss by it (then the ratio is against
-   the trainer's logprobs at sampling time, verl's decoupled mode).
+   teacher forcing); the sampler/trainer mismatch is measured every step (from the update's first
+   forward when it is over every row at the sampling weights, else one no-grad forward in
+   `prepare`), and the `rollout_correction` feature can weight the loss by it (then the ratio is
+   against the trainer's logprobs at sampling time, verl's decoupled mode).
 2. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
 3. Every step logs the zero-variance share by cause, not just the reward.
 4. Data parallel (N processes, see `train_rl`): each process samples, grades and trains on its
