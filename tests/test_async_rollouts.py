@@ -251,3 +251,55 @@ def test_a_pipelined_run_needs_the_hf_sampler(tokenizer, tmp_path):
     model = build_preset("nano", tokenizer)
     with pytest.raises(ValueError, match="needs the hf sampler"):
         train_rl(model, tokenizer, [FirstByteTask()], _config(1), tmp_path, sampler=PatternSampler([True]))
+
+
+# ---- the off-policy correction of stale batches: AReaL's decoupled objective ----------------------
+
+
+def _areal_decoupled_loss(
+    logprobs, old_logprobs, advantages, eps_clip, loss_mask, c_clip, proximal_logprobs, cap
+):
+    """AReaL's decoupled PPO loss, transcribed (realhf/impl/model/utils/ppo_functional.py,
+    actor_loss_fn): the ratio against the proximal policy, clipped; the behaviour weight
+    pi_prox / pi_behav, tokens above the cap dropped; a token mean."""
+    loss_mask_count = loss_mask.count_nonzero() or 1
+    ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)
+    clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * clipped_ratio
+    pg_loss = torch.max(pg_loss1, pg_loss2)
+    pg_loss3 = torch.sign(advantages) * c_clip * advantages
+    pg_loss = torch.min(pg_loss, pg_loss3)
+    behav_kl = proximal_logprobs - old_logprobs
+    behav_imp_weight = behav_kl.exp()
+    behav_mask = (behav_imp_weight <= cap).logical_and(loss_mask)
+    behav_imp_weight = torch.where(behav_mask, behav_imp_weight, 0.0)
+    pg_loss = pg_loss * behav_imp_weight
+    return torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count
+
+
+def test_a_token_mask_correction_of_a_stale_batch_is_areals_decoupled_loss():
+    """`rollout_correction: {mode: token_mask, cap: C}` on a stale batch: the PPO ratio against the
+    trainer at the start of the update (AReaL's proximal policy), the behaviour weight masked
+    above C; equal to AReaL's loss and gradient on the same tensors, with the cap active."""
+    from temper.algorithms.mismatch import Correction
+    from temper.algorithms.policy import masked_mean, policy_loss
+
+    g = torch.Generator().manual_seed(0)
+    behaviour = -torch.rand(4, 6, generator=g, dtype=torch.float64) * 3  # the stale sampler's logprobs
+    proximal = behaviour + torch.randn(4, 6, generator=g, dtype=torch.float64) * 0.8
+    current = (proximal + torch.randn(4, 6, generator=g, dtype=torch.float64) * 0.3).requires_grad_()
+    advantages = torch.randn(4, 1, generator=g, dtype=torch.float64).expand(4, 6)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1, 4:] = mask[3, 2:] = False
+    cap, eps, c = 1.5, 0.2, 3.0
+
+    weights, _ = Correction("token_mask", cap=cap)(proximal, behaviour, mask)
+    assert 0 < int(((weights == 0) & mask).sum()) < int(mask.sum())  # the cap drops some tokens, not all
+    per_token, _ = policy_loss(current, proximal, advantages, mask, clip_low=eps, clip_high=eps, dual_clip=c)
+    ours = masked_mean(per_token * weights, mask)
+    (g_ours,) = torch.autograd.grad(ours, current)
+    theirs = _areal_decoupled_loss(current, behaviour, advantages, eps, mask, c, proximal, cap)
+    (g_theirs,) = torch.autograd.grad(theirs, current)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-12, atol=1e-14)
