@@ -237,6 +237,14 @@ def test_the_rules_refuse_what_a_worker_ahead_of_training_would_get_wrong():
     assert "judge that is the policy" in errors[("train", "async_rollouts", "max_staleness")]
     assert not rl_rules(replace(_config(0), **judged))
 
+    from temper.train.features.rollout_correction import RolloutCorrection
+
+    for mode in ("sequence_mask", "sequence_truncate"):
+        errors = dict(rl_rules(replace(_config(2), rollout_correction=RolloutCorrection(mode=mode))))
+        assert "long episodes" in errors[("train", "rollout_correction", "mode")]
+        assert not rl_rules(replace(_config(0), rollout_correction=RolloutCorrection(mode=mode)))
+    assert not rl_rules(replace(_config(2), rollout_correction=RolloutCorrection(mode="token_mask")))
+
     class Growing(FirstByteTask):
         failure_curriculum = object()
 

@@ -16,8 +16,9 @@ as in the synchronous loop; `async/staleness` counts the updates between samplin
 first optimizer step. Nothing is dropped for being stale, so long episodes keep their share.
 
 Refused (the rules below): tasks whose sampling follows the training (a failure curriculum: the
-worker would not see the pool grow) and a judge that is the policy (it would grade with other
-weights than it samples with).
+worker would not see the pool grow), a judge that is the policy (it would grade with other
+weights than it samples with) and a sequence-level correction (its cap bears on long episodes
+more: a length bias).
 """
 
 from __future__ import annotations
@@ -65,16 +66,30 @@ def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
 
 def rules(config: Any, stage: Any) -> list[Error]:
     block: AsyncRollouts = config.async_rollouts
+    if not block.max_staleness:
+        return []
+    out: list[Error] = []
     judge = getattr(config, "judge", None)
-    if block.max_staleness and judge is not None and getattr(judge, "model", None) == "policy":
-        return [
+    if judge is not None and getattr(judge, "model", None) == "policy":
+        out.append(
             (
                 ("train", "async_rollouts", "max_staleness"),
                 "a judge that is the policy grades with the trainer's weights while the worker samples with "
                 "older ones: use max_staleness: 0, or a frozen judge model",
             )
-        ]
-    return []
+        )
+    mode = config.rollout_correction.mode
+    if mode.startswith("sequence"):
+        out.append(
+            (
+                ("train", "rollout_correction", "mode"),
+                f"{mode!r} with max_staleness {block.max_staleness}: a stale sequence's weight is the product of "
+                "its token ratios, whose log grows with its length, so the cap would drop or shrink long episodes "
+                "more than short ones (the length bias async must not add; TRL #4772): use token_truncate or "
+                "token_mask",
+            )
+        )
+    return out
 
 
 def describe(config: Any) -> str:
