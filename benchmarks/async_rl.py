@@ -9,7 +9,7 @@ per step, the issue's "environment time about equal to generation time". Everyth
 benchmarks/grpo_step.py's step (P prompts x G samples x T new tokens, fp32, one update per step).
 
 Seconds/step is the median over the steps after `--warmup` (end-of-step timestamps). For k > 0
-the worker is a forked process with `--worker-threads` torch threads and the trainer keeps the
+the worker is a forked process with one torch thread and the trainer keeps the
 rest; for k = 0 the one process has every thread. Also printed per run: the sampling time (the
 worker's own for k > 0), the training time, how long the trainer waited for each batch, and the
 mean reward (the runs differ in which weights sampled each batch, so rewards differ).
@@ -71,7 +71,7 @@ def run(args, k: int, env_s: float) -> dict[str, Any]:
     config = RLConfig(
         steps=args.steps, prompts_per_step=args.prompts, group_size=args.group, max_new_tokens=args.tokens,
         temperature=1.0, lr=1e-5, seed=0, progress=False,
-        async_rollouts=AsyncRollouts(max_staleness=k, worker_threads=args.worker_threads),
+        async_rollouts=AsyncRollouts(max_staleness=k),
     )  # fmt: skip
     stamps: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -105,7 +105,6 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--env-ms", default="auto", help="env step time in ms, or auto (= generation time)")
     parser.add_argument("--ks", default="0,1,2")
-    parser.add_argument("--worker-threads", type=int, default=1)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     print(machine_line())

@@ -10,8 +10,9 @@ At the start of step t the trainer holds version t, hands the worker the job of 
 those weights (the worker samples the jobs in step order), then waits for step t's batch, which
 was handed over k steps earlier and sampled while the trainer trained steps t - k ... t - 1.
 While the trainer updates, the worker samples: on a CPU the worker is a forked process with its
-own copy of the model and its own torch threads (`worker_threads`), so sampling and training
-each get cores of their own; a thread worker (for a CUDA model, which cannot be forked) shares
+own copy of the model and one torch thread (the trainer keeps the other cores), so sampling and
+training each get cores of their own (one thread, because the OpenMP pool torch's CPU build uses
+does not survive a fork: a forked child at 2 threads hangs in its first parallel op, measured); a thread worker (for a CUDA model, which cannot be forked) shares
 this process.
 
 A batch is sampled wholly with one version (an episode finishes under the weights it started
@@ -123,8 +124,8 @@ def _serve(
             results.put(("error", step, (line, traceback.format_exc())))
 
 
-def _serve_process(threads: int, jobs: Any, results: Any, *args: Any) -> None:
-    torch.set_num_threads(threads)
+def _serve_process(jobs: Any, results: Any, *args: Any) -> None:
+    torch.set_num_threads(1)  # never more in a forked child: the parent's OpenMP pool is not its own
     results.cancel_join_thread()  # abandoned at close: a batch nobody reads must not keep the worker alive
     _serve(jobs, results, *args)
 
@@ -148,7 +149,6 @@ class Pipelined:
         last: int,
         versions: dict[int, dict[str, torch.Tensor]] | None = None,
         worker: str = "process",
-        threads: int = 1,
         wrap: Callable[[Any], Any] = lambda s: s,
     ):
         """`wrap` turns the worker's base sampler into the one it samples with (the features'
@@ -175,12 +175,12 @@ class Pipelined:
             # now: its own copies, which only the jobs' weights change afterwards
             self._worker: Any = ctx.Process(
                 target=_serve_process,
-                args=(threads, self._jobs, self._results, model, sampler, wrap(sampler), sample_step),
+                args=(self._jobs, self._results, model, sampler, wrap(sampler), sample_step),
                 daemon=True,
                 name="temper-rollouts",
             )
             self._worker.start()
-            torch.set_num_threads(max(1, (os.cpu_count() or 2) - threads))
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
         elif worker == "thread":
             own = copy.deepcopy(model).eval()
             base = copy.copy(sampler)  # the trainer's sampler keeps its model; this one reads `own`

@@ -151,7 +151,7 @@ def _pipeline(
     versions = torch.load(kept, weights_only=True) if kept is not None and kept.exists() else {}
     return Pipelined(
         block.max_staleness, sample_step, model, sampler, start=start, last=config.steps - 1,
-        versions=versions, worker=block.worker, threads=block.worker_threads, wrap=features.sampler,
+        versions=versions, worker=block.worker, wrap=features.sampler,
     )  # fmt: skip
 
 

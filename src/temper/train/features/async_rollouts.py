@@ -1,4 +1,4 @@
-"""Bounded-staleness rollouts as an RL setting, `async_rollouts: {max_staleness, worker, worker_threads}`
+"""Bounded-staleness rollouts as an RL setting, `async_rollouts: {max_staleness, worker}`
 (the schedule and the worker are `temper.train.pipeline`).
 
 With `max_staleness: k > 0` the batch of step s is sampled (episodes run, graded) with the weights
@@ -42,11 +42,9 @@ class AsyncRollouts:
     """k: step s trains on episodes sampled with the weights after update max(0, s - k) (0: the
     lockstep loop, sample -> train -> sync)."""
     worker: Literal["process", "thread"] = "process"
-    """Where the sampling runs: a forked process with its own copy of the model (on a CPU, so that
-    sampler and trainer each have their own cores) or a thread of this process (a CUDA model,
-    which cannot be forked; the GIL limits the overlap on a CPU)."""
-    worker_threads: Annotated[int, Field(ge=1)] = 1
-    """torch threads of the worker; the trainer keeps the rest of the machine's (at least 1)."""
+    """Where the sampling runs: a forked process with its own copy of the model and one torch
+    thread (on a CPU: the trainer keeps the other cores) or a thread of this process (a CUDA
+    model, which cannot be forked; the GIL limits the overlap on a CPU)."""
 
 
 def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
