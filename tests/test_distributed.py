@@ -123,7 +123,9 @@ def test_async_rl_two_processes_match_one(tmp_path):
         for key in ("loss/policy", "loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
     assert len(set(r["reward"] for r in one)) > 1
-    assert (tmp_path / "p2" / "rollouts.jsonl").read_text() == (tmp_path / "p1" / "rollouts.jsonl").read_text()
+    assert (tmp_path / "p2" / "rollouts.jsonl").read_text() == (
+        tmp_path / "p1" / "rollouts.jsonl"
+    ).read_text()
 
 
 MICRO = """\

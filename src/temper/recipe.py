@@ -43,6 +43,9 @@ class ModelSpec(Strict):
     """A local model directory or a hub id (loaded with the transformers Auto classes)."""
     seed: int = 0
     """Initialization seed of a preset."""
+    qk_norm: bool = False
+    """A preset with QK norm: the Qwen3 architecture at the preset's sizes (the Llama block with an
+    RMSNorm over each head's queries and keys before RoPE; loaded through the Auto classes)."""
     chat_template: str | None = None
     """For a tokenizer without one (or to replace it): a built-in template (chatml, llama3, zephyr,
     temper), a Jinja file, or the template text; saved with every trained model."""
@@ -54,12 +57,15 @@ class ModelSpec(Strict):
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.path is None):
             raise ValueError("give exactly one of 'preset' or 'path'")
+        if self.qk_norm and self.preset is None:
+            raise ValueError("qk_norm builds a preset: a model from a path keeps its own architecture")
         return self
 
     def weights(self) -> dict[str, Any]:
         """The settings that decide the starting weights, as the stage hashes cover them (the chat
         options are hashed by the stages that chat, so they never retrain a pretrained base)."""
-        return self.model_dump(exclude={"chat_template", "eos_token"})
+        late = {"qk_norm"} if not self.qk_norm else set()  # added after runs were recorded
+        return self.model_dump(exclude={"chat_template", "eos_token"} | late)
 
     def chat(self) -> ChatOptions:
         return ChatOptions(self.chat_template, self.eos_token)

@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerBase,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -22,12 +28,18 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def preset_config(name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 512) -> LlamaConfig:
-    from transformers import LlamaConfig
+def preset_config(
+    name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 512, qk_norm: bool = False
+) -> LlamaConfig | Qwen3Config:
+    """The preset's config: Llama, or with `qk_norm` Qwen3 at the same sizes (Qwen3's decoder
+    layer is Llama's with an RMSNorm over each head's queries and keys before RoPE; its head_dim
+    and key/value heads are set to Llama's, hidden / heads and one per query head)."""
+    from transformers import LlamaConfig, Qwen3Config
 
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    return LlamaConfig(
+    sizes = PRESETS[name]
+    common = dict(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_len,
         rope_theta=10000.0,
@@ -35,17 +47,29 @@ def preset_config(name: str, tokenizer: PreTrainedTokenizerBase, max_len: int = 
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **PRESETS[name],
+        **sizes,
+    )
+    if not qk_norm:
+        return LlamaConfig(**common)
+    return Qwen3Config(
+        **common,
+        head_dim=sizes["hidden_size"] // sizes["num_attention_heads"],
+        num_key_value_heads=sizes["num_attention_heads"],
+        rms_norm_eps=1e-6,
+        attention_bias=False,
+        use_sliding_window=False,
     )
 
 
-def build_preset(name: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> LlamaForCausalLM:
-    """A freshly initialized preset model (fp32), deterministic in `seed`."""
+def build_preset(
+    name: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0, qk_norm: bool = False
+) -> LlamaForCausalLM | Qwen3ForCausalLM:
+    """A freshly initialized preset model (fp32), deterministic in `seed` (`qk_norm`: Qwen3)."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = preset_config(name, tokenizer)
+    config = preset_config(name, tokenizer, qk_norm=qk_norm)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     return model

@@ -120,6 +120,8 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
     skip_train = {"progress", "trackers"} | ({"precision"} if stage.train.precision == "fp32" else set())
     skip_train |= {"epochs"} if stage.train.epochs is None else set()
+    defaults = TrainConfig()  # settings added later (optimizer): left out at their defaults
+    skip_train |= {n for n in TrainConfig.HASHED_WHEN_SET if getattr(stage.train, n) == getattr(defaults, n)}
     settings = stage.model_dump(
         exclude_unset=True, exclude={"name": True, "cache": True, "train": skip_train}
     )
@@ -148,7 +150,7 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
 
     if spec.preset:
         tokenizer = build_tokenizer()
-        model = build_preset(spec.preset, tokenizer, seed=spec.seed)
+        model = build_preset(spec.preset, tokenizer, seed=spec.seed, qk_norm=spec.qk_norm)
     else:
         path = ctx.model_source(spec.path)
         tokenizer, model = load_tokenizer(path), load_model(path)

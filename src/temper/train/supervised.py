@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -48,6 +48,9 @@ DEFAULT_WARMUP = 20
 class TrainConfig:
     """Optimizer-step-level settings shared by every supervised stage."""
 
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("optimizer", "muon_momentum")
+    """Fields added after runs were recorded: left out of the stage hash at their defaults."""
+
     max_steps: Annotated[int, Field(ge=1)] = 500
     """Optimizer steps."""
     epochs: Annotated[float, Field(gt=0)] | None = None
@@ -68,6 +71,11 @@ class TrainConfig:
     """Final lr as a fraction of the peak."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     betas: tuple[Beta, Beta] = (0.9, 0.95)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw | muon: Muon on the 2-D hidden weights, AdamW (betas, no decay on vectors) on the
+    embeddings, the head and the vectors; one lr and weight decay for both (`temper.train.optimizers`)."""
+    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.95
+    """Muon's Nesterov momentum (optimizer muon only)."""
     grad_clip: Annotated[float, Field(ge=0)] = 1.0
     """Max global grad norm; 0 disables."""
     eval_every: Annotated[int, Field(ge=0)] = 0
@@ -129,21 +137,6 @@ def process_batches(config: TrainConfig, accelerator: Accelerator) -> tuple[int,
     if per_process % micro:
         raise ValueError(f"per-process batch {per_process} is not divisible by micro_batch_size {micro}")
     return world, rank, per_process, micro
-
-
-def adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, with no weight decay on vectors (norms, biases)."""
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-        betas=config.betas,
-    )
 
 
 def resume_or_start(
@@ -234,7 +227,9 @@ def train_supervised(
     world, rank, per_process, micro = process_batches(config, accelerator)
 
     torch.manual_seed(config.seed)
-    optimizer = adamw(model, config)
+    from temper.train.optimizers import build_optimizer  # torch, imported where it runs
+
+    optimizer = build_optimizer(model, config)
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
