@@ -4,6 +4,7 @@ of a run's logs (a hand-written one and a real 3-step run) and the command."""
 
 import json
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -84,10 +85,23 @@ def test_deterministic_schedules_train_the_same_episodes_as_sync():
     for run in runs:
         if run.schedule.mode == "deterministic":
             assert run.lengths == sync.lengths
+    two = simulate(replace(p, workers=2, slots=3), Schedule(1, steps=10, seed=5))  # shares of a batch
+    assert [sorted(row) for row in two.lengths] == [sorted(row) for row in sync.lengths]
     asap0 = simulate(p, Schedule(0, "asap", steps=10, seed=5))  # k=0 as soon as possible is lockstep
     assert asap0.update_ends == pytest.approx(sync.update_ends)
     same = [sorted(row) for row in sync.lengths]
     assert [sorted(row) for row in asap0.lengths] == same  # (asap's rows are in order of ending)
+
+
+def test_asap_trains_the_episodes_that_finished_first():
+    # two workers, 1 s episodes, 3 s updates, k=2: e0, e1 (version 0) end at 1, update 0 takes e0;
+    # e2 (version 0) ends at 2; the cap (version + k + 1 episodes) waits for version 1 at 4: e3;
+    # update 1 takes e1 (staleness 1), update 2 at 7 e2 (2), update 3 e3 (version 1: 2)...
+    p = Pipeline(1, 1, (1,), gen_per_episode=1.0, train_per_batch=3.0, workers=2)
+    run = simulate(p, Schedule(2, "asap", steps=5))
+    assert run.update_ends == (4, 7, 10, 13, 16)
+    assert run.staleness == ((0,), (1,), (2,), (2,), (2,))
+    assert run.generated == 7  # e6 started at 13, ended at 14
 
 
 def test_dropping_stale_episodes_biases_toward_short_ones_and_keeping_all_does_not():
@@ -135,13 +149,16 @@ def test_a_run_log_is_fitted_per_token_and_per_episode(tmp_path):
         _step(s + 1, 6, L, 0.01 * 6 * L + 0.5 * 6, 0.002 * 6 * L + 0.7, 0.3)
         for s, L in enumerate([10, 20, 40])
     ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "02-rl").mkdir()
+    (tmp_path / "02-rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "03-sft").mkdir()  # a later stage, not an RL one
+    (tmp_path / "03-sft" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     rollouts = [
         {"step": s, "problem": f"p{s}-{i // 3}", "completion": "x" * (c * s)}
         for s in (1, 2, 3)
         for i, c in enumerate([1, 2, 3, 1, 2, 3])
     ]
-    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    (tmp_path / "02-rl" / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
     p = pipeline_from_run(tmp_path)
     assert (p.prompts, p.group_size) == (2, 3)
     assert p.gen_per_token == pytest.approx(0.01) and p.gen_per_episode == pytest.approx(0.5)
