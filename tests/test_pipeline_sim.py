@@ -3,6 +3,7 @@ hand, the staleness of the deterministic mode, the length bias of dropping stale
 of a run's logs (a hand-written one and a real 3-step run) and the command."""
 
 import json
+import random
 import statistics
 from dataclasses import replace
 
@@ -116,6 +117,34 @@ def test_dropping_stale_episodes_biases_toward_short_ones_and_keeping_all_does_n
     assert drop.dropped > 0 and keep.dropped == 0
     assert drop.max_staleness == 1 < keep.max_staleness  # kept episodes may be older than k
     assert min(min(row) for row in keep.staleness) == 0
+
+
+def test_random_pipelines_keep_the_invariants():
+    rng = random.Random(0)
+    for trial in range(200):
+        p = Pipeline(
+            rng.randint(1, 3),
+            rng.randint(1, 3),
+            tuple(rng.randint(0, 50) for _ in range(rng.randint(1, 4))),
+            gen_per_token=rng.choice([0, 0.01, 0.1]),
+            gen_per_episode=rng.choice([0, 0.1, 1]),
+            train_per_batch=rng.choice([0, 0.5, 3]),
+            sync=rng.choice([0, 0.2]),
+            workers=rng.randint(1, 3),
+            slots=rng.choice([None, 1, 2]),
+            contention=rng.choice([1, 1.5]),
+        )
+        mode, stale = rng.choice(["deterministic", "asap"]), rng.choice(["keep", "drop"])
+        s = Schedule(rng.randint(0, 3), mode, stale, steps=rng.randint(1, 10), seed=trial)
+        run = simulate(p, s)
+        assert len(run.update_ends) == s.steps and list(run.update_ends) == sorted(run.update_ends)
+        assert all(len(row) == p.batch for row in run.lengths)
+        if s.mode == "deterministic":
+            assert [set(row) for row in run.staleness] == [{min(t, s.k)} for t in range(s.steps)]
+        elif s.stale == "drop":
+            assert run.max_staleness <= s.k
+        # nothing beats doing the updates back to back
+        assert run.seconds >= s.steps * p.train_per_batch + s.steps * p.sync - 1e-9
 
 
 def test_a_prediction_is_a_function_of_its_seed():

@@ -339,8 +339,8 @@ def simulate(p: Pipeline, s: Schedule) -> Prediction:
     event: start what can start, run to the next completion, repeat."""
     run = _Run(p, s)
     while len(run.ends) < s.steps:
+        run.start_update()  # (first: the stale episodes it drops free the sampler's cap)
         run.start_sampling()
-        run.start_update()
         if len(run.ends) < s.steps:
             run.advance()
     return Prediction(
