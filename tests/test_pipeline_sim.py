@@ -265,4 +265,8 @@ def test_a_file_of_inputs_is_read_and_a_bad_field_named(tmp_path, capsys):
     assert f"{bad}:1: field 'gen_per_tokens': unknown field; did you mean 'gen_per_token'?" in err
     bad.write_text(json.dumps({"prompts": 2, "group_size": 2, "lengths": [4], "contention": 0.5}))
     assert cli.main(["simulate", str(bad)]) == 2
-    assert "contention must be a factor >= 1, got 0.5" in capsys.readouterr().err
+    assert (
+        f"{bad}:1: field 'contention': contention must be a factor >= 1, got 0.5" in capsys.readouterr().err
+    )
+    assert cli.main(["simulate", str(good), "--workers", "0"]) == 2  # a bad flag is the command line's
+    assert "command line:1: field 'workers': workers must be an integer >= 1" in capsys.readouterr().err

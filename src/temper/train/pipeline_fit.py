@@ -57,19 +57,22 @@ def pipeline_from_file(path: str | Path, **overrides: Any) -> Pipeline:
             raise DataError(
                 str(path), 1, key, "unknown field" + (f"; did you mean {near[0]!r}?" if near else "")
             )
-    data = data | {k: v for k, v in overrides.items() if v is not None}
     if isinstance(data.get("lengths"), list):
         data["lengths"] = tuple(data["lengths"])
-    return _build(str(path), data)
+    return _build(str(path), data, overrides)
 
 
-def _build(source: str, data: dict[str, Any]) -> Pipeline:
+def _build(source: str, data: dict[str, Any], overrides: dict[str, Any]) -> Pipeline:
+    """The `Pipeline` of `data` with the `overrides` not None; a bad value is a `DataError` naming
+    the field and where it came from (`source`, or the command line for an override)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Pipeline(**data)
+        return Pipeline(**(data | given))
     except TypeError as err:  # a required field missing
         raise DataError(source, 1, "<top>", str(err).split(") ", 1)[-1]) from None
     except ValueError as err:
-        raise DataError(source, 1, str(err).split(" ", 1)[0], str(err)) from None
+        name = str(err).split(" ", 1)[0]
+        raise DataError("command line" if name in given else source, 1, name, str(err)) from None
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -149,7 +152,7 @@ def pipeline_from_run(path: str | Path, **overrides: Any) -> Pipeline:
         "train_per_token": ta,
         "train_per_batch": tb,
     }
-    return _build(str(metrics), fitted | {k: v for k, v in overrides.items() if v is not None})
+    return _build(str(metrics), fitted, overrides)
 
 
 def _logged_lengths(path: Path, mean_tokens: dict[int, float]) -> tuple[tuple[int, ...], int | None]:
