@@ -12,7 +12,7 @@ import pytest
 from fakes import FirstByteTask
 from temper import cli
 from temper.models import build_preset
-from temper.train.pipeline_fit import fit_linear, pipeline_from_run, step_lengths
+from temper.train.pipeline_fit import fit_linear, pipeline_from_file, pipeline_from_run, step_lengths
 from temper.train.pipeline_sim import Pipeline, Schedule, sampling_version, schedules, simulate
 from temper.train.rl import train_rl
 from temper.train.rl_config import RLConfig
@@ -258,6 +258,10 @@ def test_a_file_of_inputs_is_read_and_a_bad_field_named(tmp_path, capsys):
     good.write_text(json.dumps({"prompts": 2, "group_size": 2, "lengths": [4, 8], "gen_per_token": 0.1}))
     assert cli.main(["simulate", str(good), "--k", "1", "--steps", "4"]) == 0
     assert "k=1 asap-drop" in capsys.readouterr().out
+    yaml_file = tmp_path / "pipe.yaml"
+    yaml_file.write_text("prompts: 2\ngroup_size: 2\nlengths: [4, 8]\ngen_per_token: 0.1\n")
+    assert pipeline_from_file(yaml_file, workers=2) == pipeline_from_file(good, workers=2, slots=None)
+    assert pipeline_from_file(yaml_file, workers=2).workers == 2
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"prompts": 2, "group_size": 2, "lengths": [4], "gen_per_tokens": 0.1}))
     assert cli.main(["simulate", str(bad)]) == 2

@@ -379,7 +379,7 @@ def table(predictions: list[Prediction]) -> str:
         rows.append((
             r.schedule.label,
             f"{r.steady_seconds_per_step:.3f}",
-            f"{base.steady_seconds_per_step / r.steady_seconds_per_step:.2f}",
+            f"{base.steady_seconds_per_step / r.steady_seconds_per_step:.2f}" if r.steady_seconds_per_step else "-",
             f"{r.samples_per_s:.2f}",
             f"{r.mean_staleness:.2f}",
             str(r.max_staleness),
