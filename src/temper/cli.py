@@ -41,6 +41,7 @@ from temper.recipe import ModelSpec, RecipeError, describe_error, expand_errors,
 from temper.stages import registry
 from temper.stages.base import StageError, StageKind, StageRun
 from temper.stages.context import settings_hash
+from temper.train import pipeline_fit
 
 REQUIRED = object()
 
@@ -645,6 +646,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="default max_tokens of a call")
     p.add_argument("--seed", type=int, default=0, help="seed of the first unseeded call")
     p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("simulate", help=pipeline_fit.HELP, description=pipeline_fit.HELP)
+    pipeline_fit.add_arguments(p)
+    p.set_defaults(func=pipeline_fit.cmd_simulate)
     return parser
 
 
