@@ -225,6 +225,11 @@ def prepare(
     device = next(module.parameters()).device
     batch = batch.to(device)
     extras = extras or BatchExtras()
+    if extras.reference_prompts is not None and len(extras.reference_prompts) != len(batch.prompts):
+        raise ValueError(
+            f"the reference's prompts are per episode ({len(extras.reference_prompts)}) and the "
+            f"batch has {len(batch.prompts)} rows (an agent rewrote its history): not supported"
+        )
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
     needs_values = config.advantage in NEEDS_VALUES
     ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
@@ -276,6 +281,7 @@ def prepare(
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),
         extra={k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.inputs.items()},
+        episode_R=batch.episode_R,
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p
