@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import openai
@@ -110,6 +111,12 @@ def test_a_call_that_rewrites_history_starts_a_new_counted_row(served):
     rows = recorder.trajectories("ep3")
     assert len(rows) == 2 and recorder.new_segments == 1
     assert [s.trainable for s in rows[1].segments] == [False, True]  # its own prompt, nothing reused
+    episode = recorder.trajectory("ep3")  # as one Trajectory, the trainer's form
+    assert [r.segments for r in episode.rows] == [
+        rows[0].segments,
+        [replace(rows[1].segments[0], starts_row=True), rows[1].segments[1]],
+    ]
+    assert episode.completion_ids == rows[0].completion_ids + rows[1].completion_ids
 
 
 def test_text_completions_and_bad_requests(served):
