@@ -246,7 +246,7 @@ def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the
         e for [e] in run_episodes(script, tokenizer, envs, [0, 1, 2, 3], EpisodeLimits())
     )
     assert time.monotonic() - started < 40  # the hung agent was killed at its 8 s, not waited for
-    assert fine.stop_reason == "done" and fine.turns == 2 and fine.score.reward == 1.0
+    assert fine.stop_reason == "done" and fine.turns == 2 and fine.score.reward == 1.0, fine.error
     assert crash.stop_reason == "env_error"
     assert crash.error.startswith(
         f"agent agent.py exited with status 1 on problem {ps['crash'].id}; stderr: "
