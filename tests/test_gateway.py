@@ -301,6 +301,7 @@ stages:
     metrics = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "signal/gateway_calls" in m]
     assert len(steps) == 3 and all(m["signal/gateway_calls"] > 0 for m in steps)
+    assert [(m["gateway/rewrites"], m["gateway/segments_per_episode"]) for m in steps] == [(0, 1.0)] * 3
     rollouts = [json.loads(x) for x in (stage / "rollouts.jsonl").read_text().splitlines()]
     served = {json.dumps(x) for x in (json.loads(y) for y in (folder / "agent.log").read_text().splitlines())}
     trained = set()
