@@ -471,3 +471,66 @@ def test_an_episode_the_loop_ends_asks_the_env_for_its_end_signals_once(tokenize
             t.join(10)
     assert (own.stop_reason, bad.stop_reason, hung.stop_reason) == ("done", "env_error", "timeout")
     assert env.cuts == broken.cuts == slow.cuts == []
+
+
+class CompactingEnv:
+    """Rewrites its history after the first move (the system turn dropped, the question
+    summarised), then extends that history as it is; the third move ends it."""
+
+    stop = ()
+
+    def __init__(self, bad: bool = False):
+        self.k, self.bad, self.history = 0, bad, []
+
+    def reset(self):
+        return [{"role": "system", "content": "walk"}, {"role": "user", "content": "at 0"}]
+
+    def step(self, action):
+        self.k += 1
+        if self.k == 3:
+            return StepResult(done=True, score=Score(1.0, True, True))
+        if self.k == 1:
+            self.history = [{"role": "user", "content": "summary: at 0"}]
+        self.history += [
+            {"role": "assistant", "content": action},
+            {"role": "user", "content": f"at {self.k}"},
+        ]
+        return StepResult(history=["not a message"] if self.bad else list(self.history))
+
+
+def test_a_rewritten_history_starts_a_row_and_an_extended_one_stays_in_it(tokenizer):
+    """The first history does not extend the tokens: a new row whose prompt is its rendering; the
+    second extends the new row: its tokens are appended there. The token budget counts each row's
+    tokens after its prompt (a budget of exactly those is not exceeded)."""
+    moves = {"at 0": "left", "at 1": "up", "at 2": "down"}
+
+    def reply(text, j):
+        return moves[text.rsplit("<|user|>", 1)[1].split("<|end|>")[0]]
+
+    script = Script(tokenizer, reply)
+    [[traj]] = run_episodes(script, tokenizer, [[CompactingEnv()]], [1], EpisodeLimits())
+    assert traj.stop_reason == "done" and traj.turns == 3
+    first, second = traj.rows
+    assert [s.trainable for s in first.segments] == [False, True]
+    assert [(s.trainable, s.starts_row) for s in second.segments] == [
+        (False, True), (True, False), (False, False), (True, False)
+    ]  # fmt: skip
+    history = [
+        {"role": "user", "content": "summary: at 0"},
+        {"role": "assistant", "content": "left"},
+        {"role": "user", "content": "at 1"},
+    ]
+    assert second.prompt_ids == prompt_ids(tokenizer, history)
+    assert second.prompt_ids + second.completion_ids == render_ids(
+        tokenizer, [*history, {"role": "assistant", "content": "up"}, {"role": "user", "content": "at 2"},
+                    {"role": "assistant", "content": "down"}], add_generation_prompt=False,
+    )  # fmt: skip
+    assert traj.completion_ids == first.completion_ids + second.completion_ids
+    [[exact]] = run_episodes(
+        script, tokenizer, [[CompactingEnv()]], [1], EpisodeLimits(max_tokens=len(traj.completion_ids))
+    )
+    assert exact.stop_reason == "done" and exact.completion_ids == traj.completion_ids
+    [[bad]] = run_episodes(script, tokenizer, [[CompactingEnv(bad=True)]], [1], EpisodeLimits())
+    assert bad.stop_reason == "env_error" and "a history that is not a list" in bad.error
+    with pytest.raises(ValueError, match="no messages, inline text or done"):
+        StepResult(history=[], done=True)

@@ -1,15 +1,18 @@
 """The OpenAI-compatible gateway (`temper.gateway`, `task: gateway`): the official `openai` client
-against it, token ids recorded, tool calls both ways, history rewrites counted as new segments,
-agent scripts that crash or hang attributed, and GRPO through an unmodified agent script."""
+against it, token ids recorded, tool calls both ways, history rewrites counted as new segments
+(in training: rows of their own, never a re-tokenisation), agent scripts that crash or hang
+attributed, and GRPO through an unmodified agent script."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from fakes import Script
 from temper.catalog import make_recipe_task
@@ -108,6 +111,12 @@ def test_a_call_that_rewrites_history_starts_a_new_counted_row(served):
     rows = recorder.trajectories("ep3")
     assert len(rows) == 2 and recorder.new_segments == 1
     assert [s.trainable for s in rows[1].segments] == [False, True]  # its own prompt, nothing reused
+    episode = recorder.trajectory("ep3")  # as one Trajectory, the trainer's form
+    assert [r.segments for r in episode.rows] == [
+        rows[0].segments,
+        [replace(rows[1].segments[0], starts_row=True), rows[1].segments[1]],
+    ]
+    assert episode.completion_ids == rows[0].completion_ids + rows[1].completion_ids
 
 
 def test_text_completions_and_bad_requests(served):
@@ -237,7 +246,7 @@ def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the
         e for [e] in run_episodes(script, tokenizer, envs, [0, 1, 2, 3], EpisodeLimits())
     )
     assert time.monotonic() - started < 40  # the hung agent was killed at its 8 s, not waited for
-    assert fine.stop_reason == "done" and fine.turns == 2 and fine.score.reward == 1.0
+    assert fine.stop_reason == "done" and fine.turns == 2 and fine.score.reward == 1.0, fine.error
     assert crash.stop_reason == "env_error"
     assert crash.error.startswith(
         f"agent agent.py exited with status 1 on problem {ps['crash'].id}; stderr: "
@@ -245,9 +254,9 @@ def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the
     assert "RuntimeError: the agent blew up" in crash.error
     assert hang.stop_reason == "env_error"
     assert "agent agent.py made no call and did not exit within 8 s (killed)" in hang.error
-    # the rewrite: the row ends at the call that does not extend it, counted; graded on what was recorded
-    assert rewrite.stop_reason == "done" and rewrite.turns == 1
-    assert rewrite.signals[-1]["gateway_new_segments"] == 1 and rewrite.score.reward == 1.0
+    # the rewrite: the call that does not extend the row starts a second one; the episode goes on
+    assert rewrite.stop_reason == "done" and rewrite.turns == 2 and rewrite.score.reward == 1.0
+    assert len(rewrite.rows) == 2 and len(fine.rows) == 1
 
 
 def test_bad_gateway_options_are_refused_naming_the_option(folder):
@@ -292,6 +301,7 @@ stages:
     metrics = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "signal/gateway_calls" in m]
     assert len(steps) == 3 and all(m["signal/gateway_calls"] > 0 for m in steps)
+    assert [(m["gateway/rewrites"], m["gateway/segments_per_episode"]) for m in steps] == [(0, 1.0)] * 3
     rollouts = [json.loads(x) for x in (stage / "rollouts.jsonl").read_text().splitlines()]
     served = {json.dumps(x) for x in (json.loads(y) for y in (folder / "agent.log").read_text().splitlines())}
     trained = set()
@@ -358,3 +368,110 @@ def test_a_training_episode_takes_one_call_at_a_time():
         bridge.close()
         t.join(10)
         assert errors == [410]
+
+
+# ---------------------------------------------------------------------------------------------
+# an agent that rewrites its history: a second training row, never a re-tokenisation
+
+REWRITER = '''
+"""An agent that compacts its history when the first answer says 5: its second call drops the
+system turn and summarises the question, so its prompt does not extend what was sampled."""
+import json, sys
+from openai import OpenAI
+
+row = json.loads(sys.stdin.readline())
+client = OpenAI(max_retries=0)
+messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": row["prompt"]}]
+first = client.chat.completions.create(model="policy", messages=messages, max_tokens=48).choices[0].message
+if "5" in (first.content or ""):
+    messages = [{"role": "user", "content": "Summary: " + row["prompt"]}, first.model_dump(exclude_none=True)]
+else:
+    messages.append(first.model_dump(exclude_none=True))
+messages.append({"role": "user", "content": "Are you sure?"})
+client.chat.completions.create(model="policy", messages=messages, max_tokens=48)
+'''
+
+
+def second_thoughts(text, j):
+    """Sample 0 answers 5 (its agent then rewrites its history), sample 1 answers 7 (extended);
+    asked again, each stands by its first answer: rewards 1 and 0."""
+    if "Are you sure?" in text:
+        return "Yes, 5." if "It is 5." in text else "Yes, 7."
+    return "It is 5." if j == 0 else "It is 7."
+
+
+def test_a_rewritten_history_is_a_second_row_with_the_episodes_advantage(folder, tokenizer):
+    """The rewriting episode is two rows: the first call's row, and a row whose prompt is the
+    compacted history (the model's first answer in it as prompt text, never trained on again);
+    the batch trains exactly the sampled turns, both rows get the episode's advantage, the group
+    statistics are of its two episodes, and the step's metrics count one rewrite."""
+    from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
+    from temper.train.rl_metrics import episode_metrics
+    from temper.train.rollouts import grade_episodes, rollout_record, to_batch
+
+    (folder / "rewriter.py").write_text(REWRITER)
+    t = gateway_task(folder, agent="rewriter.py")
+    problem = problems(t)["fine"]
+    [[rewrote, extended]] = run_episodes(
+        Script(tokenizer, second_thoughts),
+        tokenizer,
+        [[t.make_env(problem), t.make_env(problem)]],
+        [0],
+        EpisodeLimits(max_new_tokens=96),
+    )
+    assert (rewrote.stop_reason, extended.stop_reason) == ("done", "done"), rewrote.error
+    assert (len(rewrote.rows), len(extended.rows)) == (2, 1) and rewrote.turns == extended.turns == 2
+    first, second = rewrote.rows
+    assert [s.trainable for s in second.segments] == [False, True] and second.segments[0].starts_row
+    assert "Summary: What is 2 + 3?" in tokenizer.decode(second.prompt_ids)
+    assert "It is 5." in tokenizer.decode(second.prompt_ids)  # the first answer, re-rendered as prompt
+
+    group = grade_episodes(problem, [rewrote, extended], {"outcome": 1.0}, 96, 0)
+    assert group.rewards == [1.0, 0.0]
+    batch = to_batch([group])
+    assert batch.episode_R.tolist() == [0, 0, 1] and batch.rewards_G_N.tolist() == [[1.0, 0.0]]
+    assert batch.prompts[1] == second.prompt_ids
+    sampled = [s.token_ids for s in rewrote.segments + extended.segments if s.trainable]
+    trained = [batch.completions_R_T[r][batch.mask_R_T[r]].tolist() for r in range(3)]
+    assert trained[0] == sampled[0] and trained[1] == sampled[1] and trained[2] == sampled[2] + sampled[3]
+    assert [tokenizer.decode(ids, skip_special_tokens=True) for ids in trained[:2]] == ["It is 5.", "Yes, 5."]
+    logprobs = [batch.old_logprobs_R_T[r][batch.mask_R_T[r]].tolist() for r in range(2)]
+    assert logprobs == [pytest.approx(s.logprobs) for s in rewrote.segments if s.trainable]
+
+    a = ESTIMATORS["grpo"](AdvantageInputs(batch.rewards_G_N, batch.mask_R_T, episode_R=batch.episode_R))[0]
+    per_row = [float(a[r][batch.mask_R_T[r]].unique()) for r in range(3)]
+    assert per_row == pytest.approx([0.7071, 0.7071, -0.7071], abs=1e-4)  # (1 - 0.5) / std of 2 episodes
+
+    metrics = episode_metrics([rewrote, extended])
+    assert metrics["gateway/rewrites"] == 1 and metrics["gateway/segments_per_episode"] == 1.5
+    [record, _] = rollout_record(1, group, tokenizer)
+    assert record["rows"] == 2 and [s["row"] for s in record["episode"]] == [0, 1, 1]
+    assert [s.get("row_start", False) for s in record["episode"]] == [False, True, False]
+
+
+@pytest.mark.slow
+def test_grpo_trains_through_an_agent_that_rewrites_its_history(folder, tokenizer, nano):
+    """Three GRPO steps on the rewriting agent: every group has one two-row episode, the metrics
+    count its rewrite, rollouts.jsonl marks the rows, and the policy trains."""
+    from temper.train.rl import RLConfig, train_rl
+
+    (folder / "rewriter.py").write_text(REWRITER)
+    questions = ["What is 2 + 3?", "What is 1 + 4?", "What is 0 + 5?", "What is 4 + 1?", "What is 3 + 2?"]
+    (folder / "rows.jsonl").write_text(
+        "".join(json.dumps({"prompt": q, "answer": "5"}) + "\n" for q in questions)
+    )
+    t = gateway_task(folder, agent="rewriter.py", test_fraction=0.2)
+    before = [p.detach().clone() for p in nano.parameters()]
+    config = RLConfig(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=24, max_turns=3, lr=1e-2,
+                      seed=0, progress=False, rewards={"outcome": 1.0}, log_rollouts=2)  # fmt: skip
+    result = train_rl(
+        nano, tokenizer, [t], config, folder / "run", sampler=Script(tokenizer, second_thoughts)
+    )
+    assert [row["gateway/rewrites"] for row in result.history] == [2, 2, 2]
+    assert [row["gateway/segments_per_episode"] for row in result.history] == [1.5, 1.5, 1.5]
+    assert all(row["reward"] == 0.5 and row["loss"] == row["loss"] for row in result.history)  # finite
+    assert any(not torch.equal(b, p) for b, p in zip(before, nano.parameters()))
+    rollouts = [json.loads(x) for x in (folder / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(r.get("rows", 1) for r in rollouts) == [1] * 6 + [2] * 6
+    metrics = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["gateway/rewrites"] for m in metrics] == [2, 2, 2]

@@ -64,3 +64,22 @@ def test_eval_episode_table_has_a_row_per_model_and_split_with_every_signal():
         in html
     )
     assert "<td>base</td>" not in html  # a single-turn result has no episodes row
+
+
+def test_a_rewritten_episodes_rows_and_the_gateway_metrics_are_shown():
+    html = episode_html(
+        [
+            {"by": "policy", "text": "a", "row": 0},
+            {"by": "env", "text": "p", "row": 1, "row_start": True},
+            {"by": "policy", "text": "b", "row": 1},
+        ]
+    )
+    assert html == (
+        "<pre class='episode'><span class='pol'>a</span><span class='row'>row 1: the agent rewrote "
+        "its history, a new training row starts (its prompt never trained on)</span>"
+        "<span class='env'>p</span><span class='pol'>b</span></pre>"
+    )
+    rows = [{"step": 1, "gateway/segments_per_episode": 1.5, "gateway/rewrites": 2}] * 2
+    table = rl_episode_table(rows)
+    assert "<tr><td>gateway: segments per episode</td><td>1.5</td><td>1.5</td></tr>" in table
+    assert "<tr><td>gateway: calls that started a new row (per step)</td><td>2</td><td>2</td></tr>" in table

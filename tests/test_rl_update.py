@@ -668,3 +668,25 @@ def test_a_data_parallel_step_syncs_on_the_last_micro_batch_and_sums_over_proces
     assert stats["loss"] == pytest.approx([-1.0], abs=1e-12) and stats["loss/policy"] == stats["loss"]
     assert stats["grad_norm"] == pytest.approx([1.0], abs=1e-12)
     assert module.b.item() == pytest.approx(0.1, abs=1e-12)
+
+
+def test_unequal_rows_over_processes_are_refused_only_where_minibatches_would_not_pair_up():
+    """An agent that rewrote its history gives its process more rows; with several minibatches
+    `torch.chunk` could then give the processes different numbers of optimizer steps (a hang),
+    so the update stops naming the counts; with one minibatch any counts pair up."""
+    from temper.train.rl_update import same_rows_everywhere
+
+    class Gathering:
+        num_processes, device = 2, "cpu"
+
+        def __init__(self, other):
+            self.other = other
+
+        def gather(self, t):
+            return torch.cat([t, torch.tensor([self.other])])
+
+    same_rows_everywhere(5, _config(minibatches=1), Gathering(4))
+    same_rows_everywhere(4, _config(minibatches=2), Gathering(4))
+    same_rows_everywhere(5, _config(minibatches=2), None)
+    with pytest.raises(ValueError, match=r"the processes hold \[5, 4\] batch rows"):
+        same_rows_everywhere(5, _config(minibatches=2), Gathering(4))

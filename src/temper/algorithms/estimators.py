@@ -2,7 +2,8 @@
 
 Every entry of `ESTIMATORS` is an `Estimator`: its name, its function from an `AdvantageInputs` to
 (advantages_R_T, returns_R_T or None) -- per-token advantages over the completion tokens of
-R = G x N sequences (prompt-major, as `rewards_G_N.reshape(-1)`), 0 at masked positions, and the
+R = G x N sequences (prompt-major, as `rewards_G_N.reshape(-1)`; more when an episode is several
+rows, `AdvantageInputs.episode_R`), 0 at masked positions, and the
 value targets for estimators that train a value head (GAE) -- and what it needs: a value head, the
 reference's logprobs, a group of at least `min_group` samples, named `inputs` that an RL feature
 supplies (`AdvantageInputs.extra`). The config's `Advantage` choices, the value head and the group
@@ -79,6 +80,10 @@ class AdvantageInputs:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Named inputs of the estimators that declare them (`Estimator.inputs`), supplied by the RL
     feature that goes with the estimator (e.g. AdaptThink's `direct_R`, `ref_accuracy_G`, `delta`)."""
+    episode_R: torch.Tensor | None = None
+    """long (R,): the episode (index into `rewards_G_N.reshape(-1)`) of each row, when an episode
+    is several rows (an agent that rewrote its history, `Trajectory.rows`; its rows consecutive).
+    None: row r is episode r."""
 
 
 EstimateFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, torch.Tensor | None]"]
@@ -99,6 +104,11 @@ class Estimator:
     """Samples per prompt below which it learns nothing (its baseline is the rest of the group)."""
     inputs: tuple[str, ...] = ()
     """Names it reads from `AdvantageInputs.extra`, supplied by an RL feature."""
+    segment_rows: bool = False
+    """It takes episodes of several rows (`AdvantageInputs.episode_R`): the outcome estimators,
+    one advantage per episode given to each of its rows, and the per-token ones. GAE and the turn
+    estimators read a row as a whole episode (its last token the outcome's, its turns all the
+    episode's) and refuse them."""
 
     def __call__(self, x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.needs_values and x.values_R_T is None:
@@ -111,6 +121,11 @@ class Estimator:
             raise ValueError(
                 f"the {self.name} estimator needs {', '.join(missing)} (its feature supplies them)"
             )
+        if x.episode_R is not None and not self.segment_rows:
+            raise ValueError(
+                f"the {self.name} estimator reads each row as a whole episode, and an episode here "
+                "is several rows (an agent rewrote its history): use grpo, dr_grpo, rloo or reinforce_pp"
+            )
         return self.fn(x)
 
 
@@ -118,8 +133,20 @@ def _kl_in_reward(x: AdvantageInputs) -> bool:
     return x.ref_kl_R_T is not None and x.kl_coef > 0
 
 
+def _per_episode(x: AdvantageInputs, per_row_R: torch.Tensor) -> torch.Tensor:
+    """A per-row total summed over each episode's rows -> (G, N)."""
+    if x.episode_R is None:
+        return per_row_R.reshape(x.rewards_G_N.shape)
+    total = per_row_R.new_zeros(x.rewards_G_N.numel()).index_add_(0, x.episode_R, per_row_R)
+    return total.reshape(x.rewards_G_N.shape)
+
+
 def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> EstimateFn:
     """An outcome estimator (one advantage per sample) broadcast over the sample's tokens.
+
+    A sample is an episode: with several rows (`episode_R`) its per-row sums (process, token
+    rewards, KL) are added up over its rows, the group baseline is over the group's episodes,
+    and each row gets its episode's advantage.
 
     With process rewards a sample's reward is the episode's undiscounted total return, outcome +
     sum_k step_rewards_k (turn_gamma is for the turn estimators), and with token rewards also
@@ -133,17 +160,17 @@ def outcome_estimator(advantage_G_N: Callable[[torch.Tensor], torch.Tensor]) -> 
 
         rewards_G_N = x.rewards_G_N
         if x.step_rewards_R_K is not None:
-            rewards_G_N = rewards_G_N + x.step_rewards_R_K.sum(-1).reshape(rewards_G_N.shape).to(
+            rewards_G_N = rewards_G_N + _per_episode(x, x.step_rewards_R_K.sum(-1)).to(rewards_G_N.dtype)
+        if x.token_rewards_R_T is not None:
+            rewards_G_N = rewards_G_N + _per_episode(x, (x.token_rewards_R_T * x.mask_R_T).sum(-1)).to(
                 rewards_G_N.dtype
             )
-        if x.token_rewards_R_T is not None:
-            rewards_G_N = rewards_G_N + (x.token_rewards_R_T * x.mask_R_T).sum(-1).reshape(
-                rewards_G_N.shape
-            ).to(rewards_G_N.dtype)
         if _kl_in_reward(x):
             penalty_R = (x.ref_kl_R_T * x.mask_R_T).sum(-1)
-            rewards_G_N = rewards_G_N - x.kl_coef * penalty_R.reshape(rewards_G_N.shape)
+            rewards_G_N = rewards_G_N - x.kl_coef * _per_episode(x, penalty_R)
         per_sample_R_1 = advantage_G_N(rewards_G_N).reshape(-1, 1)
+        if x.episode_R is not None:
+            per_sample_R_1 = per_sample_R_1[x.episode_R]
         return torch.where(x.mask_R_T.bool(), per_sample_R_1, 0.0), None
 
     estimate.__doc__ = advantage_G_N.__doc__
@@ -287,14 +314,14 @@ def adaptthink_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, None]:
 ESTIMATORS: dict[str, Estimator] = {
     e.name: e
     for e in (
-        Estimator("grpo", grpo_estimator, min_group=2),
-        Estimator("dr_grpo", outcome_estimator(dr_grpo), min_group=2),
-        Estimator("rloo", outcome_estimator(rloo), min_group=2),
-        Estimator("reinforce_pp", reinforce_pp_estimator, min_group=2),
+        Estimator("grpo", grpo_estimator, min_group=2, segment_rows=True),
+        Estimator("dr_grpo", outcome_estimator(dr_grpo), min_group=2, segment_rows=True),
+        Estimator("rloo", outcome_estimator(rloo), min_group=2, segment_rows=True),
+        Estimator("reinforce_pp", reinforce_pp_estimator, min_group=2, segment_rows=True),
         Estimator("gae", gae_estimator, needs_values=True),
         Estimator("turn_grpo", turn_grpo_estimator, min_group=2),
         Estimator("turn_reinforce", turn_reinforce_estimator, min_group=2),
-        Estimator("on_policy_distill", on_policy_distill_estimator, needs_reference=True),
+        Estimator("on_policy_distill", on_policy_distill_estimator, needs_reference=True, segment_rows=True),
         Estimator("adaptthink", adaptthink_estimator, inputs=("direct_R", "ref_accuracy_G", "delta")),
     )
 }

@@ -66,7 +66,10 @@ def masked_mean(
         sample:   1/B sum_b (sum_t m x / sum_t m)             (GRPO, Shao et al. 2024 eq. 3)
         constant: sum_{b,t} m x / (B * max_tokens)            (Dr. GRPO, Liu et al. 2025: no length normalization)
 
-    "sample" counts a sequence without valid tokens as 0 in the mean over B.
+    "sample" counts a sequence without valid tokens as 0 in the mean over B. A sequence is a batch
+    row: an agent episode whose history was rewritten is several rows, each a sample of its own
+    carrying the episode's advantage (`train/rollouts.to_batch`; verl's seq-mean-token-mean over
+    Agent Lightning's per-call samples does the same), while "token" counts each token once.
     """
     size = aggregation_size(mask_B_T, aggregation, max_tokens)
     return masked_sum(x_B_T, mask_B_T, aggregation) / size.clamp_min(1)

@@ -55,6 +55,10 @@ class StepResult:
     reward: this step's process reward (0 when the env gives none).
     signals: named facts about the step (numbers, booleans, short strings) for logs and rewards.
     score: the outcome grade, on the last step (None before, and for envs that only give rewards).
+    history: the whole conversation from now on, instead of `messages` (an agent that rewrote,
+        dropped or summarised earlier turns, `envs/gateway_env.py`): the agent loop renders it
+        and, when its tokens do not extend the episode's, starts a new training row with it as
+        that row's prompt (`Trajectory.rows`), never re-tokenising what was sampled.
     """
 
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -63,10 +67,13 @@ class StepResult:
     reward: float = 0.0
     signals: dict[str, Any] = field(default_factory=dict)
     score: Score | None = None
+    history: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.messages and self.inline is not None:
             raise ValueError("a StepResult has either messages or inline text, not both")
+        if self.history is not None and (self.messages or self.inline is not None or self.done):
+            raise ValueError("a StepResult with a history has no messages, inline text or done")
 
 
 @runtime_checkable

@@ -26,12 +26,14 @@ the last answer the agent received; any other status, or no call nor exit within
 (the process is then killed), ends it as an env_error naming the script, the problem, and the
 tail of its stderr.
 
-A call whose history does not extend the conversation the loop recorded (the agent rewrote or
-dropped earlier turns, or changed its tools) is never re-tokenised into the trained row: the row
-ends there (signal `gateway_new_segments`, logged as `signal/gateway_new_segments`), the call is
-refused with HTTP 409 saying why, and the episode is graded on what was recorded. (The
-`Recorder` of `temper gateway` starts a new row instead; the trainer's batch has one row per
-episode.)
+A call whose history does not extend the conversation the loop recorded (the agent rewrote,
+dropped or summarised earlier turns, or changed its tools) is the step's `history`: the loop
+renders it and, when its tokens do not extend the episode's, starts a new row of the trajectory
+with that rendering as the row's prompt (`Trajectory.rows`), never a re-tokenisation of what
+was sampled into a trained row. The episode goes on from there; the trainer makes each row a
+batch row of its own, every row with the episode's advantage (`train/rollouts.to_batch`), and
+counts the rows (`gateway/segments_per_episode`, `gateway/rewrites`). The `Recorder` of
+`temper gateway` splits its rows by the same rule.
 """
 
 from __future__ import annotations
@@ -197,18 +199,9 @@ class GatewayEnv:
             raise self._failure(f"made a call temper cannot serve: {err}") from None
         n = len(self.conversation)
         if messages[:n] != self.conversation or tools != self.tools or len(messages) == n:
-            self.bridge.refuse(
-                BadRequest(
-                    "this call's history does not extend the episode's recorded conversation "
-                    "(an earlier turn rewritten or dropped, or the tools changed): temper records "
-                    "token-exact episodes, so the episode's training row ends here",
-                    409,
-                )
-            )
-            signals = self._signals() | {"gateway_new_segments": 1}
-            return StepResult(
-                done=True, score=self.task.score(self.problem, self.last_answer), signals=signals
-            )
+            # a rewritten history: the loop renders it whole (a new row unless its tokens extend)
+            self.conversation, self.tools = [dict(m) for m in messages], tools
+            return StepResult(history=messages, signals=self._signals())
         new = messages[n:]
         self.conversation += new
         return StepResult(messages=new, signals=self._signals())

@@ -5,6 +5,7 @@ and recorded per episode as token-exact `Trajectory` rows.
     with GatewayServer(recorder) as server:   # the agent runs against server.base_url("ep-1")
         ...
     rows = recorder.trajectories("ep-1")      # [Trajectory, ...]: one row unless history was rewritten
+    episode = recorder.trajectory("ep-1")     # the same as one Trajectory (`rows` gives them back)
     recorder.new_segments                     # how many calls started a new row
 
 A chat call's messages are rendered with the chat template (with the call's `tools`), an
@@ -23,7 +24,7 @@ Sampling is serialised (one sampler call at a time: an in-process sampler holds 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from temper.data.chat import prompt_ids
@@ -75,6 +76,18 @@ class Recorder:
     def trajectories(self, episode: str) -> list[Trajectory]:
         """The episode's rows, in order (a new one per call that did not extend the last)."""
         return list(self.episodes[episode].rows) if episode in self.episodes else []
+
+    def trajectory(self, episode: str) -> Trajectory:
+        """The episode as one `Trajectory`, as the trainer holds a rewritten one: its rows' segments
+        in order, each later row's prompt marked `starts_row` (`Trajectory.rows` splits them)."""
+        rows = self.trajectories(episode)
+        if not rows:
+            raise KeyError(f"no calls recorded for episode {episode!r}")
+        segments = list(rows[0].segments)
+        for row in rows[1:]:
+            head, *rest = row.segments
+            segments += [replace(head, starts_row=True), *rest]
+        return replace(rows[-1], segments=segments)
 
     def chat(self, episode: str, body: dict[str, Any]) -> dict[str, Any]:
         messages = chat_messages(body)

@@ -15,24 +15,33 @@ LEGEND = (
 )
 
 
+ROW_START = "row {}: the agent rewrote its history, a new training row starts (its prompt never trained on)"
+
+
 def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
-    """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour."""
+    """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour, and a
+    rule where a new training row starts (`row_start`: a rewritten history)."""
     spans = "".join(
-        f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
+        (f"<span class='row'>{esc(ROW_START.format(s.get('row')))}</span>" if s.get("row_start") else "")
+        + f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
         for s in segments
     )
     return f"<pre class='episode'>{spans}</pre>"
 
 
 def _label(key: str) -> str:
-    name = key.split("/", 1)[1]
-    return name.replace("stop_", "stop: ").replace("_", " ")
+    kind, name = key.split("/", 1)
+    label = name.replace("stop_", "stop: ").replace("_", " ")
+    if kind == "gateway":  # the rows of rewritten histories (`train/rl_metrics.episode_metrics`)
+        label = "gateway: " + ("calls that started a new row (per step)" if name == "rewrites" else label)
+    return label
 
 
 def rl_episode_table(rows: list[dict[str, Any]]) -> str:
     """Per-episode means (turns, tokens, environment seconds, each step signal summed over the
-    episode) and the share of each stop reason, over the first and the last tenth of the steps."""
-    keys = sorted({k for r in rows for k in r if k.startswith(("episode/", "signal/"))})
+    episode, a gateway episode's training rows) and the share of each stop reason, over the first
+    and the last tenth of the steps; and the calls per step that rewrote an agent's history."""
+    keys = sorted({k for r in rows for k in r if k.startswith(("episode/", "signal/", "gateway/"))})
     if not keys:
         return ""
     tenth = max(1, len(rows) // 10)

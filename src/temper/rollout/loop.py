@@ -15,7 +15,11 @@ limit), appends what the environments answer, and drops finished episodes. Token
   earlier turns, or a sampled tokenization the template would not produce) the episode ends with
   stop reason "not_prefix" instead of training on misaligned logprobs; when the reason is the
   policy's own turn (a stray special token or broken bytes, which no template renders back) it
-  ends with "bad_tokens", a failure graded and trained on like any wrong answer.
+  ends with "bad_tokens", a failure graded and trained on like any wrong answer;
+- a `history` (the env's whole conversation from now on: an agent that rewrote or dropped
+  earlier turns) is rendered likewise; when it does not extend the episode's tokens it starts a
+  new row of the trajectory (`Trajectory.rows`), its rendering that row's prompt, and the
+  episode goes on there. The token budget counts every row's tokens after its prompt.
 
 Round 0 samples all N episodes of a group that share a prompt with ONE call of n = N and the
 group's seed, exactly as single-turn RL sampled its groups, so a task run as one-step `TaskEnv`s
@@ -96,8 +100,9 @@ class _Episode:
     last: Sample | None = field(default=None, repr=False)
 
     @property
-    def prompt_len(self) -> int:
-        return len(self.trajectory.segments[0].token_ids)
+    def used(self) -> int:
+        """Policy and environment tokens after the prompts, over every row: what the budget counts."""
+        return sum(len(s.token_ids) for s in self.trajectory.segments[1:] if not s.starts_row)
 
 
 def action_text(sample: Sample, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> str:
@@ -231,7 +236,7 @@ def _sample_round(
         else:
             units = [([e], derive_seed(seeds[g], e.index, rnd)) for e in members]
         for unit, seed in units:
-            left = limits.token_budget - (len(unit[0].ids) - unit[0].prompt_len)
+            left = limits.token_budget - unit[0].used
             key = (tuple(unit[0].env.stop), min(limits.max_new_tokens, left), len(unit))
             calls.setdefault(key, []).append((unit, seed))
     for (stop, max_new, n), units in calls.items():
@@ -329,6 +334,9 @@ def _bad_result(result: Any) -> str | None:
         return f"inline text of type {type(result.inline).__name__}, not a str"
     if not isinstance(result.messages, list) or not all(isinstance(m, dict) for m in result.messages):
         return "messages that are not a list of {role, content} dicts"
+    history = result.history
+    if history is not None and not (isinstance(history, list) and all(isinstance(m, dict) for m in history)):
+        return "a history that is not a list of {role, content} dicts"
     return None
 
 
@@ -360,13 +368,27 @@ def _apply(
     if result.done:
         e.trajectory.score = result.score
         return _end(e, "done", action)
-    if len(e.ids) - e.prompt_len >= limits.token_budget:
+    if e.used >= limits.token_budget:
         return _end(e, "max_tokens", action)
     if e.last.stop_reason == "length":  # an unfinished turn: nothing sensible can follow it
         return _end(e, "length", action)
     if e.actions >= limits.max_turns:
         return _end(e, "max_turns", action)
-    if result.inline is not None:
+    if result.history is not None:  # the env's conversation from now on (a rewritten history)
+        e.messages, e.turn_text = [dict(m) for m in result.history], ""
+        try:
+            full = prompt_ids(tokenizer, e.messages, tools_of(e.env))
+        except Exception as err:  # messages of the env's making that the chat template cannot render
+            line = guard.raised(
+                err, f"the chat template, on the history {_what(e.env, 'step')} returned"
+            ).line
+            return _end(e, "env_error", "", line)
+        if full[: len(e.ids)] != e.ids:  # a new row: its prompt is the rendering, nothing re-tokenised
+            e.trajectory.segments.append(Segment(list(full), None, False, starts_row=True))
+            e.ids = list(full)
+            return
+        delta = full[len(e.ids) :]
+    elif result.inline is not None:
         delta = tokenizer.encode(result.inline, add_special_tokens=False)
         e.turn_text += action + result.inline
     else:
@@ -392,7 +414,7 @@ def _apply(
         delta = full[len(e.ids) :]
     e.trajectory.segments.append(Segment(delta, None, False))
     e.ids += delta
-    if len(e.ids) - e.prompt_len >= limits.token_budget:
+    if e.used >= limits.token_budget:
         _end(e, "max_tokens", "")
 
 

@@ -7,11 +7,20 @@ misalign the importance ratio's denominator); prompt and environment segments ha
 and are never trained on. `turn` numbers the policy's actions (0, 1, ...): every token of a
 policy segment belongs to the action whose text `Env.step` received; env and prompt segments
 have turn -1.
+
+An episode is one training row unless its history was rewritten (an agent that dropped, edited or
+summarised earlier turns, `StepResult.history`): the rendered conversation then no longer
+extends the tokens so far, and a segment with `starts_row` begins a new row whose prompt is
+that rendering. Each row is a maximal run of turns whose tokens extend each other (tinker's
+rule: a render that is not a prefix of what was sampled starts a new datum); `rows` splits the
+episode into them, and the trainer makes each its own batch row (`train/rollouts.to_batch`).
+What was sampled is never re-tokenised into a trained row: the policy's earlier turns, as the
+new prompt renders them, are prompt tokens of the new row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from temper.tasks.base import Score
@@ -34,11 +43,15 @@ class Segment:
     logprobs: list[float] | None  # the sampler's, one per token, for policy segments only
     trainable: bool  # policy tokens: in the loss; prompt and environment tokens: never
     turn: int = -1  # the policy action this segment belongs to; -1 for prompt and environment
+    starts_row: bool = False  # the prompt of a new row (segments[0] always starts the first)
 
 
 @dataclass
 class Trajectory:
-    """segments[0] is the prompt. `step_rewards[k]` / `signals[k]` are the env's answer to action k."""
+    """segments[0] is the prompt (of the first row). `step_rewards[k]` / `signals[k]` are the
+    env's answer to action k. The token views below (`completion_ids`, `trainable_mask`, ...)
+    run over every row's completion in order, each row's own prompt left out, so a row-split
+    episode's positions are those of its rows' completions laid end to end."""
 
     segments: list[Segment]
     step_rewards: list[float] = field(default_factory=list)
@@ -54,23 +67,36 @@ class Trajectory:
         return self.segments[0].token_ids
 
     @property
+    def rows(self) -> list[Trajectory]:
+        """The episode's training rows, in order: [self] unless its history was rewritten; else
+        one view per row (its segments, its prompt first; the episode's other fields shared)."""
+        starts = [0] + [i for i, s in enumerate(self.segments) if i and s.starts_row]
+        if len(starts) == 1:
+            return [self]
+        ends = [*starts[1:], len(self.segments)]
+        return [replace(self, segments=self.segments[a:b]) for a, b in zip(starts, ends, strict=True)]
+
+    def _completion(self) -> list[Segment]:
+        return [s for s in self.segments[1:] if not s.starts_row]
+
+    @property
     def completion_ids(self) -> list[int]:
-        """Everything after the prompt: policy and environment tokens in order."""
-        return [t for s in self.segments[1:] for t in s.token_ids]
+        """Everything after the prompt: policy and environment tokens in order (of every row)."""
+        return [t for s in self._completion() for t in s.token_ids]
 
     @property
     def trainable_mask(self) -> list[bool]:
-        return [s.trainable for s in self.segments[1:] for _ in s.token_ids]
+        return [s.trainable for s in self._completion() for _ in s.token_ids]
 
     @property
     def completion_logprobs(self) -> list[float]:
         """The sampler's logprobs at policy tokens, 0.0 at environment tokens."""
-        return [lp for s in self.segments[1:] for lp in (s.logprobs or [0.0] * len(s.token_ids))]
+        return [lp for s in self._completion() for lp in (s.logprobs or [0.0] * len(s.token_ids))]
 
     @property
     def token_turns(self) -> list[int]:
         """The action index of every completion token (-1 for environment tokens)."""
-        return [s.turn for s in self.segments[1:] for _ in s.token_ids]
+        return [s.turn for s in self._completion() for _ in s.token_ids]
 
     @property
     def truncated(self) -> bool:

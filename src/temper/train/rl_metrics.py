@@ -48,13 +48,20 @@ def rollout_metrics(groups: list[Group], config: RLConfig, seconds: float) -> di
 
 def episode_metrics(trajectories: list) -> dict[str, float]:
     """Turns per episode, environment seconds per episode, the share of each stop reason, and the
-    mean per episode of every numeric step signal (tool calls, tool errors, invalid moves...)."""
+    mean per episode of every numeric step signal (tool calls, tool errors, invalid moves...).
+    With gateway episodes (or any episode of several rows: a rewritten history) also the
+    training rows per episode (`gateway/segments_per_episode`) and the step's count of calls
+    that started a new row (`gateway/rewrites`)."""
     n = len(trajectories)
     row = {
         "episode/turns": sum(t.turns for t in trajectories) / n,
         "episode/env_seconds": sum(t.seconds_in_env for t in trajectories) / n,
         "episode/tokens": sum(len(t.completion_ids) for t in trajectories) / n,
     }
+    rows = [len(t.rows) for t in trajectories]
+    if max(rows) > 1 or any("gateway_calls" in s for t in trajectories for s in t.signals):
+        row["gateway/segments_per_episode"] = sum(rows) / n
+        row["gateway/rewrites"] = sum(rows) - n
     for reason in sorted({t.stop_reason for t in trajectories}):
         row[f"episode/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
     return row | {f"signal/{k}": v for k, v in mean_signals(trajectories).items()}

@@ -54,6 +54,7 @@ __all__ = [
     "loss_terms",
     "policy_with_value",
     "prepare",
+    "same_rows_everywhere",
     "set_dropout",
     "update",
 ]
@@ -245,6 +246,11 @@ def prepare(
     device = next(module.parameters()).device
     batch = batch.to(device)
     extras = extras or BatchExtras()
+    if extras.reference_prompts is not None and len(extras.reference_prompts) != len(batch.prompts):
+        raise ValueError(
+            f"the reference's prompts are per episode ({len(extras.reference_prompts)}) and the "
+            f"batch has {len(batch.prompts)} rows (an agent rewrote its history): not supported"
+        )
     p = Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, batch.old_logprobs_R_T, *[None] * 5)
     needs_values = config.advantage in NEEDS_VALUES
     ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
@@ -299,6 +305,7 @@ def prepare(
         grpo_eps=config.grpo_eps,
         total=lambda t: _sum_over_processes(t, accelerator),
         extra={k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extras.inputs.items()},
+        episode_R=batch.episode_R,
     )
     p.advantages, p.returns = ESTIMATORS[config.advantage](inputs)
     return p
@@ -383,6 +390,7 @@ def update(
     `module` is a `PolicyWithValue`, or the same wrapped by `accelerator.prepare` (DDP). With an
     accelerator of W > 1 processes, `p` holds this process's rows (see `backward_minibatch`).
     """
+    same_rows_everywhere(len(p.prompts), config, accelerator)
     terms = loss_terms(config, p)
     params = [q for q in module.parameters() if q.requires_grad]
     set_dropout(config, module)
@@ -413,6 +421,26 @@ def update(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return stats, tokens
+
+
+def same_rows_everywhere(rows: int, config: RLConfig, accelerator: Accelerator | None) -> None:
+    """Under W > 1 processes with several minibatches, every process must split the same number
+    of rows (`torch.chunk` of unequal counts can give a different number of optimizer steps,
+    whose gradient syncs would not pair up: the collectives hang). Equal groups give equal rows,
+    unless an agent rewrote its history (an episode of several rows, `train/rollouts.to_batch`):
+    that stops the run with one line. Micro-batches of unequal counts pair up (DDP syncs once,
+    on each process's last)."""
+    import torch
+
+    if accelerator is None or accelerator.num_processes == 1 or config.minibatches == 1:
+        return
+    counts = accelerator.gather(torch.tensor([rows], device=accelerator.device)).tolist()
+    if min(counts) != max(counts):
+        raise ValueError(
+            f"the processes hold {counts} batch rows (an agent rewrote its history: an episode of "
+            "several rows), and with minibatches > 1 they must match: train such an agent with "
+            "minibatches 1, or in one process"
+        )
 
 
 def backward_minibatch(

@@ -211,11 +211,12 @@ def grade_episodes(
 
 @dataclass
 class RolloutBatch:
-    """R = groups x group_size sampled sequences, prompt-major. The model reads each sequence whole
-    (prompt + completion, see `pack`); every per-token tensor is (R, T) over completion tokens only,
-    T = the longest completion: position t holds completion token t, whose logprob comes from the
-    logits after prompt + completion[:t]. In a multi-turn episode the completion holds the
-    environment's tokens too, and `mask_R_T` is False there."""
+    """R = groups x group_size sampled sequences, prompt-major (more when an episode is several
+    rows, `episode_R`). The model reads each sequence whole (prompt + completion, see `pack`);
+    every per-token tensor is (R, T) over completion tokens only, T = the longest completion:
+    position t holds completion token t, whose logprob comes from the logits after prompt +
+    completion[:t]. In a multi-turn episode the completion holds the environment's tokens too,
+    and `mask_R_T` is False there."""
 
     prompts: list[list[int]]
     completions_R_T: torch.Tensor  # (R, T) token ids, 0 past each completion's end
@@ -232,6 +233,9 @@ class RolloutBatch:
     # (R, T) weighted rewards on completion tokens (`Rollout.token_rewards`; the estimators add them
     # to the final reward); None when no rollout has any
     token_rewards_R_T: torch.Tensor | None = None
+    # (R,) long: the episode (index into rewards_G_N.reshape(-1)) of each row, when some episode
+    # is several rows (a rewritten history, `Trajectory.rows`); None: row r is episode r
+    episode_R: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -247,16 +251,38 @@ class RolloutBatch:
             move(self.step_rewards_R_K),
             move(self.turns_R),
             move(self.token_rewards_R_T),
+            move(self.episode_R),
         )
 
 
 def to_batch(groups: list[Group]) -> RolloutBatch:
     """Rows = the groups' episodes; row r holds everything after the prompt (policy and
     environment tokens), `mask_R_T` is True at policy tokens only: environment, tool and prompt
-    tokens are never trained on. Old logprobs are the sampler's at policy tokens, 0 elsewhere."""
+    tokens are never trained on. Old logprobs are the sampler's at policy tokens, 0 elsewhere.
+
+    An episode whose history was rewritten is several rows (`Trajectory.rows`: each a maximal
+    run of turns whose tokens extend each other, with its own prompt), consecutive, and
+    `episode_R` names each row's episode. The rewards stay per episode (`rewards_G_N`: the group
+    statistics and the group size are of episodes, never of rows); its process rewards go on its
+    first row, each token reward on the row that holds its token, so each is counted once, and
+    the estimators give every row its episode's advantage (`estimators.Estimator.segment_rows`).
+    In the loss a row is a sample: "token" aggregation counts each policy token once whatever
+    the rows, "sample" and "constant" count every row (segment) as one sequence, as verl's
+    seq-mean-token-mean does over Agent Lightning's per-call samples (each with the episode's
+    reward): a rewritten episode weighs as many samples as it has rows."""
     import torch
 
-    rows = [r.trajectory for g in groups for r in g.rollouts]
+    episodes = [r for g in groups for r in g.rollouts]
+    rows: list[Trajectory] = []
+    episode_of: list[int] = []  # the episode of each row
+    offset: list[int] = []  # where each row's completion starts in its episode's completion_ids
+    for e, r in enumerate(episodes):
+        at = 0
+        for row in r.trajectory.rows:
+            rows.append(row)
+            episode_of.append(e)
+            offset.append(at)
+            at += len(row.completion_ids)
     width = max(len(t.completion_ids) for t in rows)
     completions = torch.zeros((len(rows), width), dtype=torch.long)
     old = torch.zeros((len(rows), width))
@@ -268,19 +294,24 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         old[i, :n] = torch.tensor(t.completion_logprobs, dtype=torch.float32)
         mask[i, :n] = torch.tensor(t.trainable_mask, dtype=torch.bool)
         turns[i, :n] = torch.tensor(t.token_turns, dtype=torch.long)
-    # each part of the reward where it is credited: the final reward per row, the process
-    # rewards per turn, the token rewards per token
+    # each part of the reward where it is credited: the final reward per episode, the process
+    # rewards per turn (on the episode's first row), the token rewards per token
     rewards = torch.tensor([[r.final_reward for r in g.rollouts] for g in groups], dtype=torch.float32)
-    on_tokens = [r.token_rewards for g in groups for r in g.rollouts]
     token_rewards = None
-    if any(on_tokens):
+    if any(r.token_rewards for r in episodes):
         token_rewards = torch.zeros((len(rows), width))
-        for i, placed in enumerate(on_tokens):
-            for position, value in placed.items():
-                if not mask[i, position]:  # a reward no policy token can be credited with is lost
+        for e, r in enumerate(episodes):
+            if outside := [p for p in r.token_rewards if not 0 <= p < len(r.trajectory.completion_ids)]:
+                raise ValueError(f"episode {e}: a token reward at {outside[0]}, past its completion")
+        for i, (e, at) in enumerate(zip(episode_of, offset, strict=True)):
+            for position, value in episodes[e].token_rewards.items():
+                if not at <= position < at + len(rows[i].completion_ids):
+                    continue  # another row's token
+                if not mask[i, position - at]:  # a reward no policy token can be credited with is lost
                     raise ValueError(f"row {i}: a token reward at {position}, which is not a policy token")
-                token_rewards[i, position] = value
-    steps = [r.step_rewards for g in groups for r in g.rollouts]
+                token_rewards[i, position - at] = value
+    first = [i == 0 or episode_of[i - 1] != e for i, e in enumerate(episode_of)]
+    steps = [episodes[e].step_rewards if f else [] for e, f in zip(episode_of, first, strict=True)]
     step_rewards = torch.zeros((len(rows), max(max(len(s) for s in steps), 1)))
     for i, s in enumerate(steps):
         step_rewards[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
@@ -295,6 +326,7 @@ def to_batch(groups: list[Group]) -> RolloutBatch:
         step_rewards,
         turns_R,
         token_rewards,
+        torch.tensor(episode_of, dtype=torch.long) if len(rows) > len(episodes) else None,
     )
 
 
@@ -360,7 +392,9 @@ def rollout_record(
     `completion` keeps the special tokens generation ran past, marked, as eval examples do
     (`temper.models.chat.shown_completion`), and `graded` is the text graded when it differs.
     A multi-turn episode also gets `episode`: its segments in order, each {"by": "policy" or
-    "env", "text"}, so the report can show environment turns apart from the policy's.
+    "env", "text"}, so the report can show environment turns apart from the policy's; one of
+    several rows (a rewritten history) also `rows`, and each segment its `row` (the prompt of a
+    new row marked `row_start`).
     `provenance`: task name -> the row's provenance keys (`temper.train.provenance`)."""
     return [
         {
@@ -387,12 +421,19 @@ def _completion(t: Trajectory, tokenizer: Any) -> dict[str, Any]:
             {"by": "policy" if s.trainable else "env", "text": _decode(tokenizer, s.token_ids)}
             for s in t.segments[1:]
         ]
+        rows = {}
+        if any(s.starts_row for s in t.segments):  # a rewritten history: each segment's row
+            row = 0
+            for record, s in zip(segments, t.segments[1:], strict=True):
+                row += s.starts_row
+                record |= {"row": row} | ({"row_start": True} if s.starts_row else {})
+            rows = {"rows": row + 1}
         return {
             "completion": "".join(s["text"] for s in segments),
             "episode": segments,
             "turns": t.turns,
             "step_rewards": t.step_rewards,
-        }
+        } | rows
     if tokenizer is None:
         return {"completion": graded}
     shown = shown_completion(tokenizer, t.completion_ids, t.last_stop)
