@@ -237,7 +237,8 @@ def test_an_openai_client_agent_with_a_tool_is_an_episode_token_for_token(folder
 
 
 def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the_batch(folder, tokenizer):
-    t = gateway_task(folder, agent_timeout=8)  # the interpreter and `import openai` take seconds here
+    # the interpreter and `import openai` take seconds here (> 8 s at load 14 on 2 cores)
+    t = gateway_task(folder, agent_timeout=20)
     ps = problems(t)
     envs = [[t.make_env(ps[how])] for how in ("fine", "crash", "hang", "rewrite")]
     script = Script(tokenizer, lambda text, j: "The sum is 5.")
@@ -245,7 +246,7 @@ def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the
     fine, crash, hang, rewrite = (
         e for [e] in run_episodes(script, tokenizer, envs, [0, 1, 2, 3], EpisodeLimits())
     )
-    assert time.monotonic() - started < 40  # the hung agent was killed at its 8 s, not waited for
+    assert time.monotonic() - started < 90  # the hung agent was killed at its 20 s, not waited for
     assert fine.stop_reason == "done" and fine.turns == 2 and fine.score.reward == 1.0, fine.error
     assert crash.stop_reason == "env_error"
     assert crash.error.startswith(
@@ -253,7 +254,7 @@ def test_crashing_hanging_and_rewriting_agents_are_attributed_and_never_hang_the
     )
     assert "RuntimeError: the agent blew up" in crash.error
     assert hang.stop_reason == "env_error"
-    assert "agent agent.py made no call and did not exit within 8 s (killed)" in hang.error
+    assert "agent agent.py made no call and did not exit within 20 s (killed)" in hang.error
     # the rewrite: the call that does not extend the row starts a second one; the episode goes on
     assert rewrite.stop_reason == "done" and rewrite.turns == 2 and rewrite.score.reward == 1.0
     assert len(rewrite.rows) == 2 and len(fine.rows) == 1
