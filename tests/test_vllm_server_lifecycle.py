@@ -1,0 +1,191 @@
+"""VLLMServerSampler's server lifecycle and HTTP, against tests/fake_vllm_server.py (a standard
+library stand-in that speaks the same endpoints; no vLLM needed). The real server:
+tests/test_vllm_server.py (`make test-vllm`).
+
+What each test would catch: a started server (or its process group) left running after close(),
+after an exception in the `with` block, or at interpreter exit after Ctrl-C (a); a start-up that
+hangs or fails without the server's own words (b); a stop that waits forever on a server that
+ignores SIGTERM (c); samples that are not the server's ids in prompt order, seeds not per prompt,
+a re-tokenised prompt accepted (d); a sync that sends no weights file, keeps old versions, or
+fails silently (e); a dead server waited on (f); an attached server stopped (g)."""
+
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from temper.rollout.server_process import ServerProcess, ServerStartError, free_port, group_members
+from temper.rollout.vllm_server import VLLMServerSampler
+from temper.rollout.vllm_shared import EngineError, SyncError
+
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_vllm_server.py"))]
+
+
+def fake(tmp_path, mode="ok", **kwargs):
+    kwargs.setdefault("start_timeout", 60)
+    (tmp_path / "model").mkdir(exist_ok=True)
+    return VLLMServerSampler(
+        str(tmp_path / "model"),
+        server_command=FAKE,
+        server_args=["--fake-mode", mode],
+        log=tmp_path / "s.log",
+        **kwargs,
+    )
+
+
+def gone(pgid, within=10.0):
+    deadline = time.monotonic() + within
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not group_members(pgid)
+
+
+def test_samples_are_the_servers_ids_per_prompt_and_close_stops_it(tmp_path):  # (a), (d)
+    sampler = fake(tmp_path)
+    pid = sampler.process.pid
+    assert group_members(pid) == [pid]
+    assert (sampler.token_budget, sampler.max_num_seqs, sampler.max_model_len) == (16384, 8, 256)
+    prompts = [[1, 2], [10], [3, 3, 3]]
+    out = sampler.sample(prompts, 2, max_new_tokens=3, seed=[100, 200, 300])
+    assert [[s.prompt_ids for s in row] for row in out] == [[p, p] for p in prompts]
+    # (sum(prompt) + seed + j + k) % 256: sample j of prompt i, in index order though the fake answers reversed
+    assert out[1][1].token_ids == [(10 + 200 + 1 + k) % 256 for k in range(3)]
+    assert out[2][0].token_ids == [(9 + 300 + k) % 256 for k in range(3)]
+    assert out[0][0].logprobs == [-1.0] * 3 and out[0][0].stop_reason == "length"
+    greedy = sampler.sample(prompts, 3, max_new_tokens=2, temperature=0.0, seed=[100, 200, 300])
+    assert [s.token_ids for s in greedy[1]] == [[(210 + k) % 256 for k in range(2)]] * 3
+    root = sampler._root
+    sampler.close()
+    assert gone(pid) and sampler.process.process.returncode is not None
+    assert not root.exists()
+    sampler.close()  # idempotent
+
+
+def test_an_exception_in_the_with_block_stops_the_server(tmp_path):  # (a)
+    with pytest.raises(RuntimeError, match="inside"), fake(tmp_path) as sampler:
+        pid = sampler.process.pid
+        raise RuntimeError("inside")
+    assert gone(pid)
+
+
+def test_ctrl_c_and_exit_without_close_stop_the_server(tmp_path):  # (a): atexit
+    script = textwrap.dedent(f"""
+        import sys
+        from temper.rollout.vllm_server import VLLMServerSampler
+        s = VLLMServerSampler({str(tmp_path / "m")!r}, server_command={FAKE!r}, log={str(tmp_path / "l")!r})
+        print(s.process.pid, flush=True)
+        raise KeyboardInterrupt
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "KeyboardInterrupt" in child.stderr
+    pid = int(child.stdout.split()[0])
+    assert gone(pid)
+
+
+def test_a_server_that_exits_at_start_says_why(tmp_path):  # (b)
+    with pytest.raises(ServerStartError, match=r"(?s)exited with status 3.*refusing to start \(boom\)"):
+        fake(tmp_path, "exit")
+
+
+def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):  # (b)
+    port = free_port()
+    argv = [*FAKE, "--port", str(port), "--fake-mode", "unhealthy"]
+    start = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"did not answer .*/health within 2 s"):
+        ServerProcess(
+            argv, env={}, log=tmp_path / "l", ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=2
+        )
+    assert time.monotonic() - start < 60
+    with pytest.raises(OSError):  # nothing listens there any more
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):  # (c)
+    port = free_port()
+    server = ServerProcess(
+        [*FAKE, "--port", str(port), "--fake-mode", "ignore-term"],
+        env={},
+        log=tmp_path / "l",
+        ready_url=f"http://127.0.0.1:{port}/health",
+        ready_timeout=60,
+    )
+    start = time.monotonic()
+    server.stop(grace=1.0)
+    assert server.process.returncode == -9 and time.monotonic() - start < 30
+    assert gone(server.pid)
+
+
+def test_a_re_tokenised_prompt_is_refused(tmp_path):  # (d)
+    with fake(tmp_path, "retokenise") as sampler, pytest.raises(EngineError, match="other prompt ids"):
+        sampler.sample([[1, 2, 3]], 1, max_new_tokens=2)
+
+
+def test_sync_sends_the_weights_and_a_failed_one_refuses_the_server(tmp_path, tokenizer):  # (e)
+    from temper.models import build_preset
+
+    model = build_preset("nano", tokenizer, seed=0)
+    with fake(tmp_path) as sampler:
+        sampler.sync(model)
+        sampler.sync(model)
+        reload = sampler._get("/last_reload")
+        assert reload["version"] == 2
+        assert reload["last_reload"]["names"] == sorted(model.state_dict())
+        path = Path(reload["last_reload"]["path"])
+        assert path.name == "weights-2" and path.parent == sampler._root
+        assert sorted(p.name for p in sampler._root.iterdir() if p.is_dir()) == [
+            "weights-2"
+        ]  # the old one deleted
+        assert sampler.sample([[1]], 1, max_new_tokens=1, seed=[0])[0][0].logprobs == [-3.0]  # version 2
+        broken = torch.nn.Module()
+        broken.register_buffer("broken", torch.zeros(2))
+        with pytest.raises(
+            SyncError, match=r"could not load the trainer's weights .* \(500\): .*size mismatch"
+        ):
+            sampler.sync(broken)
+        with pytest.raises(SyncError, match="unusable since a failed weight sync"):
+            sampler.sample([[1]], 1, max_new_tokens=1)
+        with pytest.raises(SyncError, match="unusable since a failed weight sync"):
+            sampler.sync(model)
+
+
+def test_a_server_without_development_endpoints_cannot_sync(tmp_path, tokenizer):  # (e)
+    from temper.models import build_preset
+
+    with fake(tmp_path, "no-dev") as sampler, pytest.raises(SyncError, match="VLLM_SERVER_DEV_MODE=1"):
+        sampler.sync(build_preset("nano", tokenizer, seed=0))
+
+
+def test_a_dead_server_is_said_with_its_log_and_refused(tmp_path):  # (f)
+    with fake(tmp_path) as sampler:
+        sampler.process.process.kill()
+        sampler.process.process.wait()
+        with pytest.raises(EngineError, match=r"the vLLM engine died: .*killed by signal 9"):
+            sampler.sample([[1]], 1, max_new_tokens=1)
+        with pytest.raises(EngineError, match="unusable since its death"):
+            sampler.sample([[1]], 1, max_new_tokens=1)
+
+
+def test_attach_starts_and_stops_nothing(tmp_path):  # (g)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(
+        [*FAKE, "--port", str(port), "--model", "served"],
+        env={},
+        log=tmp_path / "l",
+        ready_url=f"{url}/health",
+        ready_timeout=60,
+    )
+    try:
+        with VLLMServerSampler(url=url + "/v1/") as sampler:
+            assert sampler.process is None and sampler.model_name == "served"
+            assert sampler.sample([[4]], 1, max_new_tokens=1, seed=[1])[0][0].token_ids == [5]
+        assert server.alive()
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="either a model to serve or the url"):
+        VLLMServerSampler("m", url=url)
