@@ -9,6 +9,7 @@ ignores SIGTERM (c); samples that are not the server's ids in prompt order, seed
 a re-tokenised prompt accepted (d); a sync that sends no weights file, keeps old versions, or
 fails silently (e); a dead server waited on (f); an attached server stopped (g)."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -189,3 +190,93 @@ def test_attach_starts_and_stops_nothing(tmp_path):  # (g)
         server.stop()
     with pytest.raises(ValueError, match="either a model to serve or the url"):
         VLLMServerSampler("m", url=url)
+
+
+def fake_python(tmp_path, monkeypatch):
+    """$TEMPER_VLLM_PYTHON as a script that runs the fake for `python -m <server module> ARGS`."""
+    script = tmp_path / "python"
+    script.write_text(f'#!/bin/sh\nshift 2\necho "fake pgid $$"\nexec {FAKE[0]} {FAKE[1]} "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("TEMPER_VLLM_PYTHON", str(script))
+
+
+def served_pid(log):
+    return int(
+        next(line for line in log.read_text().splitlines() if line.startswith("fake pgid")).split()[-1]
+    )
+
+
+def test_an_eval_stage_starts_one_server_per_model_and_stops_it(tokenizer, tmp_path, monkeypatch):  # (a)
+    from temper.cli import main
+    from temper.models import build_preset, save_model
+
+    fake_python(tmp_path, monkeypatch)
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "eval"), "--tasks", "arithmetic"]
+    args += [
+        "--splits",
+        "test",
+        "--n_problems",
+        "3",
+        "--k",
+        "1",
+        "--max_new_tokens",
+        "4",
+        "--sampler",
+        "vllm_server",
+    ]
+    assert main(args) == 0
+    log = tmp_path / "eval" / "vllm_server.log"
+    assert gone(served_pid(log))
+    assert (tmp_path / "eval" / "eval.json").exists()
+
+
+def test_an_eval_stage_attached_to_a_server_syncs_each_model_and_leaves_it_running(
+    tokenizer, tmp_path
+):  # (g)
+    from temper.cli import main
+    from temper.models import build_preset, save_model
+
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "m")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(
+        [*FAKE, "--port", str(port), "--model", "served"],
+        env={},
+        log=tmp_path / "l",
+        ready_url=f"{url}/health",
+        ready_timeout=60,
+    )
+    try:
+        args = [
+            "eval",
+            "--model",
+            str(tmp_path / "m"),
+            "--out",
+            str(tmp_path / "eval"),
+            "--tasks",
+            "arithmetic",
+        ]
+        args += ["--splits", "test", "--n_problems", "3", "--k", "1", "--max_new_tokens", "4"]
+        assert main([*args, "--sampler", "vllm_server", "--server_url", url]) == 0
+        assert server.alive()
+        with urllib.request.urlopen(f"{url}/last_reload", timeout=10) as answer:
+            assert json.load(answer)["version"] == 1  # the model was synced in before it was evaluated
+    finally:
+        server.stop()
+
+
+def test_server_url_is_checked_and_left_out_of_the_hash():
+    from pydantic import ValidationError
+
+    from temper.stages.evaluation import EvalStage
+    from temper.stages.markers import stage_settings
+    from temper.stages.rl import RLStage
+
+    with pytest.raises(ValidationError, match="server_url is read by sampler: vllm_server only"):
+        RLStage(kind="rl", tasks=["arithmetic"], server_url="http://127.0.0.1:1")
+    with pytest.raises(ValidationError, match="expected an http:// URL"):
+        EvalStage(kind="eval", sampler="vllm_server", server_url="127.0.0.1:8000")
+    a = RLStage(kind="rl", tasks=["arithmetic"], sampler="vllm_server", server_url="http://127.0.0.1:1")
+    b = RLStage(kind="rl", tasks=["arithmetic"], sampler="vllm_server")
+    assert stage_settings(a) == stage_settings(b) != stage_settings(RLStage(kind="rl", tasks=["arithmetic"]))
