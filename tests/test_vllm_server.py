@@ -9,7 +9,7 @@ not the sampled tokens' under the model (a); seeds that do not reproduce or depe
 prompts of a call (b); a sync that leaves the server on old weights or a stale prefix cache, and a
 check that cannot see it (c); an RL run whose server drifts from the trainer (d); a failed sync
 that passes silently (e); a server, engine core or worker left running after an exception in the
-`with` block (f)."""
+`with` block, or an attached one stopped (f)."""
 
 import copy
 import importlib.util
@@ -147,6 +147,32 @@ def test_rl_run_keeps_the_server_on_the_trainer_weights(saved, sampler, tokenize
     assert len(result.history) == 3
     assert len(checked) == 3 and max(checked) < TOL, checked
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), saved[0].parameters()))
+
+
+def test_an_eval_stage_attached_to_the_server_syncs_its_model_in(
+    saved, sampler, prompts, tmp_path, monkeypatch
+):
+    """`temper eval --sampler vllm_server --server_url URL`: the model is synced into the running
+    server (checked: TEMPER_VLLM_CHECK_SYNC), evaluated, and the server is left running."""  # (c), (f)
+    from temper.cli import main
+
+    model, path = saved
+    monkeypatch.setenv("TEMPER_VLLM_CHECK_SYNC", str(TOL))
+    args = [
+        "eval",
+        "--model",
+        str(path),
+        "--out",
+        str(tmp_path / "eval"),
+        "--tasks",
+        "arithmetic",
+        "--splits",
+        "test",
+    ]
+    args += ["--n_problems", "4", "--k", "2", "--max_new_tokens", "8", "--sampler", "vllm_server"]
+    assert main([*args, "--server_url", sampler.url]) == 0
+    assert (tmp_path / "eval" / "eval.json").exists() and sampler.process.alive()
+    assert worst_difference(model, sampler.sample(prompts, 1, max_new_tokens=8, seed=4), 1.0) < TOL
 
 
 def test_a_failed_sync_raises_one_clear_error(sampler, tokenizer, prompts):  # (e)

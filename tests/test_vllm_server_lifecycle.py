@@ -280,3 +280,27 @@ def test_server_url_is_checked_and_left_out_of_the_hash():
     a = RLStage(kind="rl", tasks=["arithmetic"], sampler="vllm_server", server_url="http://127.0.0.1:1")
     b = RLStage(kind="rl", tasks=["arithmetic"], sampler="vllm_server")
     assert stage_settings(a) == stage_settings(b) != stage_settings(RLStage(kind="rl", tasks=["arithmetic"]))
+
+
+def test_an_rl_stage_syncs_its_server_after_every_update_and_stops_it(
+    tokenizer, tmp_path, monkeypatch
+):  # (a), (e)
+    from temper.cli import main
+    from temper.models import build_preset, save_model
+
+    fake_python(tmp_path, monkeypatch)
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "m")
+    args = ["rl", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "rl"), "--tasks", "arithmetic"]
+    args += ["--train.steps", "2", "--train.prompts_per_step", "2", "--train.group_size", "2"]
+    args += ["--train.max_new_tokens", "4", "--train.eval_problems", "2", "--probe_groups", "0"]
+    synced = []
+    original = VLLMServerSampler.sync
+
+    def recorded(self, model):
+        original(self, model)
+        synced.append(self._get("/last_reload")["version"])
+
+    monkeypatch.setattr(VLLMServerSampler, "sync", recorded)
+    assert main([*args, "--sampler", "vllm_server"]) == 0
+    assert synced == [1, 2]  # one reload per update, each answered
+    assert gone(served_pid(tmp_path / "rl" / "vllm_server.log"))
