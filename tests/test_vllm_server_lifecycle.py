@@ -88,9 +88,11 @@ def test_ctrl_c_and_exit_without_close_stop_the_server(tmp_path):  # (a): atexit
     assert gone(pid)
 
 
-def test_a_server_that_exits_at_start_says_why(tmp_path):  # (b)
+def test_a_server_that_exits_at_start_says_why(tmp_path, monkeypatch):  # (b)
+    monkeypatch.setenv("TEMPER_VLLM_SERVER_ARGS", "--fake-mode 'exit'")  # how a stage passes server arguments
+    (tmp_path / "model").mkdir()
     with pytest.raises(ServerStartError, match=r"(?s)exited with status 3.*refusing to start \(boom\)"):
-        fake(tmp_path, "exit")
+        VLLMServerSampler(str(tmp_path / "model"), server_command=FAKE, log=tmp_path / "s.log")
 
 
 def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):  # (b)
@@ -206,6 +208,7 @@ def served_pid(log):
     )
 
 
+@pytest.mark.slow  # a whole stage through the CLI
 def test_an_eval_stage_starts_one_server_per_model_and_stops_it(tokenizer, tmp_path, monkeypatch):  # (a)
     from temper.cli import main
     from temper.models import build_preset, save_model
@@ -231,6 +234,7 @@ def test_an_eval_stage_starts_one_server_per_model_and_stops_it(tokenizer, tmp_p
     assert (tmp_path / "eval" / "eval.json").exists()
 
 
+@pytest.mark.slow  # a whole stage through the CLI
 def test_an_eval_stage_attached_to_a_server_syncs_each_model_and_leaves_it_running(
     tokenizer, tmp_path
 ):  # (g)
@@ -282,6 +286,7 @@ def test_server_url_is_checked_and_left_out_of_the_hash():
     assert stage_settings(a) == stage_settings(b) != stage_settings(RLStage(kind="rl", tasks=["arithmetic"]))
 
 
+@pytest.mark.slow  # a whole stage through the CLI
 def test_an_rl_stage_syncs_its_server_after_every_update_and_stops_it(
     tokenizer, tmp_path, monkeypatch
 ):  # (a), (e)
@@ -304,3 +309,24 @@ def test_an_rl_stage_syncs_its_server_after_every_update_and_stops_it(
     assert main([*args, "--sampler", "vllm_server"]) == 0
     assert synced == [1, 2]  # one reload per update, each answered
     assert gone(served_pid(tmp_path / "rl" / "vllm_server.log"))
+
+
+def test_calls_are_split_where_prefills_would_not_fit_one_step():
+    """vllm_shared.fitting_calls, shared by both vLLM samplers: a budget of 100 tokens less 10
+    decode slots takes 90 prefill tokens per call, n per prompt; a prompt over it is refused."""
+    from temper.rollout.vllm_shared import fitting_calls
+
+    prompts = [[1] * 30, [1] * 15, [1] * 1, [1] * 44, [1] * 2]
+    assert fitting_calls(prompts, 2, 100, 10) == [range(0, 2), range(2, 4), range(4, 5)]  # 60+30 | 2+88 | 4
+    assert fitting_calls(prompts, 1, 100, 10) == [range(0, 4), range(4, 5)]  # 30+15+1+44 = 90 fits exactly
+    with pytest.raises(ValueError, match="prompt 3 has 44 tokens x 3 samples.*raise max_num_batched_tokens"):
+        fitting_calls(prompts, 3, 100, 10)
+
+
+def test_stop_reasons_read_as_the_sampler_interface_says():
+    from temper.rollout.vllm_shared import stop_reason_of
+
+    assert stop_reason_of("length", None) == "length"
+    assert stop_reason_of("stop", None) == "eos"
+    assert stop_reason_of("stop", 258) == "eos"  # a stop token id
+    assert stop_reason_of("stop", "</s>") == "stop"  # a stop string

@@ -39,6 +39,7 @@ import atexit
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -98,6 +99,8 @@ class VLLMServerSampler:
     server_args: more `api_server` arguments, after temper's (so they override them): temper
         passes --max-num-batched-tokens 16384, --logprobs-mode processed_logprobs, --seed 0, and
         without CUDA --dtype float32 --enforce-eager (vLLM's CPU graph compilation takes minutes).
+        $TEMPER_VLLM_SERVER_ARGS (split as a shell would) comes before them: how a recipe's stage
+        passes e.g. --gpu-memory-utilization 0.4.
     max_model_len: --max-model-len (default: the model's).
     log: the server's log file (default: server.log in the private temporary directory, removed
         by `close()`).
@@ -144,7 +147,11 @@ class VLLMServerSampler:
                     str(model),
                     python,
                     list(server_command or []),
-                    [*(["--max-model-len", str(max_model_len)] if max_model_len else []), *server_args],
+                    [
+                        *(["--max-model-len", str(max_model_len)] if max_model_len else []),
+                        *shlex.split(os.environ.get("TEMPER_VLLM_SERVER_ARGS", "")),
+                        *server_args,
+                    ],
                     Path(log) if log else self._root / "server.log",
                     start_timeout,
                 )
