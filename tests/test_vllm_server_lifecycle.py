@@ -46,7 +46,8 @@ def gone(pgid, within=10.0):
     return not group_members(pgid)
 
 
-def test_samples_are_the_servers_ids_per_prompt_and_close_stops_it(tmp_path):  # (a), (d)
+def test_samples_are_the_servers_ids_per_prompt_and_close_stops_it(tmp_path, monkeypatch):  # (a), (d)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # requests to 127.0.0.1 never go through one
     sampler = fake(tmp_path)
     pid = sampler.process.pid
     assert group_members(pid) == [pid]
@@ -65,6 +66,8 @@ def test_samples_are_the_servers_ids_per_prompt_and_close_stops_it(tmp_path):  #
     assert gone(pid) and sampler.process.process.returncode is not None
     assert not root.exists()
     sampler.close()  # idempotent
+    with pytest.raises(EngineError, match="is closed"):
+        sampler.sample(prompts, 1, max_new_tokens=1)
 
 
 def test_an_exception_in_the_with_block_stops_the_server(tmp_path):  # (a)

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 LOG_TAIL_LINES = 20
 STOP_GRACE_S = 30.0
@@ -37,10 +38,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Requests to 127.0.0.1 must not go through an http_proxy of the environment.
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _libc_prctl() -> Any:
+    """libc's prctl, looked up here (not in the forked child, where loading a library could wait
+    on a lock another thread of this process held at the fork); None off Linux."""
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
 def _die_with_parent() -> None:
     """Runs in the child between fork and exec: SIGTERM it when its parent dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
 
 
 class ServerProcess:
@@ -71,7 +90,7 @@ class ServerProcess:
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stopped whole; Ctrl-C reaches temper only
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
             )
         except BaseException:
             self._log_file.close()
@@ -112,7 +131,7 @@ class ServerProcess:
             if not self.alive():
                 raise ServerStartError(f"{self.died()}")
             try:
-                with urllib.request.urlopen(url, timeout=max(poll_s, 5.0)) as response:
+                with LOCAL.open(url, timeout=max(poll_s, 5.0)) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from temper.rollout.sampler import Sample, check_sample_args, prompt_seeds, with_greedy_copies
-from temper.rollout.server_process import ServerProcess, free_port
+from temper.rollout.server_process import LOCAL, ServerProcess, free_port
 from temper.rollout.vllm_shared import (
     CHECK_NEW_TOKENS,
     CPU_ENGINE_ENV,
@@ -137,6 +137,8 @@ class VLLMServerSampler:
         self._broken_error: type[EngineError] = EngineError
         self.request_timeout = request_timeout
         self.process: ServerProcess | None = None
+        self.start_seconds: float | None = None  # how long a started server took to get healthy
+        self.closed = False
         self._root = Path(tempfile.mkdtemp(prefix="temper-vllm-", dir=sync_dir))  # 0700
         self._version = 0
         self._pool = ThreadPoolExecutor(CONCURRENT_REQUESTS, thread_name_prefix="temper-vllm-request")
@@ -215,6 +217,7 @@ class VLLMServerSampler:
         """Stop the server if this sampler started it, and remove the synced weights; idempotent.
         An attached server is left running."""
         atexit.unregister(self.close)
+        self.closed = True
         if self.process is not None:
             self.process.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -250,7 +253,7 @@ class VLLMServerSampler:
             method="GET" if body is None else "POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as response:
+            with LOCAL.open(request, timeout=timeout or self.request_timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as err:
             err.msg = _error_message(err)
@@ -269,6 +272,8 @@ class VLLMServerSampler:
         return self._request(path, timeout=60.0)
 
     def _refuse_if_broken(self) -> None:
+        if self.closed:
+            raise EngineError("this VLLMServerSampler is closed (its server, if it started one, is stopped)")
         refuse_if_broken(self.broken, self._broken_error)
 
     # -- sampling --------------------------------------------------------------------------------
