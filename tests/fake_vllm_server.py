@@ -10,6 +10,7 @@ ok: serves; token k of sample j of a request is (sum(prompt) + seed + j + k + ve
 exit: prints a line and exits 3 before listening.  unhealthy: /health answers 503 forever.
 ignore-term: serves and ignores SIGTERM.  no-dev: serves without /collective_rpc (404).
 retokenise: echoes other prompt ids than it was sent.
+--fake-dtype float32: /server_info reports that dtype (temper then checks every sync by default).
 """
 
 import argparse
@@ -25,6 +26,7 @@ parser.add_argument("--model")
 parser.add_argument("--port", type=int)
 parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
 parser.add_argument("--fake-mode", default="ok")
+parser.add_argument("--fake-dtype")  # the model_config.dtype /server_info reports (none by default)
 args, _ = parser.parse_known_args()
 state = {"version": 0, "last_reload": None}
 
@@ -61,7 +63,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, {"data": [{"id": args.model, "root": args.model, "max_model_len": 256}]})
         elif self.path.startswith("/server_info"):
             sched = {"max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": 8}
-            self.reply(200, {"vllm_config": {"scheduler_config": sched}})
+            model = {"dtype": f"torch.{args.fake_dtype}"} if args.fake_dtype else {}
+            self.reply(200, {"vllm_config": {"scheduler_config": sched, "model_config": model}})
         elif self.path == "/last_reload":
             self.reply(200, {"version": state["version"], "last_reload": state["last_reload"]})
         else:

