@@ -11,6 +11,7 @@ fails silently (e); a dead server waited on (f); an attached server stopped (g).
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -45,6 +46,18 @@ def gone(pgid, within=10.0):
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not group_members(pgid)
+
+
+def running_with(argument):
+    """Processes whose command line holds `argument`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if argument.encode() in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_samples_are_the_servers_ids_per_prompt_and_close_stops_it(tmp_path, monkeypatch):  # (a), (d)
@@ -108,8 +121,33 @@ def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):  #
             argv, env={}, log=tmp_path / "l", ready_url=f"http://127.0.0.1:{port}/health", ready_timeout=2
         )
     assert time.monotonic() - start < 60
-    with pytest.raises(OSError):  # nothing listens there any more
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert running_with(str(port)) == []  # stopped, not left answering 503
+
+
+def test_ctrl_c_while_waiting_for_health_stops_the_server(tmp_path):  # (a)
+    port = free_port()
+    argv = [*FAKE, "--port", str(port), "--fake-mode", "unhealthy"]
+    seen = []
+
+    def interrupt(signum, frame):
+        seen.extend(running_with(str(port)))
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 3.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ServerProcess(
+                argv,
+                env={},
+                log=tmp_path / "l",
+                ready_url=f"http://127.0.0.1:{port}/health",
+                ready_timeout=120,
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(seen) == 1 and gone(seen[0])
 
 
 def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):  # (c)
