@@ -256,7 +256,7 @@ def test_attach_starts_and_stops_nothing(tmp_path):  # (g)
         assert server.alive()
     finally:
         server.stop()
-    with pytest.raises(ValueError, match="either a model to serve or the url"):
+    with pytest.raises(ValueError, match="one of a model to serve and the url"):
         VLLMServerSampler("m", url=url)
 
 

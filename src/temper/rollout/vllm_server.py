@@ -132,7 +132,7 @@ class VLLMServerSampler:
     ):
         if (model is None) == (url is None):
             raise ValueError(
-                "VLLMServerSampler needs either a model to serve or the url of a server, not both"
+                "VLLMServerSampler needs one of a model to serve and the url of a running server"
             )
         self.check_sync = check_sync_default(check_sync)
         self.last_sync_error: float | None = None  # the check's max |logprob difference|
@@ -170,8 +170,9 @@ class VLLMServerSampler:
         except BaseException:
             self.close()
             raise
+        # an attached server's model is read only from a folder here (no hub look-up at run time)
         source = str(model) if model is not None else str(served.get("root") or self.model_name)
-        self.stop_token_ids = config_stop_ids(source)
+        self.stop_token_ids = config_stop_ids(source) if model is not None or Path(source).is_dir() else []
         self.stop_token_ids += [int(i) for i in stop_token_ids if int(i) not in self.stop_token_ids]
 
     # -- the server's lifecycle ------------------------------------------------------------------
