@@ -12,6 +12,7 @@ import torch
 from temper import distributed
 from temper.models import build_preset, build_tokenizer
 from temper.tasks.base import Problem, Score
+from temper.train.features.async_rollouts import AsyncRollouts
 from temper.train.rl import RLConfig, train_rl
 
 
@@ -41,7 +42,10 @@ def main(out: str, overrides: str = "{}", stop_after: str = "0") -> None:
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     settings = dict(steps=3, prompts_per_step=4, group_size=4, max_new_tokens=4, lr=1e-2, log_rollouts=4)
-    config = RLConfig(**settings | json.loads(overrides), minibatches=1, seed=0, progress=False)
+    given = json.loads(overrides)
+    if "async_rollouts" in given:
+        given["async_rollouts"] = AsyncRollouts(**given["async_rollouts"])
+    config = RLConfig(**settings | given, minibatches=1, seed=0, progress=False)
     reference = build_preset("nano", tokenizer, seed=1).requires_grad_(False) if config.kl_coef else None
 
     def interrupt(step, row):

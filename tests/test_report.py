@@ -432,6 +432,17 @@ def test_rl_curves_leave_out_panels_with_nothing_logged():
     assert rl_figure([{"step": 1, "loss_scale": 1.0}], "x") is None
 
 
+def test_rl_curves_show_the_async_pipeline_only_for_an_async_run():
+    from temper.report.rl import rl_figure
+
+    full = _rl_rows(4)
+    lockstep = _labels(rl_figure(full, "x"))
+    assert "staleness (updates)" not in lockstep
+    async_rows = [r | {"async/staleness": min(i, 1), "async/wait": 0.1} for i, r in enumerate(full)]
+    labels = _labels(rl_figure(async_rows, "x"))
+    assert sorted(labels) == sorted([*lockstep, "seconds per step", "staleness (updates)"])
+
+
 def test_rl_section_with_metrics_but_no_curve_draws_no_empty_figure(run: Path):
     (run / "03-rl" / "metrics.jsonl").write_text('{"step": 1, "loss_scale": 1.0}\n')
     page = write_report(run).read_text()

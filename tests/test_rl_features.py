@@ -63,6 +63,7 @@ def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
         "path",
         "curriculum",
         "rollout_correction",
+        "async_rollouts",  # rules and settings only: the loop reads its block (temper.train.pipeline)
         "monitors",
     ]  # fmt: skip (in hook order)
     fields = {f.name: f for f in dataclasses.fields(RLConfig)}

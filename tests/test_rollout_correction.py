@@ -63,7 +63,35 @@ def test_diagnostics_alone_change_nothing_the_update_reads(tokenizer):
     assert diagnosed.is_weights is None and plain.is_weights is None
     assert torch.equal(diagnosed.old_logp, batch.old_logprobs_R_T)  # still the sampler's
     assert torch.equal(diagnosed.advantages, plain.advantages)
-    assert plain.mismatch == {} and diagnosed.mismatch["mismatch/max_abs"] > 0.1
+    assert plain.mismatch == {} and plain.deferred is None
+    assert diagnosed.deferred == Correction()  # left to the update's first forward (one epoch, one minibatch)
+
+
+@pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 1), (1, 2)])
+def test_the_diagnostics_are_the_same_from_the_updates_forward_or_a_pass_of_their_own(
+    tokenizer, epochs, minibatches
+):
+    """One epoch of one minibatch reads the diagnostics off the update's first forward (no pass of
+    their own in `prepare`); more epochs or minibatches need the pass. Either way the metrics are
+    those of the trainer's logprobs at the sampling weights, to the bit."""
+    from temper.train.rl_update import update
+
+    config = _config(advantage="grpo", kl_coef=0.0, entropy_coef=0.0, epochs=epochs, minibatches=minibatches)
+    module, batch, _, p = _prepared(tokenizer, Correction(threshold=0.2), config)
+    want = {
+        f"mismatch/{k}": v
+        for k, v in mismatch_stats(
+            _trainer_logp(module, batch), batch.old_logprobs_R_T, batch.mask_R_T, 0.2
+        ).items()
+    }
+    assert (p.deferred is not None) == (epochs == minibatches == 1)
+    assert p.mismatch == ({} if p.deferred is not None else want)
+    calls = []
+    module.register_forward_hook(lambda *_: calls.append(1))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    update(module, optimizer, p, config, step=0, lr=0.1)
+    assert p.mismatch == want and want["mismatch/max_abs"] > 0.1
+    assert len(calls) == epochs * minibatches  # no forward beyond the update's own
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])

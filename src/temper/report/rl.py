@@ -213,6 +213,25 @@ def _mismatch(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
     return twin
 
 
+def _pipeline(ax: Any, rows: list[dict[str, Any]], keys: list[str]) -> Any:
+    """Asynchronous rollouts (`async_rollouts`): seconds per step the worker sampled, the trainer
+    trained and the trainer waited for its batch (overlap shows as the wait falling below the
+    sampling time), and on the right the batch's staleness in updates."""
+    _plot(ax, rows, "time/sample", color="C0", label="sampling (worker)")
+    _plot(ax, rows, "time/train", color="C1", label="training")
+    _plot(ax, rows, "async/wait", "--", color="C3", label="trainer waited")
+    if ax.lines:
+        ax.set(ylabel="seconds per step")
+    if not _points(rows, "async/staleness"):
+        return None
+    twin = ax.twinx() if ax.lines else ax
+    _plot(twin, rows, "async/staleness", ":", color="C2", label="staleness (updates)")
+    twin.set(
+        ylabel="staleness (updates)", ylim=(-0.1, 1.1 * max(r.get("async/staleness", 0) for r in rows) + 0.1)
+    )
+    return twin
+
+
 PROXY = "reward/reward_model"  # a learned reward model's mean score (the proxy)
 
 
@@ -240,6 +259,7 @@ PANELS = (
     (_path, lambda k: k.startswith("path/violations") or k == "path/compliance_rate"),
     (_proxy_gold, lambda k: k == monitors.GOLD),
     (_mismatch, lambda k: k.startswith("mismatch/")),
+    (_pipeline, lambda k: k.startswith("async/")),
 )
 
 
@@ -279,11 +299,11 @@ def proxy_gold_kl_figure(rows: list[dict[str, Any]], title: str) -> Figure | Non
 
 
 def rl_figure(rows: list[dict[str, Any]], title: str) -> Figure | None:
-    """Up to nine panels over steps, two per row: reward, accuracy/parse rate (+ evals),
+    """Up to ten panels over steps, two per row: reward, accuracy/parse rate (+ evals),
     zero-variance by cause, KL and entropy, response length and truncation, clip fraction, path
     signals (RLVP: violations, compliance rate, success; only when path metrics were logged), proxy
     vs gold (a learned reward: reward model score against the verifier's reward), the
-    sampler/trainer mismatch (`mismatch/...`). A panel
+    sampler/trainer mismatch (`mismatch/...`), the asynchronous pipeline (`async/...`). A panel
     whose metrics were never logged (KL without a KL term, say) is left out rather than drawn
     empty; None when there is no panel at all. One figure: one render, one PNG."""
     keys = list(dict.fromkeys(k for r in rows for k in r))

@@ -28,17 +28,28 @@ console = Console(stderr=True)
 
 
 def save_checkpoint(
-    root: Path, step: int, accelerator: Accelerator, keep: int = 2, totals: dict[str, Any] | None = None
+    root: Path,
+    step: int,
+    accelerator: Accelerator,
+    keep: int = 2,
+    totals: dict[str, Any] | None = None,
+    files: dict[str, Any] | None = None,
 ) -> Path:
     """Write `root/step-<step>` (every process calls this); keep the newest `keep` checkpoints.
     `totals`: what the run's summary adds up over its steps so far (the main process's), which
-    `resume` hands back."""
+    `resume` hands back. `files`: more of the run's state, name -> object (torch.save, main
+    process), written inside the same atomic folder."""
     target = root / f"step-{step:07d}"
     with shared_atomic_dir(target) as tmp:
         # safetensors would refuse tied weights (embeddings shared with the LM head) in a raw
         # state dict; torch.save keeps the sharing.
         accelerator.save_state(str(tmp), safe_serialization=False)
         if accelerator.is_main_process:
+            if files:
+                import torch  # here: importing this module stays cheap
+
+                for name, obj in files.items():
+                    torch.save(obj, tmp / name)
             (tmp / "state.json").write_text(json.dumps({"step": step, "totals": totals or {}}))
     if accelerator.is_main_process:
         for old in list_checkpoints(root)[:-keep]:

@@ -8,9 +8,10 @@ distillation. What varies a run beyond the core settings is an RL feature
 path rewards, curricula, the reward-hacking monitors), each one module whose hooks run at fixed
 points of the loop below. Departures from the textbook loop:
 1. The importance ratio is taken against the sampler's logprobs (tests check the sampler matches
-   teacher forcing); one no-grad forward in `prepare` measures the sampler/trainer mismatch every
-   step, and the `rollout_correction` feature can weight the loss by it (then the ratio is against
-   the trainer's logprobs at sampling time, verl's decoupled mode).
+   teacher forcing); the sampler/trainer mismatch is measured every step (from the update's first
+   forward when it is over every row at the sampling weights, else one no-grad forward in
+   `prepare`), and the `rollout_correction` feature can weight the loss by it (then the ratio is
+   against the trainer's logprobs at sampling time, verl's decoupled mode).
 2. KL to the frozen reference either as a loss term (k3, GRPO) or in the reward (k1, RLHF).
 3. Every step logs the zero-variance share by cause, not just the reward.
 4. Data parallel (N processes, see `train_rl`): each process samples, grades and trains on its
@@ -19,6 +20,7 @@ points of the loop below. Departures from the textbook loop:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -50,6 +52,7 @@ from temper.train.collect import (
 )
 from temper.train.features import RunStart, Step
 from temper.train.metrics import MetricsLog, progress_bar
+from temper.train.pipeline import Inline, Pipelined
 from temper.train.provenance import RunProvenance
 from temper.train.rl_config import RLConfig
 from temper.train.rl_metrics import episode_metrics, rollout_metrics, update_metrics
@@ -115,6 +118,49 @@ def _resume_point(
 def _eval_due(config: RLConfig, step: int) -> bool:
     """Every `eval_every` steps (1-based `step`) and at the last."""
     return bool(config.eval_every) and (step % config.eval_every == 0 or step == config.steps)
+
+
+PIPELINE_FILE = "pipeline.pt"
+"""A pipelined run's checkpoint file: the weights of the last k versions, which the batches in
+flight at the checkpoint were (or will be) sampled with."""
+
+
+def _pipeline(
+    config: RLConfig, out_dir: Path, start: int, model: torch.nn.Module, sampler: Sampler,
+    train_sampler: Sampler, features: rl_features.Features, tokenizer: PreTrainedTokenizerBase, tasks: list[Task], rank: int,
+    world: int, scorers: dict[str, GroupScorer],
+) -> Inline | Pipelined:  # fmt: skip
+    """The run's source of batches (`temper.train.pipeline`): inline for max_staleness 0, else a
+    worker started from the resumed step with the kept weights of the newest checkpoint."""
+
+    def sample_step(with_sampler: Sampler, step: int, graded: list[Group]) -> tuple:
+        return sample_share(
+            with_sampler, tokenizer, tasks, config, step, rank, world, graded, scorers, features
+        )
+
+    block = config.async_rollouts
+    if not block.max_staleness:
+        return Inline(sample_step, train_sampler)
+    if not isinstance(sampler, HFSampler):
+        raise ValueError(
+            f"async_rollouts.max_staleness {block.max_staleness} needs the hf sampler (the worker holds its own "
+            f"copy of the model); this run's is {type(sampler).__name__}"
+        )
+    checkpoints = list_checkpoints(out_dir / "checkpoints")
+    kept = checkpoints[-1] / PIPELINE_FILE if checkpoints else None
+    versions = torch.load(kept, weights_only=True) if kept is not None and kept.exists() else {}
+    return Pipelined(
+        block.max_staleness, sample_step, model, sampler, start=start, last=config.steps - 1,
+        versions=versions, worker=block.worker, wrap=features.sampler,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def pipeline_closed(pipeline: Inline | Pipelined):
+    try:
+        yield pipeline
+    finally:
+        pipeline.close()
 
 
 def train_rl(
@@ -183,22 +229,42 @@ def train_rl(
     loaded, totals = resume(out_dir / "checkpoints", accelerator)
     assert loaded == start, (loaded, start)
     accelerator.wait_for_everyone()
+    # where each step's batch comes from: sampled when the step asks, or by a worker k steps ahead
+    # (started before the progress bar's thread: a process worker forks)
+    pipeline = _pipeline(
+        config,
+        out_dir,
+        start,
+        model,
+        sampler,
+        train_sampler,
+        features,
+        tokenizer,
+        tasks,
+        rank,
+        world,
+        scorers,
+    )
 
     # a resumed run's result is the whole run's: its rows and totals before the resume come back
     history: list[dict[str, Any]] = list(past)
     sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
     t_start = time.perf_counter() - totals.get("seconds", 0.0)
     progress = progress_bar(config.progress and main)
-    with progress:
+    with pipeline_closed(pipeline), progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
             # 1. draw problems, run episodes, grade: this process's share; the metrics describe the
             # gathered global batch
             t0 = time.perf_counter()
             model.eval()
-            graded: list[Group] = []
-            local, causes, rounds, failed = sample_share(
-                train_sampler, tokenizer, tasks, config, step, rank, world, graded, scorers, features
+            drawn = pipeline.take(step, model)
+            local, causes, rounds, failed, graded = (
+                drawn.local,
+                drawn.causes,
+                drawn.rounds,
+                drawn.failed,
+                drawn.graded,
             )
             if world > 1:  # equal shares: every process must run the same collectives below
                 local = local[: min(distributed.gather([len(local)]))]
@@ -209,13 +275,15 @@ def train_rl(
             # 2. the features' part of the graded step (the user-code policy, curricula, AdaptThink's modes...)
             now = Step(step + 1, groups, local, graded, causes, failed)
             row = {"step": step + 1} | sampling_stats(causes, rounds, failed) | features.after_grading(now)
+            if pipeline.max_staleness:  # the worker's own sampling time; what the trainer waited for it
+                row |= {"async/staleness": step - drawn.version, "async/wait": drawn.waited}
             if groups:
-                row |= rollout_metrics(groups, config, t1 - t0)
+                row |= rollout_metrics(groups, config, drawn.seconds if pipeline.max_staleness else t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))
                 for g in groups[: config.log_rollouts]:
                     # sampled by the weights after `step` updates: the policy version
                     for rec in rollout_record(
-                        step + 1, g, tokenizer, functools.partial(origin.row, policy_version=step)
+                        step + 1, g, tokenizer, functools.partial(origin.row, policy_version=drawn.version)
                     ):
                         rollouts.log(rec)
                 # 3. tensors, what the features add, reference logprobs and values (no grad), advantages
@@ -263,7 +331,8 @@ def train_rl(
             if config.save_every and (step + 1) % config.save_every == 0:
                 totals = {"sampled_tokens": sampled_tokens, "trained_tokens": trained_tokens}
                 totals["seconds"] = time.perf_counter() - t_start
-                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals)
+                files = {PIPELINE_FILE: pipeline.versions()} if pipeline.max_staleness else {}
+                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals, files=files)
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start

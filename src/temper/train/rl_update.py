@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -167,6 +167,9 @@ class Prepared:
     time, not the sampler's: the decoupled ratio), or None."""
     mismatch: dict[str, float] = field(default_factory=dict)
     """The step's `mismatch/...` diagnostics (this process's rows)."""
+    deferred: Any = None
+    """The diagnostics-only `Correction` when `prepare` left the mismatch to the update's first
+    forward (`diagnose_in_update`), or None."""
 
     def rows(self, idx: torch.Tensor) -> Prepared:
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -205,6 +208,23 @@ def forward_rows(module: torch.nn.Module, p: Prepared) -> tuple[TokenOutputs, in
     return TokenOutputs(to_B_T(logp_N), to_B_T(entropy_N), to_B_T(values_N)), packed.input_ids_P_W.numel()
 
 
+def diagnose_in_update(config: RLConfig, correction: Any) -> bool:
+    """Whether the mismatch diagnostics can read the trainer's logprobs from the update's first
+    forward instead of a no-grad pass of their own: only the diagnostics (no weights, which the
+    loss needs before its first forward), one epoch of one minibatch (whose forward is over all
+    rows, in `prepare`'s order and micro-batches, at the sampling weights: the same numbers) and
+    no dropout (the update's forward would draw it; the sampler ran without). PPO's value pass
+    computes the logprobs anyway. Saves one forward per step (5-15% of the demo's RL stage)."""
+    return (
+        correction is not None
+        and not correction.corrects
+        and config.epochs == 1
+        and config.minibatches == 1
+        and not config.dropout
+        and config.advantage not in NEEDS_VALUES
+    )
+
+
 @torch.no_grad()
 def prepare(
     batch: RolloutBatch,
@@ -229,6 +249,9 @@ def prepare(
     needs_values = config.advantage in NEEDS_VALUES
     ref_module = PolicyWithValue(reference, None, config.temperature) if reference is not None else None
     set_dropout(config, module, ref_module)
+    correction = extras.correction
+    if diagnose_in_update(config, correction):
+        p.deferred, correction = correction, None
     ref_parts, value_parts, logp_parts = [], [], []
     for rows in torch.arange(len(p.prompts)).split(config.micro_batch_size or len(p.prompts)):
         if ref_module is not None and config.kl_coef > 0:
@@ -241,7 +264,7 @@ def prepare(
         if needs_values:
             out = forward_rows(module, p.rows(rows))[0]
             value_parts.append(out.values)
-        if extras.correction is not None:
+        if correction is not None:
             if config.dropout:
                 module.eval()
                 out = forward_rows(module, p.rows(rows))[0]
@@ -249,9 +272,9 @@ def prepare(
             elif not needs_values:
                 out = forward_rows(module, p.rows(rows))[0]
             logp_parts.append(out.logp)
-    if extras.correction is not None:  # the trainer's logprobs at the sampling weights vs the sampler's
+    if correction is not None:  # the trainer's logprobs at the sampling weights vs the sampler's
         trainer_logp = torch.cat(logp_parts)
-        p.is_weights, p.mismatch = extras.correction(trainer_logp, p.old_logp, p.mask)
+        p.is_weights, p.mismatch = correction(trainer_logp, p.old_logp, p.mask)
         if p.is_weights is not None:  # decoupled: the PPO ratio against the trainer, the weights for the rest
             p.old_logp = trainer_logp
     if ref_parts:
@@ -375,7 +398,13 @@ def update(
         for mb in order.chunk(config.minibatches):
             # sorted: the packing (hence every rounding) depends only on which rows are in the minibatch,
             # so a first epoch over one minibatch reproduces `prepare`'s numbers exactly (ratio == 1)
-            tokens += backward_minibatch(module, p.rows(mb.sort().values), terms, config, stats, accelerator)
+            logp_parts: list[torch.Tensor] | None = [] if p.deferred is not None else None
+            tokens += backward_minibatch(
+                module, p.rows(mb.sort().values), terms, config, stats, accelerator, logp_parts
+            )
+            if logp_parts is not None:  # one minibatch of every row: the trainer's logprobs at sampling time
+                _, p.mismatch = p.deferred(torch.cat(logp_parts), p.old_logp, p.mask)
+                p.deferred = None
             if config.grad_clip > 0:
                 clip = (
                     accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
@@ -393,8 +422,10 @@ def backward_minibatch(
     config: RLConfig,
     stats: dict[str, list[float]],
     accelerator: Accelerator | None = None,
+    logp_parts: list[torch.Tensor] | None = None,
 ) -> int:
     """Accumulate the gradient of one minibatch's loss, micro-batch by micro-batch; -> tokens read.
+    `logp_parts`, if given, receives each micro-batch's detached logprobs (R_micro, T).
 
     Each term adds masked_sum(micro-batch) / size(whole minibatch), so the micro-batch gradients
     sum to the minibatch's. With W > 1 processes, `p` holds this process's rows: the sizes are
@@ -418,6 +449,8 @@ def backward_minibatch(
         with contextlib.nullcontext() if accelerator is None or last else accelerator.no_sync(module):
             chunk = p.rows(rows)
             out, n = forward_rows(module, chunk)
+            if logp_parts is not None:
+                logp_parts.append(out.logp.detach())
             loss = torch.zeros((), device=device)
             for k, term in enumerate(terms):
                 per_token, term_stats = term.per_token(out, chunk, config)

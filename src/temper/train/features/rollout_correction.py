@@ -4,7 +4,8 @@
 `rollout_is_threshold`).
 
 Every step, whatever the mode, the update computes the trainer's logprobs of the sampled tokens
-at the sampling weights (one no-grad forward in `prepare`, shared with PPO's value pass) and logs
+at the sampling weights (read off the update's first forward for one epoch of one minibatch
+without dropout, else one no-grad forward in `prepare`, shared with PPO's value pass) and logs
 `mismatch/{mean, mean_abs, max_abs, share_past, kl_k1, kl_k3, seq_max_abs, tokens}` of
 delta = log pi_trainer - log pi_sampler. With a mode other than `off` the policy loss is the
 decoupled one: its PPO ratio is against pi_trainer at sampling time, and each token's loss is
@@ -47,8 +48,8 @@ class RolloutCorrection:
     threshold: Annotated[float, Field(gt=0)] = 0.1
     """|log pi_trainer - log pi_sampler| past which a token counts in mismatch/share_past."""
     diagnostics: bool = True
-    """Log the mismatch every step (one no-grad forward per step; off: no forward, no metrics;
-    a correction needs it)."""
+    """Log the mismatch every step (a no-grad forward per step unless the update's own serves,
+    see `rl_update.diagnose_in_update`; off: no metrics; a correction needs it)."""
 
     def correction(self) -> Correction:
         return Correction(self.mode, self.cap, self.floor, self.threshold)

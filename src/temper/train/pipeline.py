@@ -1,0 +1,257 @@
+"""Where a step's batch comes from: sampled now (the lockstep loop), or by a worker up to k updates
+ahead (`async_rollouts: {max_staleness: k}`, the schedule below).
+
+The schedule is fixed, so a run is reproducible:
+
+    the batch of step s (0-based) is sampled with version max(0, s - k)
+    (version v: the weights after v updates; staleness min(s, k))
+
+At the start of step t the trainer holds version t, hands the worker the job of step t + k with
+those weights (the worker samples the jobs in step order), then waits for step t's batch, which
+was handed over k steps earlier and sampled while the trainer trained steps t - k ... t - 1.
+While the trainer updates, the worker samples: on a CPU the worker is a forked process with its
+own copy of the model and one torch thread (the trainer keeps the other cores), so sampling and
+training each get cores of their own (one thread, because the OpenMP pool torch's CPU build uses
+does not survive a fork: a forked child at 2 threads hangs in its first parallel op, measured); a thread worker (for a CUDA model, which cannot be forked) shares
+this process.
+
+A batch is sampled wholly with one version (an episode finishes under the weights it started
+with: the deterministic choice; continuing an episode under newer weights would make the result
+depend on timing). Resuming at step s needs the jobs s ... s + k - 1 again, with versions
+s - k ... s - 1: the weights of the last k versions are kept (`versions`) and saved with every
+checkpoint, so a resumed run samples exactly what the uninterrupted one did.
+
+Hand-written rather than a library's: the worker only runs temper's own `sample_share` for a step
+with given weights; a process pool (concurrent.futures) cannot keep one model per worker and
+swap its weights between jobs, and Ray (issue 27's `workers: ray`) is an optional extra.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Drawn", "Inline", "Pipelined", "WorkerError", "version_of", "weights_of"]
+
+
+class WorkerError(RuntimeError):
+    """The rollout worker failed (an exception while sampling a step, or the process died)."""
+
+
+def version_of(step: int, k: int) -> int:
+    """The weights version the batch of `step` (0-based) is sampled with: max(0, step - k)."""
+    return max(0, step - k)
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of `model`'s state dict, on the CPU: what a job carries to the worker."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+@dataclass
+class Drawn:
+    """A step's batch as `sample_share` returned it, and where it came from."""
+
+    local: list[Any]
+    causes: list[str | None]
+    rounds: int
+    failed: list[Any]
+    graded: list[Any]
+    version: int
+    """The weights version it was sampled with (the rollouts' policy version)."""
+    seconds: float
+    """The sampling's own time (the worker's, for a pipelined batch)."""
+    waited: float = 0.0
+    """How long the trainer waited for it (0 for an inline batch: its time is `seconds`)."""
+
+
+SampleStep = Callable[[Any, int, list[Any]], tuple[list[Any], list[str | None], int, list[Any]]]
+"""(the sampler, step, a list that receives every graded group) -> `sample_share`'s (groups,
+causes, rounds, failed)."""
+
+
+def _sample(sample_step: SampleStep, sampler: Any, step: int, version: int) -> Drawn:
+    t0 = time.perf_counter()
+    graded: list[Any] = []
+    local, causes, rounds, failed = sample_step(sampler, step, graded)
+    return Drawn(local, causes, rounds, failed, graded, version, time.perf_counter() - t0)
+
+
+class Inline:
+    """k = 0: each step's batch sampled when the step asks for it, with the current weights."""
+
+    max_staleness = 0
+
+    def __init__(self, sample_step: SampleStep, sampler: Any):
+        self.sample_step, self.sampler = sample_step, sampler
+
+    def take(self, step: int, model: torch.nn.Module) -> Drawn:
+        return _sample(self.sample_step, self.sampler, step, step)
+
+    def versions(self) -> dict[int, dict[str, torch.Tensor]]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(
+    jobs: Any, results: Any, model: torch.nn.Module, base: Any, sampler: Any, sample_step: SampleStep
+) -> None:
+    """The worker's loop: load a job's weights into its model (which `base`, the sampler under the
+    features' wrapper `sampler`, reads), sample the step, send the batch."""
+    while (job := jobs.get()) is not None:
+        step, version, weights = job
+        try:
+            model.load_state_dict(pickle.loads(weights) if isinstance(weights, bytes) else weights)
+            model.eval()
+            base.sync(model)
+            results.put(("ok", step, _sample(sample_step, sampler, step, version)))
+        except BaseException as e:  # reported to the trainer, which raises it there
+            line = f"{type(e).__name__}: {e}"
+            results.put(("error", step, (line, traceback.format_exc())))
+
+
+def _serve_process(jobs: Any, results: Any, *args: Any) -> None:
+    torch.set_num_threads(1)  # never more in a forked child: the parent's OpenMP pool is not its own
+    results.cancel_join_thread()  # abandoned at close: a batch nobody reads must not keep the worker alive
+    _serve(jobs, results, *args)
+
+
+class Pipelined:
+    """k > 0: a worker samples the jobs of steps t + 1 ... t + k while the trainer trains step t.
+
+    `model` and `sampler` are the worker's: in a process worker the forked copies of the
+    trainer's (the child process gets its own copy at fork time), in a thread worker a copy
+    this class makes. `versions` are the kept weights of a resumed run (`Pipelined.versions`).
+    """
+
+    def __init__(
+        self,
+        k: int,
+        sample_step: SampleStep,
+        model: torch.nn.Module,
+        sampler: Any,
+        *,
+        start: int = 0,
+        last: int,
+        versions: dict[int, dict[str, torch.Tensor]] | None = None,
+        worker: str = "process",
+        wrap: Callable[[Any], Any] = lambda s: s,
+    ):
+        """`wrap` turns the worker's base sampler into the one it samples with (the features'
+        wrapper, e.g. AdaptThink's forced first token)."""
+        if k < 1:
+            raise ValueError(f"max_staleness {k}: a pipeline needs k >= 1 (0 is the inline loop)")
+        self.k, self.next, self.last = k, start, last
+        self.max_staleness = k
+        self._kept: deque[tuple[int, dict[str, torch.Tensor]]] = deque(
+            sorted((versions or {}).items()), maxlen=k
+        )
+        self._trainer_threads = torch.get_num_threads()
+        self._process = worker == "process"
+        if worker == "process":
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                raise WorkerError(
+                    "a process worker forks, which CUDA forbids: use async_rollouts.worker: thread"
+                )
+            ctx = multiprocessing.get_context("fork")
+            # Queues, not pipes: a job's weights are written by a feeder thread, so handing one over
+            # never waits for the worker to finish the batch it is sampling
+            self._jobs, self._results = ctx.Queue(), ctx.Queue()
+            # the child inherits the model, the sampler and every object `sample_step` reads as they are
+            # now: its own copies, which only the jobs' weights change afterwards
+            self._worker: Any = ctx.Process(
+                target=_serve_process,
+                args=(self._jobs, self._results, model, sampler, wrap(sampler), sample_step),
+                daemon=True,
+                name="temper-rollouts",
+            )
+            self._worker.start()
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+        elif worker == "thread":
+            own = copy.deepcopy(model).eval()
+            base = copy.copy(sampler)  # the trainer's sampler keeps its model; this one reads `own`
+            base.sync(own)
+            self._jobs, self._results = queue.SimpleQueue(), queue.SimpleQueue()
+            self._worker = threading.Thread(
+                target=_serve,
+                args=(self._jobs, self._results, own, base, wrap(base), sample_step),
+                daemon=True,
+            )
+            self._worker.start()
+        else:
+            raise ValueError(f"unknown worker {worker!r}: process | thread")
+
+    def _carry(self, weights: dict[str, torch.Tensor]) -> Any:
+        """A job's weights as they cross to the worker: pickled bytes for a process (through
+        multiprocessing's pickler torch would share the tensors' memory by passing file
+        descriptors, from a thread that then lives as long as this process), as they are for a thread."""
+        return pickle.dumps(weights) if self._process else weights
+
+    def take(self, step: int, model: torch.nn.Module) -> Drawn:
+        """The batch of `step`, whose trainer now holds version `step` (`model`); first hands over
+        the jobs through step + k (the current version's, and a resumed run's kept ones)."""
+        current = weights_of(model)
+        kept = dict(self._kept)
+        while self.next <= min(step + self.k, self.last):
+            version = version_of(self.next, self.k)
+            weights = current if version == step else kept.get(version)
+            if weights is None:
+                raise WorkerError(
+                    f"step {self.next + 1} needs the weights of version {version}, which were not kept"
+                )
+            self._jobs.put((self.next, version, self._carry(weights)))
+            self.next += 1
+        if not self._kept or self._kept[-1][0] != step:
+            self._kept.append((step, current))
+        t0 = time.perf_counter()
+        while True:
+            try:
+                status, got, payload = self._results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._worker.is_alive():
+                    code = getattr(self._worker, "exitcode", None)
+                    raise WorkerError(
+                        f"the rollout worker died (exit code {code}) before step {step + 1}'s batch"
+                    ) from None
+        if status == "error":
+            line, trace = payload
+            raise WorkerError(f"the rollout worker failed on step {got + 1}: {line}\n{trace}")
+        if got != step:
+            raise WorkerError(f"the rollout worker returned step {got + 1} where step {step + 1} was due")
+        payload.waited = time.perf_counter() - t0
+        return payload
+
+    def versions(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The kept weights a resume after the current step needs (the last k versions)."""
+        return dict(self._kept)
+
+    def close(self) -> None:
+        """Stop the worker (a job in flight is abandoned) and give the trainer its threads back."""
+        if self._worker is None:
+            return
+        self._jobs.put(None)
+        self._worker.join(timeout=5.0)
+        if isinstance(self._worker, multiprocessing.process.BaseProcess):
+            if self._worker.is_alive():
+                self._worker.kill()
+                self._worker.join(timeout=5.0)
+            for q in (self._jobs, self._results):
+                q.cancel_join_thread()
+                q.close()
+        torch.set_num_threads(self._trainer_threads)
+        self._worker = None
