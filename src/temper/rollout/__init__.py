@@ -1,8 +1,9 @@
 """Samplers: prompts x samples -> completions (token ids, per-token logprobs, stop reasons).
 
-`sampler` is the interface both backends implement; `hf_sampler` the in-process transformers
-backend (with `sampling`, the token choice, and `kv_cache`); `vllm_sampler` the optional vLLM one,
-imported only where it is asked for. `loop` runs episodes of environments in lockstep over a
+`sampler` is the interface the backends implement; `hf_sampler` the in-process transformers
+backend (with `sampling`, the token choice, and `kv_cache`); `vllm_sampler` the optional in-process
+vLLM one and `vllm_server` a vLLM server's (with `server_process`, its lifecycle), which share
+`vllm_shared`, each imported only where it is asked for. `loop` runs episodes of environments in lockstep over a
 sampler and `trajectory` records each as token-exact segments (they import the environments, so
 this package's `__init__` does not import them).
 """

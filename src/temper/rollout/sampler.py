@@ -15,8 +15,9 @@ Seeds: sample j of prompt i depends only on (seeds[i], j, the prompt, the model)
 other prompts of the call, their order or how a backend batches them (up to the rounding of
 batched matmuls), so a prompt can move between calls or processes and keep its samples.
 
-Two backends implement `Sampler`: `temper.rollout.hf_sampler.HFSampler` (any transformers causal
-LM, in process, CPU or CUDA) and `temper.rollout.vllm_sampler.VLLMSampler` (GPU, optional).
+Three backends implement `Sampler`: `temper.rollout.hf_sampler.HFSampler` (any transformers causal
+LM, in process, CPU or CUDA), `temper.rollout.vllm_sampler.VLLMSampler` (a vLLM engine in process,
+optional) and `temper.rollout.vllm_server.VLLMServerSampler` (a vLLM server on 127.0.0.1, optional).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def model_of(sampler: Any) -> Any:
 @runtime_checkable
 class StopsAtTokens(Protocol):
     """A sampler configured to stop at token ids besides the model's eos ids (the recipe's
-    `model.eos_token`). Implemented by `VLLMSampler`; read by `sampler_stop_ids`."""
+    `model.eos_token`). Implemented by `VLLMSampler` and `VLLMServerSampler`; read by
+    `sampler_stop_ids`."""
 
     stop_token_ids: Sequence[int]
 

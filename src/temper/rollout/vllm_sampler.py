@@ -21,42 +21,33 @@ Differences from `HFSampler` a caller may notice:
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from temper.rollout.sampler import (
-    Sample,
-    SampleStopReason,
-    check_sample_args,
-    prompt_seeds,
-    with_greedy_copies,
+from temper.rollout.sampler import Sample, check_sample_args, prompt_seeds, with_greedy_copies
+from temper.rollout.vllm_shared import (
+    CHECK_NEW_TOKENS,
+    CPU_ENGINE_ENV,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    EngineError,
+    SyncError,
+    check_sync_default,
+    config_stop_ids,
+    engine_mismatch,
+    fitting_calls,
+    raise_if_mismatched,
+    refuse_if_broken,
+    stop_reason_of,
+    trainer_weights,
+    warn_if_truncated,
 )
 
-# In-process engine (weights reach it without crossing a process boundary); on a CPU a 1 GiB KV
-# cache and no thread pinning (the default pins the worker to one core and reserves another).
+# In-process engine: weights reach it without crossing a process boundary.
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-# A budget well above the 4,096 default, so that few calls need splitting (`_fitting_calls`).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
-# The token sequences of the post-sync check: fixed, so that two syncs compare like with like.
-CHECK_PROMPTS = 2
-CHECK_PROMPT_LEN = 136  # past one KV block (128 tokens on vLLM 0.32's CPU): the prefix cache keeps it
-CHECK_NEW_TOKENS = 8
-CHECK_SEED = 1234
-
-
-class EngineError(RuntimeError):
-    """The engine cannot be used: it died (vLLM then hangs on every later call, so temper refuses
-    them), or a weight sync failed (`SyncError`)."""
-
-
-class SyncError(EngineError):
-    """The engine could not take the trainer's weights, or took them and samples from something
-    else (the post-sync check): sampling on would train on another policy's samples."""
+__all__ = ["EngineError", "SyncError", "VLLMSampler"]  # the errors live in vllm_shared
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -64,12 +55,6 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
     runner = worker.model_runner
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     model.load_weights(weights=weights)
-
-
-def _named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    """Checkpoint-style (name, tensor) pairs, the names `from_pretrained` files use."""
-    for name, tensor in model.state_dict().items():
-        yield name, tensor.detach()
 
 
 def _on_cpu(vllm: Any) -> bool:
@@ -121,9 +106,7 @@ class VLLMSampler:
         **llm_kwargs: Any,
     ):
         vllm = self._vllm = _import_vllm()
-        if check_sync is None and os.environ.get("TEMPER_VLLM_CHECK_SYNC"):
-            check_sync = float(os.environ["TEMPER_VLLM_CHECK_SYNC"])
-        self.check_sync = check_sync
+        self.check_sync = check_sync_default(check_sync)
         self.last_sync_error: float | None = None  # the check's max |logprob difference|
         self.broken: str | None = None  # why the engine cannot be used (it died, a sync failed)
         self._broken_error: type[EngineError] = EngineError
@@ -146,7 +129,7 @@ class VLLMSampler:
             raise
         self.token_budget, self.max_num_seqs, self.max_model_len = self._engine_limits(llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.stop_token_ids = self._config_stop_ids(str(model))
+        self.stop_token_ids = config_stop_ids(str(model))
         self.stop_token_ids += [int(i) for i in stop_token_ids if int(i) not in self.stop_token_ids]
 
     def _engine_limits(self, llm_kwargs: dict[str, Any]) -> tuple[int, int, int]:
@@ -167,16 +150,6 @@ class VLLMSampler:
                 int(asked("max_model_len", 2048)),
             )
 
-    def _config_stop_ids(self, model: str) -> list[int]:
-        """The generation config's eos ids (vLLM stops on the tokenizer's eos by itself)."""
-        from transformers import GenerationConfig
-
-        try:
-            eos = GenerationConfig.from_pretrained(model).eos_token_id
-        except (OSError, ValueError):
-            return []
-        return [int(i) for i in ([eos] if isinstance(eos, int) else eos or [])]
-
     def sample(
         self,
         prompts: list[list[int]],
@@ -194,12 +167,7 @@ class VLLMSampler:
         seeds = prompt_seeds(seed, len(prompts))
         if not prompts:
             return []
-        if temperature > 0.0 and (top_p < 1.0 or top_k > 0):
-            warnings.warn(
-                "VLLMSampler with top_p/top_k: vLLM's logprobs are those of the truncated distribution, "
-                "not log softmax(logits / temperature) as HFSampler returns",
-                stacklevel=2,
-            )
+        warn_if_truncated(temperature, top_p, top_k)
         return with_greedy_copies(
             lambda k: self._generate(prompts, k, seeds, max_new_tokens, temperature, top_p, top_k, stop),
             n,
@@ -207,26 +175,7 @@ class VLLMSampler:
         )
 
     def _fitting_calls(self, prompts: list[list[int]], n: int) -> list[range]:
-        """Consecutive slices of `prompts` whose prefills (n per prompt: vLLM prefills each child of
-        a request) fit the scheduler's token budget together with one decode token per running
-        sequence. Every prefill of such a call is scheduled whole, whenever it is admitted, so none
-        is chunked. A prompt too long for the budget on its own is refused."""
-        budget = self.token_budget - self.max_num_seqs
-        calls, start, used = [], 0, 0
-        for i, prompt in enumerate(prompts):
-            need = len(prompt) * n
-            if need > budget:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens x {n} samples, more than the engine prefills in "
-                    f"one step ({self.token_budget} max_num_batched_tokens - {self.max_num_seqs} "
-                    "max_num_seqs): raise max_num_batched_tokens"
-                )
-            if used + need > budget:
-                calls.append(range(start, i))
-                start, used = i, 0
-            used += need
-        calls.append(range(start, len(prompts)))
-        return calls
+        return fitting_calls(prompts, n, self.token_budget, self.max_num_seqs)
 
     def _generate(
         self,
@@ -318,9 +267,7 @@ class VLLMSampler:
                 raise
 
     def _refuse_if_broken(self) -> None:
-        if self.broken is not None:
-            cause = "a failed weight sync" if self._broken_error is SyncError else "its death"
-            raise self._broken_error(f"this vLLM engine is unusable since {cause}: {self.broken}")
+        refuse_if_broken(self.broken, self._broken_error)
 
     def _load_attempts(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, Any]]:
         llm = self.llm
@@ -341,62 +288,15 @@ class VLLMSampler:
         return [*attempts, ("llm_engine.model_executor.driver_worker", driver_worker)]
 
     def _check(self, model: torch.nn.Module) -> None:
-        """Sample a few fixed prompts on the engine at temperature 1 and compare each sampled
-        token's logprob with a teacher-forced forward of `model`: a sync that left the engine on
-        old weights (or on wrongly mapped ones) shows as a difference far above rounding. The
-        prompts are the same at every check and longer than a KV block, so the previous check's
-        cached keys/values are there to be reused if the prefix cache was not reset."""
-        vocab = int(model.get_output_embeddings().weight.shape[0])
-        gen = torch.Generator().manual_seed(CHECK_SEED)
-        length = max(1, min(CHECK_PROMPT_LEN, self.max_model_len - CHECK_NEW_TOKENS))
-        prompts = torch.randint(0, vocab, (CHECK_PROMPTS, length), generator=gen).tolist()
-        samples = [
-            row[0]
-            for row in self._generate(
-                prompts, 1, [CHECK_SEED + i for i in range(CHECK_PROMPTS)], CHECK_NEW_TOKENS, 1.0, 1.0, 0, ()
-            )
-        ]
-        worst = 0.0
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                for s in samples:
-                    ids = torch.tensor([s.prompt_ids + s.token_ids], device=device)
-                    logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float()
-                    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(s.prompt_ids) :, None])[
-                        :, 0
-                    ]
-                    got = torch.tensor(s.logprobs, device=device)
-                    worst = max(worst, float((got - expected.to(got.dtype)).abs().max()))
-        finally:
-            model.train(was_training)
-        self.last_sync_error = worst
-        if worst > self.check_sync:
-            raise SyncError(
-                f"after the weight sync the vLLM engine's logprobs differ from the trainer's by up to "
-                f"{worst:.3g} (check_sync tolerance {self.check_sync:g}): the engine is not sampling "
-                "from the trained weights"
-            )
+        """The post-sync check (`vllm_shared.engine_mismatch`) on this engine."""
 
-    @staticmethod
-    def _weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-        if not hasattr(model, "merge_adapter"):
-            return list(_named_weights(model))
-        # PEFT: fold the adapter into the base weights and use the base model's names
-        # (`base_model.model.x.base_layer.weight` -> `x.weight`), as TRL does
-        model.merge_adapter()
-        try:
-            out = []
-            for name, tensor in _named_weights(model):
-                if "lora_" in name or "original_module" in name:
-                    continue
-                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-                out.append((name.replace("modules_to_save.default.", ""), tensor.clone()))
-            return out
-        finally:
-            model.unmerge_adapter()
+        def generate(prompts: list[list[int]], seeds: list[int]) -> list[Sample]:
+            return [row[0] for row in self._generate(prompts, 1, seeds, CHECK_NEW_TOKENS, 1.0, 1.0, 0, ())]
+
+        self.last_sync_error = engine_mismatch(model, generate, self.max_model_len)
+        raise_if_mismatched(self.last_sync_error, self.check_sync)
+
+    _weights = staticmethod(trainer_weights)
 
 
 def _died_of(err: BaseException) -> bool:
@@ -409,15 +309,8 @@ def _died_of(err: BaseException) -> bool:
 
 
 def _to_sample(prompt: list[int], completion: Any) -> Sample:
-    """A vLLM `CompletionOutput` -> `Sample`. finish_reason is "stop" for an eos id and for a
-    stop string; `stop_reason` tells them apart (the string, an int id, or None for eos)."""
+    """A vLLM `CompletionOutput` -> `Sample`."""
     token_ids = list(completion.token_ids)
     logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, completion.logprobs, strict=True)]
-    reason: SampleStopReason
-    if completion.finish_reason == "length":
-        reason = "length"
-    elif isinstance(completion.stop_reason, str):
-        reason = "stop"
-    else:
-        reason = "eos"
+    reason = stop_reason_of(completion.finish_reason, completion.stop_reason)
     return Sample(list(prompt), token_ids, logprobs, completion.text, reason)

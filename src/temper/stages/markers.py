@@ -17,7 +17,8 @@ STARTED, COMPLETE = "stage.started.json", "stage.json"
 
 def stage_settings(stage: Any) -> dict[str, Any]:
     """A stage spec's settings as its hash covers them: `train.progress` (how the bar is drawn)
-    changes no output, so it is left out; so are the fields a spec lists in `HASHED_WHEN_SET`
+    changes no output, so it is left out, and so are the fields a spec lists in `UNHASHED` (where
+    a server listens: `server_url`); so are the fields a spec lists in `HASHED_WHEN_SET`
     while they are empty (fields added after runs were recorded: those runs stay complete). An rl
     `train:` block's feature blocks hash as `RLConfig.hashed_blocks` says (a block that replaced
     flat keys as those keys did), so a run recorded before the block stays complete too."""
@@ -36,6 +37,7 @@ def stage_settings(stage: Any) -> dict[str, Any]:
     exclude |= {
         name: True for name in getattr(type(stage), "HASHED_WHEN_SET", ()) if not getattr(stage, name)
     }
+    exclude |= {name: True for name in getattr(type(stage), "UNHASHED", ())}  # where, not what
     settings = stage.model_dump(exclude=exclude or None)
     if replaced:
         settings["train"] |= replaced

