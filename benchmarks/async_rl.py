@@ -16,6 +16,7 @@ mean reward (the runs differ in which weights sampled each batch, so rewards dif
 
     PYTHONPATH=src:. python benchmarks/async_rl.py [--preset tiny] [--steps 10] [--warmup 2]
         [--prompts 8] [--group 8] [--tokens 32] [--env-ms auto] [--ks 0,1,2] [--json out.json]
+        [--keep runs/async_bench]   # then: temper simulate runs/async_bench/k0 --k 0 1 2
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,7 +83,8 @@ def run(args, k: int, env_s: float) -> dict[str, Any]:
         rows.append(row)
 
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.keep) / f"k{k}" if args.keep else Path(tmp)
         train_rl(model, tokenizer, [task], config, out, callbacks=[on_step])
     measured = rows[args.warmup :]
     return {
@@ -106,6 +109,9 @@ def main() -> None:
     parser.add_argument("--env-ms", default="auto", help="env step time in ms, or auto (= generation time)")
     parser.add_argument("--ks", default="0,1,2")
     parser.add_argument("--json", default="")
+    parser.add_argument(
+        "--keep", default="", help="keep each run's folder under DIR/k<k> (for temper simulate)"
+    )
     args = parser.parse_args()
     print(machine_line())
     ks = [int(k) for k in args.ks.split(",")]
