@@ -69,6 +69,7 @@ def test_rollout_record_fields():
             "parsed": True,
             "reason": "match",
             "stop": "eos",
+            "tokens": 2,
         }
     ]
 

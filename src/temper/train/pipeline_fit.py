@@ -156,7 +156,8 @@ def pipeline_from_run(path: str | Path, **overrides: Any) -> Pipeline:
 
 
 def _logged_lengths(path: Path, mean_tokens: dict[int, float]) -> tuple[tuple[int, ...], int | None]:
-    """(estimated token lengths of the logged completions, their most common group size)."""
+    """(token lengths of the logged completions: their recorded `tokens`, else estimated by
+    `step_lengths`; their most common group size)."""
     if not path.is_file():
         return (), None
     rows = [r for r in _rows(path) if r.get("step") in mean_tokens and isinstance(r.get("completion"), str)]
@@ -167,7 +168,10 @@ def _logged_lengths(path: Path, mean_tokens: dict[int, float]) -> tuple[tuple[in
         by_step.setdefault(r["step"], []).append(r)
     lengths: list[int] = []
     for step, logged in by_step.items():
-        lengths += step_lengths(logged, mean_tokens[step])
+        if all(isinstance(r.get("tokens"), int) for r in logged):  # recorded (runs since the field)
+            lengths += [r["tokens"] for r in logged]
+        else:
+            lengths += step_lengths(logged, mean_tokens[step])
     groups = Counter((r["step"], r.get("problem")) for r in rows)
     return tuple(lengths), Counter(groups.values()).most_common(1)[0][0]
 

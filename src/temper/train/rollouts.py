@@ -408,6 +408,7 @@ def rollout_record(
             "parsed": r.score.parsed,
             "reason": r.score.details.get("reason"),
             "stop": r.stop,
+            "tokens": r.tokens,  # the policy's (what `temper simulate` reads as the episode's length)
         }
         | (provenance(r.problem.task) if provenance is not None else {})
         for r in group.rollouts
