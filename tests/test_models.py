@@ -82,3 +82,17 @@ def test_unreachable_hub_id_is_a_one_line_error():
     message = str(err.value)
     assert "some-org/some-model-that-is-not-here" in message and "local path" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [(torch.float64, torch.float64), (torch.float32, torch.float32), (torch.bfloat16, torch.float32)],
+)
+def test_a_model_loads_on_cpu_in_fp32_unless_it_was_saved_in_float64(
+    nano, tokenizer, tmp_path, saved, loaded
+):
+    """A float64 checkpoint (the pinned recipes' start) is not downcast; bf16 on a CPU is."""
+    save_model(nano.to(saved), tokenizer, tmp_path / "m")
+    again = load_model(tmp_path / "m", torch.device("cpu"))
+    assert {p.dtype for p in again.parameters()} == {loaded}
+    assert load_model(tmp_path / "m", torch.device("cpu"), torch.bfloat16).dtype == torch.bfloat16

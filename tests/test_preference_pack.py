@@ -12,7 +12,15 @@ from temper.data.chat import IGNORE
 from temper.data.dataset import Sequence, collate
 from temper.data.preferences import Pair, tokenize_labelled, tokenize_pairs, unpair
 from temper.models import build_preset
-from temper.train.preference import DPO, KTO, Preference, Referenced, kto_items, sequence_logps
+from temper.train.preference import (
+    DPO,
+    KTO,
+    Preference,
+    Referenced,
+    kto_items,
+    reference_logps,
+    sequence_logps,
+)
 from temper.train.supervised import backward_batch
 from tiny_models import perturbed_nano
 
@@ -24,7 +32,10 @@ def padded_logps(model, seqs: list[Sequence], pad_id: int) -> tuple[torch.Tensor
     logits_N_T_V = model(**batch, use_cache=False).logits
     targets_N_T = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
     nll = F.cross_entropy(
-        logits_N_T_V.flatten(0, 1).float(), targets_N_T.flatten(), ignore_index=IGNORE, reduction="none"
+        logits_N_T_V.flatten(0, 1).to(torch.promote_types(logits_N_T_V.dtype, torch.float32)),
+        targets_N_T.flatten(),
+        ignore_index=IGNORE,
+        reduction="none",
     ).view_as(targets_N_T)
     return -nll.sum(-1), (targets_N_T != IGNORE).sum(-1)
 
@@ -75,6 +86,18 @@ def test_packed_logprobs_are_the_padded_ones(tokenizer, pairs, labelled):
     (rows, width), (_, padded_width) = read
     assert rows < len(seqs) / 2 and rows * width < 0.6 * len(seqs) * padded_width
     torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-5)
+
+
+def test_a_float64_models_logprobs_and_references_stay_float64(tokenizer, pairs):
+    model = perturbed_nano(tokenizer).double()
+    seqs = DPO().sequences(pairs)
+    with torch.no_grad():
+        logp, _ = sequence_logps(model, seqs, tokenizer.pad_token_id)
+        want_logp, _ = padded_logps(model, seqs, tokenizer.pad_token_id)
+    assert logp.dtype == torch.float64
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-12)
+    refs = reference_logps(model, [seqs], tokenizer.pad_token_id, batch_size=2)
+    assert refs.dtype == torch.float64 and torch.equal(refs[:, 0], logp)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,16 @@ def test_save_load_scores_identically(tmp_path, tokenizer):
     assert len(set(round(s, 4) for s in in_memory)) == 3  # the inputs are told apart
 
 
+def test_a_float64_reward_model_scores_in_float64(tmp_path, tokenizer):
+    model = _tiny_rm(tokenizer).double()
+    ids = torch.tensor([_pairs(tokenizer)[0][0]])
+    assert sequence_rewards(model, ids, torch.ones_like(ids)).dtype == torch.float64
+    assert sequence_rewards(model.bfloat16(), ids, torch.ones_like(ids)).dtype == torch.float32
+    model.double().save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    assert RewardModel.load(tmp_path / "rm", device=torch.device("cpu")).model.dtype == torch.float64
+
+
 def test_padding_and_batching_do_not_change_a_score(tokenizer):
     rm = RewardModel(_tiny_rm(tokenizer), tokenizer.pad_token_id)
     prompts, completions = _pairs(tokenizer)

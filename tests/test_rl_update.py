@@ -516,6 +516,16 @@ def test_logprobs_are_at_least_fp32():
     assert _at_least_fp32(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_the_value_head_is_in_the_dtype_of_the_logprobs(tokenizer, dtype):
+    """A fp64 model's value head is fp64 (the hidden state it reads stays fp64), a bf16 one's fp32."""
+    module = policy_with_value(build_preset("nano", tokenizer, seed=1).to(dtype), _config())
+    assert module.value.proj.weight.dtype == _at_least_fp32(torch.ones(1, dtype=dtype)).dtype
+    batch = _rollouts(vocab=len(tokenizer))
+    out = forward_rows(module, Prepared(batch.prompts, batch.completions_R_T, batch.mask_R_T, *[None] * 6))[0]
+    assert out.values.dtype == out.logp.dtype == module.value.proj.weight.dtype
+
+
 def test_a_soft_capped_model_is_refused():
     model = torch.nn.Linear(2, 2)
     model.config = SimpleNamespace(final_logit_softcapping=30.0)

@@ -18,6 +18,10 @@ A trainer given a `record` path (its output folder's RECORD) writes the choice `
 and a resume of that run reads it back instead of deciding again, so a run never changes
 arithmetic halfway (`PrecisionRecordError` where the recorded choice cannot be kept).
 
+`fp32` means no autocast: the model computes in its own dtype, fp32 as loaded on a CPU, or
+float64 for a checkpoint saved in float64 (`temper.models.loading.default_dtype`: the pinned
+recipes).
+
 bf16 here always means autocast (as Accelerate's `mixed_precision="bf16"`): weights, gradients
 and optimizer state stay fp32; matmuls run in bf16; the model's logits and hidden states are
 handed back in fp32, so losses, logprobs and advantages are computed in fp32.

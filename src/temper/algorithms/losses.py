@@ -26,9 +26,9 @@ def sft_loss(
     import torch.nn.functional as F
 
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts label t+1
-    # flattened (B*T, V) logits: no shifted copy of the largest tensor in the step
-    total = F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-    )
+    # flattened (B*T, V) logits: no shifted copy of the largest tensor in the step; at least fp32
+    # (bf16 logits), fp64 for a fp64 model
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
     n = (targets != IGNORE).sum() if num_tokens is None else num_tokens
     return total / torch.as_tensor(n, dtype=total.dtype).clamp_min(1)

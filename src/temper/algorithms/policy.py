@@ -152,13 +152,16 @@ def policy_loss(
 
 
 def entropy_from_logits(logits_B_T_V: torch.Tensor) -> torch.Tensor:
-    """H_t = -sum_v p_v log p_v per position, in float32 from log_softmax. (B, T, V) -> (B, T).
+    """H_t = -sum_v p_v log p_v per position, from log_softmax in at least float32 (float64 for
+    float64 logits). (B, T, V) -> (B, T).
 
     Logits of -inf (a masked vocabulary) contribute 0, not 0 * -inf = NaN.
     """
+    import torch
     import torch.nn.functional as F
 
-    return entropy_from_logprobs(F.log_softmax(logits_B_T_V.float(), dim=-1))
+    dtype = torch.promote_types(logits_B_T_V.dtype, torch.float32)
+    return entropy_from_logprobs(F.log_softmax(logits_B_T_V.to(dtype), dim=-1))
 
 
 def entropy_from_logprobs(logp_B_T_V: torch.Tensor) -> torch.Tensor:

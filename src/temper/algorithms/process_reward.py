@@ -33,7 +33,8 @@ def step_bce_loss(
     import torch.nn.functional as F
 
     mask_B_T = labels_B_T != IGNORE
-    z = logits_B_T[mask_B_T].float()
+    z = logits_B_T[mask_B_T]
+    z = z.to(torch.promote_types(z.dtype, torch.float32))  # at least fp32 (bf16 logits)
     y = labels_B_T[mask_B_T].to(z.dtype)
     total = F.binary_cross_entropy_with_logits(z, y, reduction="sum")
     n = mask_B_T.sum() if num_steps is None else num_steps

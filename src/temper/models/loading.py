@@ -36,11 +36,29 @@ def default_device() -> torch.device:
     return distributed.state().device
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 matmul on CPUs without native bf16 is ~100x slower), bf16 on CUDA."""
+def default_dtype(device: torch.device, saved: torch.dtype | None = None) -> torch.dtype:
+    """fp32 on CPU (bf16 matmul on CPUs without native bf16 is ~100x slower), bf16 on CUDA; a
+    model `saved` in float64 stays float64 on either: it was saved so for exact arithmetic (the
+    pinned recipes, the exactness tests), which a downcast would silently undo."""
     import torch
 
+    if saved == torch.float64:
+        return saved
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def saved_dtype(name: str | os.PathLike) -> torch.dtype | None:
+    """The dtype a local model folder's config.json records its weights in (`dtype`, or
+    transformers 4's `torch_dtype`), or None (a hub id, or no dtype recorded)."""
+    import torch
+
+    try:
+        config = json.loads((Path(name).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text = (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
+    found = getattr(torch, text, None) if isinstance(text, str) else None
+    return found if isinstance(found, torch.dtype) else None
 
 
 def _whole_sentences(text: str, limit: int = 400) -> str:
@@ -210,7 +228,8 @@ def load_model(
         return _load_adapter(Path(name).expanduser(), device, dtype)
     check_local_model(str(name), weights=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(_absolute(name), dtype=dtype or default_dtype(device))
+        dtype = dtype or default_dtype(device, saved_dtype(name))
+        model = AutoModelForCausalLM.from_pretrained(_absolute(name), dtype=dtype)
     except Exception as err:
         # A local folder that fails to load is a bad model folder whatever transformers raises
         # (a config.json missing a size: a validation error; weights of other shapes: a

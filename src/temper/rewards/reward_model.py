@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temper.lazy import no_grad
-from temper.models.loading import ModelNotFoundError, default_device, default_dtype, load_tokenizer
+from temper.models.loading import (
+    ModelNotFoundError,
+    default_device,
+    default_dtype,
+    load_tokenizer,
+    saved_dtype,
+)
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
     import torch
@@ -126,7 +132,7 @@ class RewardModel:
         tokenizer = load_tokenizer(folder)
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
-                str(folder.resolve()), dtype=dtype or default_dtype(device)
+                str(folder.resolve()), dtype=dtype or default_dtype(device, saved_dtype(folder))
             )
         except Exception as err:  # a local folder that fails to load is a bad folder (see load_model)
             raise RewardModelError(f"cannot load reward model {str(folder)!r}: {err}") from err
@@ -192,7 +198,10 @@ def right_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tens
 def sequence_rewards(
     model: torch.nn.Module, input_ids_B_T: torch.Tensor, attention_B_T: torch.Tensor
 ) -> torch.Tensor:
-    """The one-label head's output for each right-padded row, (B,), fp32: the head reads the last
-    non-pad token. The stage trains through this function and `RewardModel.score` scores through it."""
-    out = model(input_ids=input_ids_B_T, attention_mask=attention_B_T)
-    return out.logits[:, 0].float()
+    """The one-label head's output for each right-padded row, (B,), in at least fp32 (fp64 for a
+    fp64 model): the head reads the last non-pad token. The stage trains through this function and
+    `RewardModel.score` scores through it."""
+    import torch
+
+    rewards_B = model(input_ids=input_ids_B_T, attention_mask=attention_B_T).logits[:, 0]
+    return rewards_B.to(torch.promote_types(rewards_B.dtype, torch.float32))

@@ -58,7 +58,8 @@ def sequence_logps(
     ).logits
     logits_M_V = logits_P_W_V.flatten(0, 1)[packed.index_N]
     targets_M = targets_N.to(device)
-    logp_M = -F.cross_entropy(logits_M_V.float(), targets_M, reduction="none")
+    logits_M_V = logits_M_V.to(torch.promote_types(logits_M_V.dtype, torch.float32))  # fp64 stays
+    logp_M = -F.cross_entropy(logits_M_V, targets_M, reduction="none")
     n_tokens = mask_N_T.sum(-1).to(device)
     owner_M = torch.repeat_interleave(torch.arange(len(seqs), device=device), n_tokens)
     return logp_M.new_zeros(len(seqs)).index_add(0, owner_M, logp_M), n_tokens
@@ -282,7 +283,7 @@ def reference_logps(
                 sequence_logps(model, column[i : i + batch_size], pad_id)[0]
                 for i in range(0, len(column), batch_size)
             ]
-            out.append(torch.cat(parts).float().cpu())
+            out.append(torch.cat(parts).cpu())  # at least fp32 (sequence_logps)
     model.train(was_training)
     return torch.stack(out, dim=1)
 

@@ -136,8 +136,10 @@ def policy_with_value(model: torch.nn.Module, config: RLConfig) -> PolicyWithVal
     """The trainable module for `config`: a zero-initialized value head when the estimator needs values."""
     value = None
     if config.advantage in NEEDS_VALUES:
-        device = next(model.parameters()).device
-        value = ValueHead(model.config.hidden_size).to(device)
+        weight = next(model.parameters())
+        # in the dtype `_at_least_fp32` hands it: fp32, or fp64 for a fp64 model
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        value = ValueHead(model.config.hidden_size).to(weight.device, dtype)
     return PolicyWithValue(model, value, config.temperature)
 
 
