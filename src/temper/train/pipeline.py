@@ -100,9 +100,6 @@ class Inline:
     def take(self, step: int, model: torch.nn.Module) -> Drawn:
         return _sample(self.sample_step, self.sampler, step, step)
 
-    def versions(self) -> dict[int, dict[str, torch.Tensor]]:
-        return {}
-
     def close(self) -> None:
         pass
 
