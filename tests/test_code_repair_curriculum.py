@@ -304,7 +304,9 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
                 "dynamic_sampling",
                 "user_code",
                 "rollout_correction",
-            }
+                "async_rollouts",
+            },
+            "server_url": True,  # UNHASHED: where a server listens changes no output
         }
     )
     want["train"] |= {"dynamic_sampling": False, "max_sampling_rounds": 4}
