@@ -192,8 +192,15 @@ def test_with_frozen_weights_an_async_run_trains_on_exactly_the_sync_runs_batche
     frozen = dict(lr=1e-30, steps=3)
     _, sync = _run(tokenizer, tmp_path / "sync", _config(0, **frozen))
     _, lagged = _run(tokenizer, tmp_path / "k2", _config(2, worker, **frozen))
-    keys = ("reward", "accuracy", "response_length", "loss", "grad_norm")
-    assert [[r[k] for k in keys] for r in sync.history] == [[r[k] for k in keys] for r in lagged.history]
+    sampled = ("reward", "accuracy", "response_length")
+    assert [[r[k] for k in sampled] for r in sync.history] == [
+        [r[k] for k in sampled] for r in lagged.history
+    ]
+    # the forked worker samples at 1 torch thread, the sync run at the suite's: the behaviour
+    # logprobs (and so the loss, about 0 here) agree to rounding, not bit for bit, on some CPUs
+    for a, b in zip(sync.history, lagged.history, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
 
 
 def test_a_resumed_async_run_equals_the_uninterrupted_one(tokenizer, tmp_path):
