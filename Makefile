@@ -83,10 +83,12 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q -e . pytest "$(VLLM_TRANSFORMERS)"
 	touch $@
 
-# the server module first: its `temper eval` call leaves torch.distributed's default group
-# (distributed.shutdown), which the in-process engine of test_vllm_cpu.py owns once it has started
+# one pytest process per module: an in-process engine owns torch.distributed's default group
+# once it has started, which a stage's `distributed.shutdown` (a `temper eval` call, a recipe's
+# stages) would take from it; tests/test_vllm_recipe.py runs recipes/vllm/ end to end
+VLLM_TESTS := tests/test_vllm_server.py tests/test_vllm_cpu.py tests/test_vllm_recipe.py
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/test_vllm_server.py tests/test_vllm_cpu.py
+	for t in $(VLLM_TESTS); do $(VLLM_VENV)/bin/python -m pytest -q -rs $$t || exit $$?; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs mutants

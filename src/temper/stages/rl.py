@@ -35,7 +35,7 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model
-from temper.stages.vllm_samplers import SamplerKind, server_url_rules, vllm_sampler
+from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
 from temper.tasks.base import BuiltFromRecipe, SamplesAtStep, Task, TaskOptionError
 from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
@@ -84,6 +84,11 @@ class RLStage(Strict):
     http://127.0.0.1:8000, started with VLLM_SERVER_DEV_MODE=1 on this machine: weights are synced
     through its development endpoints). It is given the starting model first, and never stopped.
     Not part of the stage's hash (where the server listens changes no output)."""
+    vllm_check_sync: float | None = Field(None, gt=0)
+    """With a vLLM sampler: after every weight sync, compare the engine's logprobs of two fixed
+    sequences with the trainer's and stop the run past this absolute difference (1e-3 suits fp32
+    on both sides; costs one short generation per sync). Unset: $TEMPER_VLLM_CHECK_SYNC, else no
+    check. Not part of the stage's hash."""
     probe_groups: int = Field(8, ge=0)
     """Groups sampled from the starting policy for the reachability probe (0: skip)."""
     teacher: str | None = None
@@ -101,7 +106,7 @@ class RLStage(Strict):
     so the runs recorded before it existed stay complete."""
 
     HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("task_options",)
-    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url",)
+    UNHASHED: ClassVar[tuple[str, ...]] = ("server_url", "vllm_check_sync")
 
     @model_validator(mode="before")
     @classmethod
@@ -113,7 +118,7 @@ class RLStage(Strict):
     @model_validator(mode="after")
     def _check(self) -> RLStage:
         errors = rl_rules(self.train, StageView(teacher=self.teacher))
-        errors += server_url_rules(self.sampler, self.server_url)
+        errors += sampler_rules(self.sampler, self.server_url, self.vllm_check_sync)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         errors += [
@@ -355,19 +360,21 @@ def _run_rl(stage: RLStage, ctx: StageContext, source: Path | str, out: Path, ow
     tokenizer, model = load_chat_model(source, ctx)
     model.eval()
     tasks = stage_tasks(stage, {name: ctx.tasks[name] for name in stage.tasks})
-    if stage.sampler != "hf":
-        sampler = vllm_sampler(
-            stage.sampler,
-            source,
-            stop_ids(model, tokenizer),
-            owned,
-            server_url=stage.server_url,
-            log_dir=out,
-            loaded=model,
-        )
-    else:
-        chosen = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
-        sampler = HFSampler(model, tokenizer, precision=chosen)
+    hf = {}
+    if stage.sampler == "hf":
+        hf["precision"] = resolve_precision(config.precision, model, "sample", record=out / PRECISION_RECORD)
+    sampler = stage_sampler(
+        stage.sampler,
+        source,
+        model,
+        tokenizer,
+        stop_ids(model, tokenizer),
+        owned,
+        server_url=stage.server_url,
+        log_dir=out,
+        check_sync=stage.vllm_check_sync,
+        **hf,
+    )
     setup = ScorerSetup(
         tokenizer,
         next(model.parameters()).device,

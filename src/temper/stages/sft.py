@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from temper.data.formats import Example, first_row_is_chat, load_rows
 from temper.data.mask_view import mask_views
 from temper.envs.base import EnvTask, tools_of
 from temper.models import require_chat_template, save_trained, with_lora
+from temper.models.chat import eos_ids
 from temper.stages.base import (
     EpochRows,
     LoraSpec,
@@ -44,6 +46,7 @@ from temper.stages.ranking import (
     load_ranker,
     reward_model_use,
 )
+from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
 from temper.tasks.base import DemonstratesEpisodes, KeysProblems, MarksEnvironmentSpans
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
@@ -65,6 +68,20 @@ class BestOfNData(Ranked):
     keep_truncated: bool = False
     """Also keep answers cut by max_new_tokens (by default only answers that ended on their own)."""
     seed: int = 0
+    # left out of the hash: at its default (blocks recorded before it existed stay complete), and
+    # where a server listens changes no output
+    sampler: SamplerKind = Field("hf", exclude_if=lambda v: v == "hf")
+    """Generation backend: hf (transformers in this process), vllm (a vLLM engine in this
+    process) or vllm_server (an OpenAI-compatible vLLM server on 127.0.0.1, started for the
+    sampling and stopped after it, or `server_url`'s); docs/vllm.md."""
+    server_url: str | None = Field(None, exclude_if=lambda v: True)
+    """With sampler: vllm_server, a running vLLM server to use instead of starting one; it is
+    given the starting model's weights first."""
+
+    @model_validator(mode="after")
+    def _sampler(self) -> BestOfNData:
+        raise_located(sampler_rules(self.sampler, self.server_url))
+        return self
 
 
 class SFTData(Strict):
@@ -179,14 +196,26 @@ def best_of_n_examples(
     """Best-of-N rows from `model` (`temper.stages.ranking.generate_best_of_n`), written to
     `out/best_of_n.jsonl` in TRL's conversational format and read back through the same
     validation as a user's file; the counts per task, said on the console."""
-    from temper.rollout import HFSampler  # torch: only when asked for
 
     def generate() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        with ExitStack() as owned:  # an engine or a server started for the sampling stops after it
+            return sample(owned)
+
+    def sample(owned: ExitStack) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         ranker, rm_dir = load_ranker(spec, ctx)
         if rm_dir is not None:
             check_same_tokenizer(rm_dir, tokenizer, str(source))
         model.eval()
-        sampler = HFSampler(model, tokenizer)
+        sampler = stage_sampler(
+            spec.sampler,
+            source,
+            model,
+            tokenizer,
+            eos_ids(model, tokenizer),
+            owned,
+            server_url=spec.server_url,
+            log_dir=out,
+        )
         rows, counts = [], {}
         for name in spec.tasks:
             got, c = generate_best_of_n(

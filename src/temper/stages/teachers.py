@@ -24,6 +24,14 @@ def load_frozen_teacher(
     """The model `ref` names (an earlier stage, a folder or a hub id), in eval mode without
     gradients, once its tokenizer gives every token the student's id; else a `StageError` naming
     the first difference, the `stage` and `why` it needs shared ids."""
+    return load_model(checked_teacher(ctx, ref, tokenizer, student, stage, why)).eval().requires_grad_(False)
+
+
+def checked_teacher(
+    ctx: StageContext, ref: str, tokenizer, student: Path | str, stage: str, why: str
+) -> Path | str:
+    """Where the model `ref` names lies, once its tokenizer is checked as `load_frozen_teacher`
+    says (for a sampler that loads the teacher itself, e.g. vLLM)."""
     from temper.stages.rl import tokenizer_mismatch
 
     if ref in ctx.stage_dirs and ref not in ctx.models:
@@ -34,4 +42,4 @@ def load_frozen_teacher(
             f"{stage}: teacher {ref!r} ({source}) and the student ({student}) do not share a tokenizer: "
             f"{problem}. {why}, so both must map text to the same ids; pick a teacher of the same family"
         )
-    return load_model(source).eval().requires_grad_(False)
+    return source
