@@ -273,3 +273,14 @@ def test_ray_missing_is_one_line_naming_the_extra(monkeypatch):
 def test_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="unknown worker kind"):
         open_pool("cluster", 1)
+
+
+def test_where_envs_run_is_left_out_of_the_stage_hash():
+    from temper.stages.markers import stage_settings
+    from temper.stages.rl import RLStage
+
+    def settings(**kw):
+        return stage_settings(RLStage(kind="rl", tasks=["t"], train=RLConfig(**kw)))
+
+    assert settings(workers=Workers(kind="ray", actors=3)) == settings()
+    assert "workers" not in settings()["train"]
