@@ -20,7 +20,10 @@ returns or the process exits, and the caller goes on at once. A worker process c
 but every env and reward function would have to be pickled into it with its state (an env keeps
 its episode between steps, a TRL env class its live instance), and a fresh Python process costs
 1-2 s of imports: far more than the calls, which take microseconds. Code that must be killed, a
-model's actions and generated programs, runs in `temper.sandbox`. (Not a `ThreadPoolExecutor`:
+model's actions and generated programs, runs in `temper.sandbox`. A run that wants its envs and graders in
+other processes anyway (Python-heavy ones, a cluster) asks for `train.workers`
+(`temper.rollout.env_workers`), whose workers call them under these same rules and send back
+what a failure's line needs (`RaisedElsewhere`). (Not a `ThreadPoolExecutor`:
 its workers are joined at interpreter exit, so one hung call would hang the process's exit.)
 """
 
