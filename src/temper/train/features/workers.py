@@ -68,17 +68,19 @@ def rules(config: Any, stage: Any) -> list[Error]:
 
 
 class Pooled(Hooks):
-    """The run's pool, opened at the first round that plays envs (after every module is imported,
-    so forked workers unpickle the user's classes) and closed at the end of the run."""
+    """The run's pool, opened when the run starts (its tasks built, so the user's modules are
+    imported and forked workers unpickle their classes; before the progress bar's thread, so the
+    fork copies no thread mid-lock) and closed at the end of the run (a run that fails before
+    its loop leaves them to the process's exit: the workers are daemons, and Ray shuts down at exit)."""
 
     def __init__(self, block: Workers):
-        self.block, self.pool = block, None
-
-    def envs(self, envs_G_N: list[list[Any]]) -> list[list[Any]]:
         from temper.rollout.env_workers import open_pool
 
+        self.pool = open_pool(block.kind, block.actors, block.address)
+
+    def envs(self, envs_G_N: list[list[Any]]) -> list[list[Any]]:
         if self.pool is None:
-            self.pool = open_pool(self.block.kind, self.block.actors, self.block.address)
+            raise RuntimeError("the worker pool is closed")
         return self.pool.place(envs_G_N)
 
     def close(self) -> None:
