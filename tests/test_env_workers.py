@@ -25,6 +25,7 @@ from temper.train.features.async_rollouts import AsyncRollouts
 from temper.train.features.workers import Workers
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_config import rl_rules
+from test_user_env import released  # noqa: F401  (a fixture)
 
 TIMING = ("time/", "rollout_tokens_per_s", "train_tokens_per_s", "episode/env_seconds")
 
@@ -284,3 +285,34 @@ def test_where_envs_run_is_left_out_of_the_stage_hash():
 
     assert settings(workers=Workers(kind="ray", actors=3)) == settings()
     assert "workers" not in settings()["train"]
+
+
+@pytest.mark.usefixtures("released")
+def test_every_failure_of_a_users_env_reads_the_same_from_a_worker(tmp_path, tokenizer):
+    """The user's env file (loaded under a generated module name) played in workers: each way its
+    factory or env fails or hangs gives the in-process episode's stop reason and line."""
+    from fakes import Script
+    from temper.catalog import make_recipe_task
+    from test_user_env import CASES, FAILING
+
+    (tmp_path / "fail.py").write_text(FAILING)
+    rows = [{"prompt": f"case {i}", "answer": "x", "how": how} for i, how in enumerate(["fine", *CASES])]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entry = {"task": "dataset", "data": "rows.jsonl", "env": "fail.py:make_env", "split_column": None}
+    t = make_recipe_task("fail", entry | {"test_fraction": 0.01}, base_dir=tmp_path)
+    problems = [p for split in ("train", "test") for p in t._splits[split]]
+    script = Script(tokenizer, lambda text, j: "Answer: x")
+    said = []
+    with guard.time_limit(0.3):
+        pool = LocalPool(2)
+        try:
+            for place in (lambda envs: envs, pool.place):
+                envs = place([[t.make_env(p)] for p in problems])
+                out = run_episodes(
+                    script, tokenizer, envs, list(range(len(envs))), EpisodeLimits(step_timeout=0.3)
+                )
+                said.append([(e.stop_reason, e.error) for [e] in out])
+        finally:
+            pool.close()
+    assert said[0] == said[1]
+    assert len({reason for reason, _ in said[0]}) == 3  # done, env_error and timeout all seen

@@ -50,6 +50,8 @@ METHODS = ("reset", "step", "cut/close")
 """The method names a failure line may name (the agent loop's); a worker reports an env's
 `describe` of each after every call, as the env's own words change when its episode starts."""
 RAY_HINT = "pip install temper[ray]"
+ASK_S = 5.0
+"""Seconds a proxy waits for its worker to say what a failed call was (then: what it said last)."""
 
 
 class WorkerError(RuntimeError):
@@ -87,6 +89,12 @@ class EnvHost:
         except BaseException as err:  # SystemExit included, as guard.run_all does
             return _reply_error(err)
         return _sendable(("ok", value, _describes(env)))
+
+    def describe(self, key: int, method: str) -> tuple:
+        """What the env says of a call of `method` now (asked when a call failed or hung: an env's
+        words change as its episode starts, during the call that hung too)."""
+        known = _describes(self.envs.get(key)) or {}
+        return ("ok", known.get(method), None)
 
     def batch(self, keys: list[int], actions: list[str], ids: list[list[int]]) -> tuple:
         envs = [self.envs[k] for k in keys]
@@ -360,6 +368,12 @@ class RemoteEnv:
         self._describes = describes
 
     def describe(self, method: str) -> str:
+        """The env's own words when it has some (asked of the worker now, as the loop asks this only
+        when a call failed or hung: then the env may be past what the last reply said), else its label's."""
+        if self._describes is not None:
+            reply = self._pool.request(self._worker, "describe", self._key, method, timeout=ASK_S)
+            if reply[0] == "ok" and reply[1]:
+                return reply[1]
         known = self._describes or {}
         return known.get(method) or f"env {self.label}.{method}"
 
