@@ -136,6 +136,14 @@ def test_in_the_agent_loop_errors_hangs_and_close_are_attributed_per_episode(poo
     assert said[1][0][0] == "timeout" and "did not return within 1 s" in said[1][0][1]
 
 
+def test_every_ended_episode_lets_its_env_go_in_its_worker(pool, tokenizer):
+    task = FirstByteTask()
+    graded = [[make_env(task, p) for p in task.sample("train", 2, seed=0)]]
+    long = [[CountingEnv(), CountingEnv(fail_on="Y")], [Closes()]]  # done, env_error, cut at max_turns 1
+    run_episodes(SaysY(tokenizer), tokenizer, pool.place(graded + long), [0, 1, 2], EpisodeLimits(1, 0, 4))
+    assert [pool.request(w, "held")[1] for w in range(pool.size)] == [0, 0]
+
+
 def test_an_env_that_cannot_be_pickled_ends_its_episode_saying_so(pool, tokenizer):
     env = CountingEnv()
     env.lock = __import__("threading").Lock()

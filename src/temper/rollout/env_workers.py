@@ -96,15 +96,16 @@ class EnvHost:
         known = _describes(self.envs.get(key)) or {}
         return ("ok", known.get(method), None)
 
+    def held(self) -> tuple:
+        """How many envs this worker holds (each is let go when its episode is closed)."""
+        return ("ok", len(self.envs), None)
+
     def batch(self, keys: list[int], actions: list[str], ids: list[list[int]]) -> tuple:
         envs = [self.envs[k] for k in keys]
         try:
             results = type(envs[0]).step_batch(envs, actions, ids)
         except BaseException as err:
             return _reply_error(err)
-        for k, r in zip(keys, results, strict=False):
-            if getattr(r, "done", False) and not isinstance(self.envs.get(k), Closable | Cuttable):
-                self.envs.pop(k, None)  # nothing will close it: let it go now
         return _sendable(("ok", results, None))
 
 
@@ -398,9 +399,9 @@ class RemoteEnv:
 
 
 class _Closing:
-    """The part of a proxy whose env is `Cuttable` or `Closable`. The loop calls `cut` (when it
-    ended a sound episode) and then `close`: the worker does both in the first of them, as one
-    request, and lets the env go (its `cut` runs there only when the env has one)."""
+    """The end of a proxy's episode. The loop calls `cut` (when it ended a sound episode) and then
+    `close`: the worker does both in the first of them, as one request, and lets the env go (its
+    `cut` and `close` run there only when the env has them)."""
 
     _closed = False
 
@@ -434,18 +435,18 @@ _CLASSES: dict[tuple, type] = {}
 
 
 def _proxy(env: Any) -> type:
-    """The proxy class for `env`: a class per (env class, capabilities), named as the env's, so
-    the loop's batching by class and its failure lines see what they saw in process."""
-    closing = isinstance(env, Closable | Cuttable)
+    """The proxy class for `env`: a class per (env class, batched), named as the env's, so the
+    loop's batching by class and its failure lines see what they saw in process. Every proxy
+    can be cut and closed, whether or not its env can: the loop's `close` is how the worker learns
+    an episode is over and lets its env go (an env it cannot cut gives no signals, as in process)."""
     batched = isinstance(env, StepsInBatch)
-    key = (type(env), closing, batched)
+    key = (type(env), batched)
     if key not in _CLASSES:
-        bases = (_Closing, RemoteEnv) if closing else (RemoteEnv,)
         members: dict[str, Any] = {"__module__": __name__}
         if batched:
             members["step_batch"] = _batched()
             members["batch_across_groups"] = False  # a call per worker group, never across workers
-        _CLASSES[key] = type(type(env).__name__, bases, members)
+        _CLASSES[key] = type(type(env).__name__, (_Closing, RemoteEnv), members)
     return _CLASSES[key]
 
 
