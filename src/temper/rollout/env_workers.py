@@ -12,9 +12,9 @@ environments live on other machines. Here every env of a group is pickled to one
 group's envs share their task, so it is pickled once per group), played there, and its calls
 come back as the same values: a seeded run equals the in-process one (tests/test_env_workers.py).
 
-The agent loop does not change: `place` gives it proxies (`RemoteEnv`) with the env's members and
-capabilities (`cut`, `close`, `step_batch`, `tools`, `label`, `describe`), which it calls as user
-code, under the same time limits, in the same guard threads. So failures read as they did in
+The agent loop does not change: `place` gives it proxies (`RemoteEnv`) with the env's members
+(`stop`, `tools`, `label`, `describe`, `step_batch` for a batched env) and a `cut` / `close` each,
+its end of episode (the worker then lets the env go), which it calls as user code, under the same time limits, in the same guard threads. So failures read as they did in
 process: a worker sends back an exception's last line and the user's file:line
 (`guard.RaisedElsewhere`), never a traceback; a call past its limit is abandoned by the loop as
 before (it runs on in its worker's daemon thread, and the worker goes on serving the others); a
