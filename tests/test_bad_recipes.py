@@ -267,6 +267,20 @@ BAD = [
         "the first stage must be 'pretrain'",
     ),
     (
+        "workers-address-for-local",
+        {18: RL + "prompts_per_step: 2, group_size: 4, workers: {kind: local, address: auto}}"},
+        18,
+        "stages[2].train.workers.address",
+        "an address is for ray workers",
+    ),
+    (
+        "workers-unknown-kind",
+        {18: RL + "prompts_per_step: 2, group_size: 4, workers: {kind: cluster}}"},
+        18,
+        "stages[2].train.workers.kind",
+        "unknown value 'cluster' Valid: local, ray",
+    ),
+    (
         "empty-stage-list",
         {5: "stages: []", **{n: "#" for n in range(6, 23)}},
         5,

@@ -305,6 +305,7 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
                 "user_code",
                 "rollout_correction",
                 "async_rollouts",
+                "workers",  # UNHASHED: where envs run changes no output
             },
             "server_url": True,  # UNHASHED: where a server listens changes no output
         }

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "episodes",
         (
             "temper.rollout.loop",
+            "temper.rollout.env_workers",
             "temper.rollout.trajectory",
             "temper.gateway.recording",
             "temper.gateway.serving",

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "transformers", "datasets", "peft", "accelerate", "matplotlib", "safetensors", "tokenizers")
+HEAVY = (
+    "torch",
+    "transformers",
+    "datasets",
+    "peft",
+    "accelerate",
+    "matplotlib",
+    "safetensors",
+    "tokenizers",
+    "ray",
+)
 
 PROBE = """
 import json, sys

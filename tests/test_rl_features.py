@@ -65,6 +65,7 @@ def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
         "rollout_correction",
         "async_rollouts",  # rules and settings only: the loop reads its block (temper.train.pipeline)
         "monitors",
+        "workers",  # last: the envs it sends to its workers are the ones every other hook saw
     ]  # fmt: skip (in hook order)
     fields = {f.name: f for f in dataclasses.fields(RLConfig)}
     for f in BLOCKS:
@@ -261,3 +262,25 @@ def test_a_feature_runs_at_its_points_of_the_loop(tokenizer, tmp_path, monkeypat
     # the reference read the prompts the feature gave, beside the batch (which holds the student's)
     assert [len(e.reference_prompts) for e in given] == [4, 4] and given[0].reference_prompts[0][0] == 1
     assert torch.isfinite(torch.tensor(result.history[-1]["kl_ref"]))
+
+
+def test_the_envs_hook_replaces_a_rounds_envs_and_close_reaches_every_hook_when_one_fails():
+    closed = []
+
+    class Doubling(Hooks):
+        def envs(self, envs_G_N):
+            return [g + g for g in envs_G_N]
+
+        def close(self):
+            closed.append("doubling")
+            raise RuntimeError("first")
+
+    class Last(Hooks):
+        def close(self):
+            closed.append("last")
+
+    hooks = features.Features([Doubling(), Last()])
+    assert hooks.envs([["a"], ["b"]]) == [["a", "a"], ["b", "b"]]
+    with pytest.raises(RuntimeError, match="first"):
+        hooks.close()
+    assert closed == ["doubling", "last"]

@@ -91,9 +91,19 @@ def one_line(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _discriminator(name: str, annotation: Any) -> bool:
+    """A stage's `kind: Literal["sft"]`, which its heading already names (a `kind` with choices,
+    `train.workers.kind`, is a key like any other)."""
+    return (
+        name == "kind"
+        and typing.get_origin(annotation) is typing.Literal
+        and len(typing.get_args(annotation)) == 1
+    )
+
+
 def block(cls: type, key: str, depth: int, seen: set[type], lines: list[str]) -> None:
     """The table of `cls`'s keys under the heading `key`, then each nested block's (once)."""
-    rows = [(n, a, d, v) for n, a, d, v in fields(cls) if n != "kind"]
+    rows = [(n, a, d, v) for n, a, d, v in fields(cls) if not _discriminator(n, a)]
     lines += [f"{'#' * depth} `{key}`", ""]
     doc = (cls.__doc__ or "").strip()
     if doc and not doc.startswith(cls.__name__ + "("):  # a dataclass's generated signature is no doc

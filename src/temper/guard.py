@@ -20,7 +20,10 @@ returns or the process exits, and the caller goes on at once. A worker process c
 but every env and reward function would have to be pickled into it with its state (an env keeps
 its episode between steps, a TRL env class its live instance), and a fresh Python process costs
 1-2 s of imports: far more than the calls, which take microseconds. Code that must be killed, a
-model's actions and generated programs, runs in `temper.sandbox`. (Not a `ThreadPoolExecutor`:
+model's actions and generated programs, runs in `temper.sandbox`. A run that wants its envs and graders in
+other processes anyway (Python-heavy ones, a cluster) asks for `train.workers`
+(`temper.rollout.env_workers`), whose workers call them under these same rules and send back
+what a failure's line needs (`RaisedElsewhere`). (Not a `ThreadPoolExecutor`:
 its workers are joined at interpreter exit, so one hung call would hang the process's exit.)
 """
 
@@ -98,6 +101,20 @@ class UserCodeFailure(UserCodeError):
         return type(self), (self.line, self.kind)
 
 
+class RaisedElsewhere(Exception):
+    """An exception user code raised in another process (a worker of `temper.rollout.env_workers`),
+    as what its line needs: its last line (`said`) and the user's frame (`at`). The exception itself
+    may not pickle, and its traceback never crosses; `raised` describes this one as it would have
+    described the original in this process."""
+
+    def __init__(self, said: str, at: str | None = None):
+        super().__init__(said)
+        self.said, self.at = said, at
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.said, self.at)
+
+
 def _on(context: str) -> str:
     return f" on {context}" if context else ""
 
@@ -123,6 +140,8 @@ def returned(what: str, detail: str, context: str = "") -> UserCodeFailure:
 def last_line(err: BaseException) -> str:
     """What a traceback's last line says of `err` (`ValueError: my reward blew up`), as one line
     and without the class's module; an exception group's leaves, each so, joined by '; '."""
+    if isinstance(err, RaisedElsewhere):
+        return err.said
     leaves = getattr(err, "exceptions", None)
     if isinstance(err, _GROUPS) and leaves:
         return "; ".join(dict.fromkeys(last_line(e) for e in leaves))
@@ -142,6 +161,8 @@ def user_frame(err: BaseException) -> str | None:
     not temper, not the standard library, not an installed package (None when there is none)."""
     while isinstance(err, _GROUPS) and err.exceptions:
         err = err.exceptions[0]
+    if isinstance(err, RaisedElsewhere):
+        return err.at
     libraries = _library_dirs()
     found = None
     for frame, line in traceback.walk_tb(err.__traceback__):

@@ -38,7 +38,9 @@ Batched envs (`step_batch`: TaskEnv grading a group in one call) are stepped in 
 user code they call (a data task's reward functions) is guarded where it is called.
 
 Why threads, not processes: the slow environments are the sandboxed ones, whose time is spent
-waiting on a subprocess (the GIL is released), and a thread needs no pickling of the env.
+waiting on a subprocess (the GIL is released), and a thread needs no pickling of the env. Envs
+that compute in Python, or live on other machines, are played in worker processes or Ray actors
+by handing this loop proxies of them (`temper.rollout.env_workers`, `train.workers`).
 """
 
 from __future__ import annotations

@@ -128,13 +128,18 @@ def load_reward_function(spec: str, base_dir: Path | None = None, what: str = "r
     return RewardFunction(spec, fn, source)
 
 
+MODULE_PREFIX = "temper_rewards_"
+"""The start of the name a module file of the recipe's is loaded under (a worker pool sends its
+classes and functions by value: no other process could import it by that name)."""
+
+
 def _load_file(file: Path, base: Path, what: str = "reward") -> Any:
     """The module of `file`, executed once per content: recipe validation, the plan check and the
     run share it (and its state), and an edited file is loaded afresh. Executing it is user code:
     under the time limit, its failure one line naming the file (as an `env` or `reward` module)."""
     file = file.resolve()
     digest = hashlib.sha256(str(file).encode() + b"\0" + file.read_bytes()).hexdigest()[:12]
-    name = f"temper_rewards_{digest}_{file.stem}"
+    name = f"{MODULE_PREFIX}{digest}_{file.stem}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)

@@ -100,6 +100,7 @@ def sample_share(
             draw = min(4 * need, math.ceil(need / max(keep_rate, 0.25)))
             index, drawn = range(draw), problems_for_step(tasks, draw, config.seed, step, stream)
         envs = [[make_env(task, problem) for _ in range(config.group_size)] for task, problem in drawn]
+        envs = features.envs(envs)  # e.g. played by worker processes (train.workers)
         episodes = run_episodes(
             sampler,
             tokenizer,

@@ -251,7 +251,7 @@ def train_rl(
     sampled_tokens, trained_tokens = totals.get("sampled_tokens", 0), totals.get("trained_tokens", 0)
     t_start = time.perf_counter() - totals.get("seconds", 0.0)
     progress = progress_bar(config.progress and main)
-    with pipeline_closed(pipeline), progress:
+    with pipeline_closed(pipeline), contextlib.closing(features), progress:
         bar = progress.add_task(out_dir.name or "rl", total=config.steps, completed=start, info="")
         for step in range(start, config.steps):
             # 1. draw problems, run episodes, grade: this process's share; the metrics describe the

@@ -167,6 +167,22 @@ class Features:
             sampler = h.sampler(sampler)
         return sampler
 
+    def envs(self, envs_G_N: list[list[Any]]) -> list[list[Any]]:
+        for h in self.hooks:
+            envs_G_N = h.envs(envs_G_N)
+        return envs_G_N
+
+    def close(self) -> None:
+        """Every hook's `close`, the later ones too when one raises (the first error is raised)."""
+        errors = []
+        for h in self.hooks:
+            try:
+                h.close()
+            except Exception as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
+
     def keep(self, group: Any) -> bool:
         return all(h.keep(group) for h in self.hooks)
 

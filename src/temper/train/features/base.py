@@ -6,7 +6,7 @@ reward-hacking monitors...) is one module of `temper.train.features` that define
 (checked once, when the recipe is validated, at the line that breaks them), the batch reward
 scorers it adds, and the hooks it runs at fixed points of `temper.train.rl.train_rl`:
 
-    draw problems -> run episodes (the `sampler` hook) -> grade (`shape`: a group's rewards)
+    draw problems -> `envs` -> run episodes (the `sampler` hook) -> grade (`shape`: a group's rewards)
       -> `after_grading` -> batch -> `extras` (estimator inputs, reference prompts) -> advantages
       -> update -> sync -> eval -> `after_step` (metrics from the whole row) -> log -> checkpoint
 
@@ -144,6 +144,14 @@ class Hooks:
     def sampler(self, sampler: Sampler) -> Sampler:
         """The sampler training draws from (e.g. one that forces the first token)."""
         return sampler
+
+    def envs(self, envs_G_N: list[list[Any]]) -> list[list[Any]]:
+        """The envs a sampling round plays, [group][sample] (e.g. proxies of envs held by worker
+        processes, `workers`); called by `collect.sample_share` just before the episodes run."""
+        return envs_G_N
+
+    def close(self) -> None:
+        """At the end of the run, whatever ended it: release what the hooks hold (worker processes)."""
 
     def keep(self, group: Group) -> bool:
         """Whether a graded group is trained on (False: dropped, and refilled while rounds last)."""
