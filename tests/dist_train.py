@@ -2,17 +2,19 @@
 steps of the nano model. Every process writes `world-<rank>.json` (the rank and world size it
 sees); the main process writes the per-step losses to `losses.json`, the held-out losses to
 `eval_losses.json`, the logged rows to `history.json` and the trained model to `model/`.
-argv: out_dir [JSON of TrainConfig overrides] [step after which every process raises, as an
-interruption would]."""
+argv: out_dir [JSON of TrainConfig overrides, and "lora": apply_lora's arguments] [step after
+which every process raises, as an interruption would]."""
 
 import json
 import random
 import sys
 from pathlib import Path
 
+import torch
+
 from temper import distributed
 from temper.data import build_sequences, parse_row
-from temper.models import build_preset, build_tokenizer, save_trained
+from temper.models import build_preset, build_tokenizer, save_trained, with_lora
 from temper.train import NextToken, TrainConfig, train_supervised
 
 
@@ -35,13 +37,17 @@ def main(out: str, overrides: str = "{}", stop_after: str = "0") -> None:
     data, _ = build_sequences(tokenizer, rows, max_len=32)
     held_out = data[:5]  # an odd count: the processes score unequal shares
     settings = dict(max_steps=4, batch_size=8, lr=3e-3, warmup_steps=1, log_every=1, eval_every=2)
-    config = TrainConfig(**settings | json.loads(overrides), progress=False)
+    given = json.loads(overrides)
+    lora = given.pop("lora", None)
+    config = TrainConfig(**settings | given, progress=False)
 
     def interrupt(step, row):
         if step == int(stop_after):
             raise Interrupted(f"stopped after step {step}")
 
     model = build_preset("nano", tokenizer, seed=0)
+    torch.manual_seed(0)  # the adapter's initial A: the same draw alone and in every process
+    model = with_lora(model, lora)
     result = train_supervised(
         model,
         data,

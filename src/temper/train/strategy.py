@@ -9,9 +9,10 @@ decoder layer (the classes the transformers model names in `_no_split_modules`),
 Each process keeps 1/N of the trained parameters, their gradients and the optimizer state; a
 forward all-gathers a layer's parameters and frees them after, a backward reduce-scatters its
 gradients (averaged over processes, as DDP's, so the trainers' `loss x world` holds). Why
-`fully_shard` and not Accelerate's FSDP plugin: with accelerate 1.15 on CPU the plugin is silently
-ignored (`prepare` wraps DDP instead), so a CPU test of it would compare DDP with DDP; fully_shard
-shards on CPU (gloo) and on GPU (NCCL) alike: one code path, tested here.
+`fully_shard` and not Accelerate's FSDP plugin: with accelerate 1.15 and 1.16 (`fsdp_version=2`
+too) on CPU the plugin is silently ignored (`prepare` wraps DDP instead), so a CPU test of it
+would compare DDP with DDP; fully_shard shards on CPU (gloo) and is the same call on GPU (NCCL):
+one code path (tested here on CPU only).
 
 Why a copy: a sharded module's forward is a collective, so anything only the main process runs
 (the greedy evaluation, the RL gate, `save_pretrained`) or that runs a different number of
@@ -147,6 +148,12 @@ def shard(model: torch.nn.Module, world: int) -> torch.nn.Module:
 
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world,))
+    # as DDP does when it wraps: every process starts from the main process's weights (fully_shard
+    # keeps each process's own slice, so processes that built different weights, e.g. a LoRA
+    # adapter drawn from unequal RNG states, would train a mix of them)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
     copied = copy.deepcopy(model)
     layers = decoder_layer_classes(copied)
     for module in copied.modules():
