@@ -71,6 +71,20 @@ BAD = [
         "must be below max_steps (4)",
     ),
     (
+        "muon-under-fsdp",
+        {13: SFT + "optimizer: muon, strategy: fsdp, warmup_steps: 1}"},
+        13,
+        "stages[1].train.strategy",
+        "optimizer muon cannot run under strategy fsdp",
+    ),
+    (
+        "unknown-strategy",
+        {18: RL + "strategy: fdsp}"},
+        18,
+        "stages[2].train.strategy",
+        "did you mean 'fsdp'? Valid: ddp, fsdp",
+    ),
+    (
         "micro-batch-not-dividing",
         {13: SFT + "micro_batch_size: 3, warmup_steps: 1}"},
         13,
@@ -327,6 +341,7 @@ GOOD = {
     "no-warmup": {13: SFT + "warmup_steps: 0}"},
     "short-runs-with-the-default-warmup": {9: "    train: {max_steps: 4, batch_size: 4}", 13: SFT[:-2] + "}"},
     "micro-batch-dividing": {13: SFT + "micro_batch_size: 2, warmup_steps: 1}"},
+    "fsdp": {13: SFT + "strategy: fsdp, warmup_steps: 1}", 18: RL + "strategy: fsdp}"},
     "minibatch-per-sample": {18: RL + "prompts_per_step: 2, group_size: 4, minibatches: 8}"},
     "task-variant": {4: "  arithmetic: {task: arithmetic, max_digits: 2}"},
 }

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from temper.stages.context import StageContext
 from temper.train.rl_config import RLConfig
+from temper.train.strategy import MUON_UNDER_FSDP
 from temper.train.supervised import TrainConfig
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ def train_rules(config: TrainConfig) -> list[tuple[Loc, str]]:
                 "(leave it unset for a tenth of the steps)",
             )
         )
+    if config.strategy == "fsdp" and config.optimizer == "muon":
+        out.append((("strategy",), MUON_UNDER_FSDP))
     if config.micro_batch_size and config.batch_size % config.micro_batch_size:
         out.append(
             (

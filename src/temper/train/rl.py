@@ -59,6 +59,7 @@ from temper.train.rl_metrics import episode_metrics, rollout_metrics, update_met
 from temper.train.rl_update import policy_with_value, prepare, update
 from temper.train.rollouts import Group, rollout_record, to_batch
 from temper.train.schedule import lr_at
+from temper.train.strategy import wrap
 
 __all__ = [
     "RLConfig",
@@ -186,7 +187,8 @@ def train_rl(
     Under N processes (see temper.distributed) each samples, grades and prepares its share of the
     step's groups (`sample_share`); `prepare` sums the batch-wide advantage statistics (GAE
     whitening, reinforce_pp) over processes and `update` every loss normalizer, and DDP averages
-    the gradients, so the losses equal one process's at the same global batch (GRPO in
+    the gradients (`config.strategy`: DDP, or FSDP2 over sharded parameters, see
+    `temper.train.strategy`), so the losses equal one process's at the same global batch (GRPO in
     tests/test_distributed.py; gae, reinforce_pp, rloo and a KL term checked by hand). The logged
     metrics describe the global batch (the groups are gathered), `evaluate` runs on the main
     process while the others wait, and only the main process writes metrics.jsonl, rollouts.jsonl
@@ -207,12 +209,19 @@ def train_rl(
             config.precision, model, "sample", record=Path(out_dir) / PRECISION_RECORD
         ),
     )
-    trainable = policy_with_value(model, config)  # the policy and, for PPO, its value head
-    params = [p for p in trainable.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
-    # DDP wraps the one module the update differentiates; the sampler keeps the bare model, whose
-    # parameters are the same tensors, so sampling and evaluation run no collective
-    trainable, optimizer = accelerator.prepare(trainable, optimizer)
+
+    def adamw(module: torch.nn.Module) -> torch.optim.Optimizer:
+        params = [p for p in module.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99))
+
+    # the strategy wraps the one module the update differentiates (the policy and, for PPO, its
+    # value head): DDP over the bare model's own tensors, or FSDP over a sharded copy published
+    # into the bare model after each update; the sampler keeps the bare model, so sampling and
+    # evaluation run no collective
+    trained = wrap(policy_with_value(model, config), adamw, accelerator, config.strategy)
+    trainable, optimizer = trained.module, trained.optimizer
+    # the LMs whose forward precision patches: the bare one and, under fsdp, the trained copy's
+    policies = list({id(m): m for m in (model, trained.inner.policy)}.values())
     # after the accelerator: rank 0 decides (a resumed run keeps its recorded choice)
     precision = resolve_precision(config.precision, model, record=Path(out_dir) / PRECISION_RECORD)
     log = MetricsLog(out_dir / "metrics.jsonl", main, trackers=config.trackers, config=asdict(config))
@@ -226,7 +235,7 @@ def train_rl(
     ))  # fmt: skip
     train_sampler = features.sampler(sampler)
     origin = RunProvenance.of_run(train_sampler, tokenizer, tasks, config, base=sampler)  # once per run
-    loaded, totals = resume(out_dir / "checkpoints", accelerator)
+    loaded, totals = resume(out_dir / "checkpoints", accelerator, trained)
     assert loaded == start, (loaded, start)
     accelerator.wait_for_everyone()
     # where each step's batch comes from: sampled when the step asks, or by a worker k steps ahead
@@ -288,7 +297,7 @@ def train_rl(
                         rollouts.log(rec)
                 # 3. tensors, what the features add, reference logprobs and values (no grad), advantages
                 batch = to_batch(local)
-                with precision.applied(model, reference):
+                with precision.applied(*policies, reference):
                     prepared = prepare(
                         batch, trainable, reference, config, accelerator, features.extras(now, batch)
                     )
@@ -298,11 +307,12 @@ def train_rl(
                     step, lr=config.lr, max_steps=config.steps, warmup_steps=config.warmup_steps,
                     schedule=config.schedule,
                 )  # fmt: skip
-                with precision.applied(model):
+                with precision.applied(*policies):
                     stats, tokens = update(trainable, optimizer, prepared, config, step, lr, accelerator)
                 trained_tokens += int(
                     accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum")
                 )
+                trained.publish()  # fsdp: the full weights into the bare model the sampler reads
                 sampler.sync(model)
                 t3 = time.perf_counter()
                 row |= update_metrics(stats, prepared, accelerator) | {
@@ -332,7 +342,14 @@ def train_rl(
                 totals = {"sampled_tokens": sampled_tokens, "trained_tokens": trained_tokens}
                 totals["seconds"] = time.perf_counter() - t_start
                 files = {PIPELINE_FILE: pipeline.versions()} if pipeline.max_staleness else {}
-                save_checkpoint(out_dir / "checkpoints", step + 1, accelerator, totals=totals, files=files)
+                save_checkpoint(
+                    out_dir / "checkpoints",
+                    step + 1,
+                    accelerator,
+                    totals=totals,
+                    files=files,
+                    trained=trained,
+                )
     model.eval()
     log.close()
     seconds = time.perf_counter() - t_start

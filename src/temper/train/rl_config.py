@@ -28,6 +28,7 @@ from temper.train.features import task_rules as feature_task_rules
 from temper.train.features.base import Error, at
 from temper.train.metrics import Tracker
 from temper.train.schedule import Schedule
+from temper.train.strategy import Strategy
 
 Advantage = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 """The names of `temper.algorithms.estimators.ESTIMATORS`."""
@@ -42,7 +43,7 @@ class RLConfig:
     checked when a recipe or a CLI flag sets a field (plain construction does not check them);
     cross-field rules are `rl_rules`."""
 
-    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("strategy",)
     """Core fields added after runs were recorded: left out of the stage hash while at their
     defaults (`stages.markers.stage_settings`), so those runs stay complete. A feature's block
     says so itself (`RLFeature.hashed_when_set`)."""
@@ -121,6 +122,11 @@ class RLConfig:
     schedule: Schedule = "constant"
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     grad_clip: Annotated[float, Field(ge=0)] = 1.0
+    strategy: Strategy = "ddp"
+    """ddp | fsdp: how several processes (torchrun) share the trained module: ddp keeps it whole
+    in each, fsdp shards parameters, gradients and optimizer state (torch FSDP2,
+    `temper.train.strategy`) and gathers the full weights for the sampler after each update; the
+    same losses. One process trains the model itself either way."""
     dropout: bool = False
     """Keep the model's dropout in the RL update and the reference/value passes. Off by default:
     with dropout the first update is already off-policy (ratio != 1 before any step)."""

@@ -245,6 +245,7 @@ def prepare(
     need nothing else, and the batch-wide statistics (GAE whitening, reinforce_pp's normalization)
     are summed over processes through `accelerator`, so every process gets the one-process advantages.
     """
+    same_rows_everywhere(len(batch.prompts), config, accelerator)  # before the forwards below
     device = next(module.parameters()).device
     batch = batch.to(device)
     extras = extras or BatchExtras()
@@ -430,18 +431,23 @@ def same_rows_everywhere(rows: int, config: RLConfig, accelerator: Accelerator |
     of rows (`torch.chunk` of unequal counts can give a different number of optimizer steps,
     whose gradient syncs would not pair up: the collectives hang). Equal groups give equal rows,
     unless an agent rewrote its history (an episode of several rows, `train/rollouts.to_batch`):
-    that stops the run with one line. Micro-batches of unequal counts pair up (DDP syncs once,
-    on each process's last)."""
+    that stops the run with one line. Micro-batches of unequal counts pair up under DDP (it syncs
+    once, on each process's last), not under fsdp, where every forward gathers the shards."""
     import torch
 
-    if accelerator is None or accelerator.num_processes == 1 or config.minibatches == 1:
+    fsdp = config.strategy == "fsdp"
+    if accelerator is None or accelerator.num_processes == 1 or (config.minibatches == 1 and not fsdp):
         return
     counts = accelerator.gather(torch.tensor([rows], device=accelerator.device)).tolist()
     if min(counts) != max(counts):
+        why, fix = (
+            ("under strategy fsdp (every forward is a collective)", "strategy ddp with minibatches 1")
+            if fsdp
+            else ("with minibatches > 1", "minibatches 1")
+        )
         raise ValueError(
             f"the processes hold {counts} batch rows (an agent rewrote its history: an episode of "
-            "several rows), and with minibatches > 1 they must match: train such an agent with "
-            "minibatches 1, or in one process"
+            f"several rows), and {why} they must match: train such an agent with {fix}, or in one process"
         )
 
 

@@ -30,10 +30,13 @@ from temper.train.checkpoint import resume, save_checkpoint
 from temper.train.metrics import MetricsLog, Tracker, progress_bar
 from temper.train.objective import Objective, Stats, stat_means
 from temper.train.schedule import lr_at
+from temper.train.strategy import MUON_UNDER_FSDP, Strategy, wrap
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
     import torch
     from accelerate import Accelerator
+
+    from temper.train.strategy import Trained
 
 # Ranges pydantic checks when a recipe or a CLI flag sets a field (`Annotated` metadata is inert
 # in plain Python, so tests and benchmarks still construct these directly); cross-field rules are
@@ -48,7 +51,7 @@ DEFAULT_WARMUP = 20
 class TrainConfig:
     """Optimizer-step-level settings shared by every supervised stage."""
 
-    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("optimizer", "muon_momentum")
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("optimizer", "muon_momentum", "strategy")
     """Fields added after runs were recorded: left out of the stage hash at their defaults."""
 
     max_steps: Annotated[int, Field(ge=1)] = 500
@@ -78,6 +81,10 @@ class TrainConfig:
     """Muon's Nesterov momentum (optimizer muon only)."""
     grad_clip: Annotated[float, Field(ge=0)] = 1.0
     """Max global grad norm; 0 disables."""
+    strategy: Strategy = "ddp"
+    """ddp | fsdp: how several processes (torchrun) share the model: ddp keeps it whole in each,
+    fsdp shards parameters, gradients and optimizer state (torch FSDP2, `temper.train.strategy`);
+    the same losses. One process trains the model itself either way."""
     eval_every: Annotated[int, Field(ge=0)] = 0
     """Steps between eval-loss passes; 0 = only at the end."""
     save_every: Annotated[int, Field(ge=0)] = 0
@@ -140,18 +147,18 @@ def process_batches(config: TrainConfig, accelerator: Accelerator) -> tuple[int,
 
 
 def resume_or_start(
-    out_dir: Path, config: TrainConfig, accelerator: Accelerator
+    out_dir: Path, config: TrainConfig, accelerator: Accelerator, trained: Trained | None = None
 ) -> tuple[MetricsLog, int, dict[str, Any]]:
     """The run's metrics log, the step to start from and the run's totals up to it: the newest
-    checkpoint under `out_dir/checkpoints` is loaded and the log cut back to it; without one a
-    stale log is removed."""
+    checkpoint under `out_dir/checkpoints` is loaded (into `trained`'s shards as well, under
+    fsdp) and the log cut back to it; without one a stale log is removed."""
     log = MetricsLog(
         out_dir / "metrics.jsonl",
         accelerator.is_main_process,
         trackers=config.trackers,
         config=asdict(config),
     )
-    start, totals = resume(out_dir / "checkpoints", accelerator)
+    start, totals = resume(out_dir / "checkpoints", accelerator, trained)
     if start:
         log.truncate_after(start)
     elif accelerator.is_main_process and log.path.exists():
@@ -229,16 +236,20 @@ def train_supervised(
     torch.manual_seed(config.seed)
     from temper.train.optimizers import build_optimizer  # torch, imported where it runs
 
-    optimizer = build_optimizer(model, config)
+    if config.strategy == "fsdp" and config.optimizer == "muon":
+        raise ValueError(MUON_UNDER_FSDP)
     model.train()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
+    # `unwrapped` is the plain model (start, context, evaluation read it: no collective runs
+    # there); the loss calls `trained.module` (DDP, or an FSDP-sharded copy published into it)
+    unwrapped = model
+    trained = wrap(model, lambda m: build_optimizer(m, config), accelerator, config.strategy)
+    model, optimizer = trained.module, trained.optimizer
     precision = resolve_precision(config.precision, unwrapped, record=out_dir / PRECISION_RECORD)
     with precision.applied(unwrapped):  # from the starting weights (before any resume)
         train, eval_set = objective.start(unwrapped, train, eval_set or [], micro)
 
     ckpt_root = out_dir / "checkpoints"
-    log, start, totals = resume_or_start(out_dir, config, accelerator)
+    log, start, totals = resume_or_start(out_dir, config, accelerator, trained)
     lr_for = lr_schedule(config)
 
     history: list[dict[str, Any]] = log.rows()  # the steps before a resume
@@ -247,7 +258,7 @@ def train_supervised(
     tokens_total = totals.get("tokens", 0)  # this process's (resumed: the main process's so far)
     t_start, t_window, tok_window = time.perf_counter(), time.perf_counter(), 0
     progress = progress_bar(config.progress and accelerator.is_main_process)
-    with progress, precision.applied(unwrapped):
+    with progress, precision.applied(*trained.forward_modules()):
         bar = progress.add_task(out_dir.name or "train", total=config.max_steps, completed=start, info="")
         for step in range(start, config.max_steps):
             global_idx = batch_indices(step, len(train), config.batch_size, config.seed)
@@ -263,6 +274,7 @@ def train_supervised(
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            trained.publish()  # fsdp: the next step's context and evaluation read the plain model
             loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
             losses.append(loss_value)
             done = step + 1
@@ -290,7 +302,7 @@ def train_supervised(
                 seconds = earlier_seconds + time.perf_counter() - t_start
                 totals = {"tokens": tokens_total, "seconds": seconds, "losses": losses}
                 # every process saves: its RNG state is in the checkpoint too
-                save_checkpoint(ckpt_root, done, accelerator, totals=totals)
+                save_checkpoint(ckpt_root, done, accelerator, totals=totals, trained=trained)
 
     log.close()
     if accelerator.is_main_process:
