@@ -144,7 +144,9 @@ def run(preset: str, name: str, arm: dict, seed: int, steps: int, lr: float, run
         "held_out": held_out_loss(model, tokenizer),
         "skill": skill(model, tokenizer),
         # packed rows of 256 tokens, 16 a step: seconds per step from the logged token rate
-        "s_per_step": statistics.median([16 * 256 / r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]),
+        "s_per_step": statistics.median(
+            [16 * 256 / r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+        ),
     }
     done.write_text(json.dumps(result))
     return result

@@ -150,18 +150,3 @@ def test_top_k_keeps_the_k_largest():
     assert _pick(0.9, top_k=2)[0] == [1]  # tokens 0 and 1: 2/3 and 1/3
     assert _pick(0.9, rows=3, top_k=2)[0] == [1, 1, 1]
     assert _pick(0.99, top_k=4)[0] == [3]  # k = vocabulary: nothing dropped
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_a_float64_models_token_is_chosen_in_fp32_and_its_logprob_is_float64(temperature):
-    """The choice is the fp32 one (a float64 pinned run samples the tokens an fp32 cast picks), the
-    logprob the float64 log-softmax at the temperature (not the fp32 one cast back)."""
-    logits = torch.randn(5, 263, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
-    u = torch.rand(5, generator=torch.Generator().manual_seed(1))
-    token, logp = choose_tokens(logits, temperature=temperature, uniform_B=u)
-    token32, logp32 = choose_tokens(logits.float(), temperature=temperature, uniform_B=u)
-    assert torch.equal(token, token32) and logp32.dtype == torch.float32
-    want = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(-1, token[:, None]).squeeze(-1)
-    assert logp.dtype == torch.float64
-    torch.testing.assert_close(logp, want, rtol=0, atol=1e-14)
-    assert (logp - logp32.double()).abs().max() > 1e-9  # the fp32 value differs past float64 rounding

@@ -75,6 +75,7 @@ def test_a_vllm_recipe_runs_sft_grpo_eval_within_noise_of_the_hf_sampler(
 ):
     out = tmp_path / name
     shutil.copytree(sft_run, out)
+    (out / "recipe.yaml").unlink()  # the folder is this recipe's run from here on
     result = run(shrunk(name), out)
     assert (out / "02-sft" / "stage.json").exists() and (out / "04-eval" / "stage.json").exists()
 

@@ -252,10 +252,7 @@ class HFSampler:
 
         # per-row results (row = index into row_prompts); A = rows still in the batch
         tokens_R_T = torch.zeros((rows, max_new_tokens), dtype=torch.long, device=device)
-        # at least fp32: a float64 model's logprobs stay float64 (the pinned runs compare them to
-        # the trainer's, and fp32 rounding there differs between CPUs' kernels)
-        logp_dtype = torch.promote_types(torch.float32, logits_A_V.dtype)
-        logps_R_T = torch.zeros((rows, max_new_tokens), dtype=logp_dtype, device=device)
+        logps_R_T = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
         lengths = [max_new_tokens] * rows
         reasons: list[SampleStopReason] = ["length"] * rows
         row_A = torch.arange(rows, device=device)

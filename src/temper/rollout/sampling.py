@@ -24,13 +24,10 @@ def choose_tokens(
     logprob_B = log softmax(logits / T)[token], before truncation (T = 1 when greedy). Sampling
     draws from softmax(logits / T) restricted to the top_k largest logits (0 = all), then to the
     smallest set whose probability reaches top_p (the nucleus, Holtzman et al. 2020), renormalized;
-    the order matches transformers and vLLM (temperature, top-k, top-p). The choice is made in
-    fp32 whatever the logits' dtype; the logprob of a float64 model's token is its float64 one
-    (a trainer in float64 compares with it: fp32 rounding there would differ between CPUs).
+    the order matches transformers and vLLM (temperature, top-k, top-p).
     """
     import torch
 
-    wide_B_V = logits_B_V if logits_B_V.dtype == torch.float64 else None
     logits_B_V = logits_B_V.float()
     if temperature == 0.0:
         logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
@@ -46,8 +43,6 @@ def choose_tokens(
                 probs_B_V.shape[0], generator=generator, device=probs_B_V.device, dtype=probs_B_V.dtype
             )
         token_B = _draw(probs_B_V, uniform_B)
-    if wide_B_V is not None:
-        logp_B_V = torch.log_softmax(wide_B_V / (temperature or 1.0), dim=-1)
     return token_B, logp_B_V.gather(-1, token_B[:, None]).squeeze(-1)
 
 
