@@ -53,7 +53,15 @@ def saved(tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sampler(saved):
     _, path = saved
-    return VLLMSampler(path, check_sync=TOL, max_model_len=256)
+    threads = torch.get_num_threads()
+    engine = VLLMSampler(path, check_sync=TOL, max_model_len=256)
+    engine.threads_before = threads
+    return engine
+
+
+def test_the_engine_leaves_the_trainers_torch_threads(sampler):
+    """vLLM sets torch's threads to 1 when it starts; a trainer in this process would run at that."""
+    assert torch.get_num_threads() == sampler.threads_before
 
 
 @pytest.fixture

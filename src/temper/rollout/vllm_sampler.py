@@ -119,6 +119,7 @@ class VLLMSampler:
         if _on_cpu(vllm):
             llm_kwargs.setdefault("dtype", "float32")
             llm_kwargs.setdefault("enforce_eager", True)
+        threads = torch.get_num_threads()
         try:
             self.llm = vllm.LLM(model=str(model), **llm_kwargs)
         except TypeError as err:
@@ -128,6 +129,11 @@ class VLLMSampler:
                     "vLLM >= 0.10.2 so that sampled logprobs include the temperature"
                 ) from err
             raise
+        if torch.get_num_threads() != threads:
+            # vLLM lowers the process's torch threads to 1 "for serving" (unless OMP_NUM_THREADS is
+            # set); in this process the trainer shares that pool, and runs between the engine's
+            # calls rather than beside them, so it gets its threads back (the engine uses them too)
+            torch.set_num_threads(threads)
         self.token_budget, self.max_num_seqs, self.max_model_len = self._engine_limits(llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = config_stop_ids(str(model))
