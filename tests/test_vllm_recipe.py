@@ -97,4 +97,4 @@ def test_a_vllm_recipe_runs_sft_grpo_eval_within_noise_of_the_hf_sampler(
     assert list(evaluated) == ["pretrain", "rl"]  # the run's starting model first, then the stage's
     for model in evaluated.values():
         assert model["test"]["n_problems"] == 40 and len(model["test"]["greedy_correct"]) == 40
-    assert evaluated["rl"]["test"]["greedy_accuracy"]["value"] > 0.2  # the SFT'd model answers
+    assert evaluated["rl"]["test"]["greedy_correct"].count("1") > 8  # the SFT'd model answers some
