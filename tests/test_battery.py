@@ -729,8 +729,8 @@ def _spy_resume(w: World) -> None:
 
     real = checkpoint.load_checkpoint
 
-    def load(path, accelerator):
-        w.resumed.append(step := real(path, accelerator))
+    def load(path, accelerator, trained=None):
+        w.resumed.append(step := real(path, accelerator, trained))
         return step
 
     w.monkeypatch.setattr(checkpoint, "load_checkpoint", load)

@@ -56,9 +56,9 @@ def rng_not_restored(monkeypatch):
     def apply():
         load = checkpoint.load_checkpoint
 
-        def load_keeping_rng(path, accelerator):
+        def load_keeping_rng(path, accelerator, trained=None):
             state = torch.get_rng_state(), random.getstate()
-            step = load(path, accelerator)
+            step = load(path, accelerator, trained)
             torch.set_rng_state(state[0])
             random.setstate(state[1])
             return step
