@@ -116,7 +116,11 @@ def test_rl_under_fsdp_in_two_processes_matches_one(rl_runs):
     one, two = _history(rl_runs / "p1"), _history(rl_runs / "p2")
     assert [r["reward"] for r in two] == [r["reward"] for r in one]
     assert len({r["reward"] for r in one}) > 1  # the policy moved: later steps test the update
-    _same_rows(one, two, ("loss/policy", "loss", "grad_norm"), rel=1e-5)
+    _same_rows(one, two, ("loss/policy", "loss"), rel=1e-5)
+    # the policy gradient is a sum of advantage-weighted terms of both signs that mostly cancel, so
+    # the float32 rounding of another reduction order (the shards' reduce-scatter) shows more in
+    # its norm: 3.1e-5 relative at step 2 on an AVX-512 Xeon (a missed reduction is off by ~2x)
+    _same_rows(one, two, ("grad_norm",), rel=1e-4)
     assert (rl_runs / "p2" / "rollouts.jsonl").read_text() == (rl_runs / "p1" / "rollouts.jsonl").read_text()
 
 
