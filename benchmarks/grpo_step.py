@@ -21,8 +21,11 @@ see the EOS saving that a random-init model cannot show; each run reloads the mo
 For context the run also times temper's sampler against `model.generate` on one step's batch
 (P x G x T, fixed length, best of `--sampler-repeats`), as benchmarks/sampler_speed.py does.
 
+`--staleness 1,2` adds temper runs with bounded-staleness rollouts (`async_rollouts.max_staleness`
+k: a forked worker with one thread samples while the trainer trains), in the same alternation.
+
     PYTHONPATH=src:. python benchmarks/grpo_step.py [--presets tiny] [--steps 10] [--repeats 2]
-        [--prompts 8] [--group 8] [--tokens 32] [--fixed-length] [--json out.json]
+        [--prompts 8] [--group 8] [--tokens 32] [--fixed-length] [--staleness 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from temper.data.chat import prompt_ids  # noqa: E402
 from temper.models import PRESETS, build_preset, build_tokenizer, load_model, load_tokenizer  # noqa: E402
 from temper.rollout import HFSampler  # noqa: E402
 from temper.tasks.base import Problem  # noqa: E402
+from temper.train.features.async_rollouts import AsyncRollouts  # noqa: E402
 from temper.train.rl import RLConfig, problems_for_step, train_rl  # noqa: E402
 
 LR = 1e-5
@@ -73,7 +77,7 @@ def per_step_seconds(stamps: list[float], warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps[warmup - 1 :], stamps[warmup:])]
 
 
-def run_temper(preset: str, args, precision: str = "fp32") -> dict[str, Any]:
+def run_temper(preset: str, args, precision: str = "fp32", k: int = 0) -> dict[str, Any]:
     task = make_task("arithmetic")
     model, tokenizer = load(preset)
     sampler = None
@@ -99,6 +103,7 @@ def run_temper(preset: str, args, precision: str = "fp32") -> dict[str, Any]:
         seed=SEED,
         progress=False,
         precision=precision,
+        async_rollouts=AsyncRollouts(max_staleness=k),
     )
     stamps: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -261,8 +266,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="max new tokens")
     parser.add_argument("--fixed-length", action="store_true", help="no early stop at EOS in either")
     parser.add_argument("--sampler-repeats", type=int, default=2, help="timed sampler runs (best counts)")
+    parser.add_argument("--staleness", default="", help="comma-separated k > 0: also time temper async")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    ks = [int(k) for k in args.staleness.split(",") if k]
     if args.warmup < 1 or args.steps < args.warmup + 2:
         parser.error("need --warmup >= 1 and --steps >= --warmup + 2 (a median needs timed steps)")
 
@@ -279,12 +286,16 @@ def main() -> None:
     for preset in args.presets.split(","):
         check_prompts_match(preset, args)
         ours, theirs = [], []
+        stale: dict[int, list[dict[str, Any]]] = {k: [] for k in ks}
         for i in range(args.repeats):  # alternate, so drift in machine load hits both
             ours.append(run_temper(preset, args))
             theirs.append(run_trl(preset, args))
+            for k in ks:
+                stale[k].append(run_temper(preset, args, k=k))
             print(
                 f"{preset} repeat {i + 1}: temper {ours[-1]['s_per_step']:.3f} s/step, "
-                f"TRL {theirs[-1]['s_per_step']:.3f} s/step",
+                f"TRL {theirs[-1]['s_per_step']:.3f} s/step"
+                + "".join(f", temper k={k} {stale[k][-1]['s_per_step']:.3f} s/step" for k in ks),
                 flush=True,
             )
         auto = run_temper(preset, args, "auto")  # what `precision: auto` picks on this machine
@@ -301,6 +312,7 @@ def main() -> None:
                 "fixed_length": args.fixed_length,
                 "temper_s_per_step": best_ours["s_per_step"],
                 "trl_s_per_step": best_theirs["s_per_step"],
+                "async_s_per_step": {k: min(r["s_per_step"] for r in runs) for k, runs in stale.items()},
                 "ratio": best_theirs["s_per_step"] / best_ours["s_per_step"],
                 "temper_split": {k: best_ours[k] for k in ("sample", "prepare", "train")},
                 "trl_generate": best_theirs["generate"],
@@ -338,6 +350,15 @@ def main() -> None:
             f"| {r['preset']} | {r['sampler_tok_s']:,.0f} | {r['generate_tok_s']:,.0f} | "
             f"{r['sampler_tok_s'] / r['generate_tok_s']:.2f}x |"
         )
+    if ks:
+        print("\n| preset | temper k | temper s/step | TRL s/step | TRL/temper |")
+        print("|---|---|---|---|---|")
+        for r in results:
+            for k, seconds in {0: r["temper_s_per_step"], **r["async_s_per_step"]}.items():
+                print(
+                    f"| {r['preset']} | {k} | {seconds:.3f} | {r['trl_s_per_step']:.3f} | "
+                    f"{r['trl_s_per_step'] / seconds:.2f}x |"
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

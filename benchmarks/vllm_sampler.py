@@ -1,8 +1,10 @@
-"""New tokens/s of vLLM (CPU build, in-process engine) against `HFSampler`, side by side in one
-process, plus the engine's start-up and the time of a weight sync. Run in the vLLM venv:
+"""New tokens/s of vLLM (CPU build: an in-process engine, and an OpenAI-compatible server) against
+`HFSampler`, side by side in one process, plus each engine's start-up, the time of a weight sync
+(full weights, and a LoRA model's merged ones), and a request's fixed cost. Run in the vLLM venv:
 
     make test-vllm   # builds .venv-vllm once
     PYTHONPATH=src:. .venv-vllm/bin/python benchmarks/vllm_sampler.py [--presets tiny,small] [--repeats 3]
+        [--no-server]
 
 The model is a randomly initialized preset saved to a temporary folder (speed does not depend on
 the weights), fp32 in both. Shapes: 64 prompts x 4 samples x 32 new tokens of random prompts, and
@@ -11,7 +13,11 @@ tokenizer's eos (rare for a random model); tokens/s counts the tokens each retur
 `--repeats` after a warm-up call, the two samplers alternating so machine load hits them alike.
 Start-up is the construction of `VLLMSampler` (engine, KV cache, warm-up); sync is
 `VLLMSampler.sync` of the trainer's weights after an update (`reload_weights` + prefix-cache
-reset), the median of `--repeats`, with the post-sync check off and on.
+reset; the server's: the weights written to a folder + its /collective_rpc reload), the median of
+`--repeats`, with the post-sync check off and on; a LoRA sync is the same after merging the adapter
+(r 8 on q/k/v/o: what `VLLMSampler.sync` does with a PEFT model; vLLM's own LoRA path is not used).
+A request's fixed cost is the median time of one prompt x 1 sample x 1 new token.
+The server runs the whole time the in-process engine is timed (idle: it costs memory, not CPU).
 """
 
 from __future__ import annotations
@@ -58,50 +64,109 @@ def tokens_per_s(sampler, prompts, n, new, repeats) -> float:
     return best
 
 
+def sync_seconds(engine, model, repeats: int, check: float | None) -> float:
+    """Median seconds of `engine.sync(model)` after a small update of `model`'s trainable weights."""
+    engine.check_sync = check
+    times = []
+    for _ in range(repeats):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 1e-4)  # an update
+        t0 = time.perf_counter()
+        engine.sync(model)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def request_seconds(sampler, prompt, repeats: int) -> float:
+    """Median seconds of a one-token request: the fixed cost of a call."""
+    times = []
+    for r in range(max(5, repeats)):
+        t0 = time.perf_counter()
+        sampler.sample([prompt], 1, max_new_tokens=1, temperature=1.0, seed=r)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def with_lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    return get_peft_model(model, config)
+
+
 def main() -> None:
     from temper.rollout.vllm_sampler import VLLMSampler
+    from temper.rollout.vllm_server import VLLMServerSampler
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="tiny,small")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-server", action="store_true", help="time the in-process engine only")
     args = parser.parse_args()
     print(machine_line())
     tokenizer = build_tokenizer()
-    rows = []
+    rows, costs = [], []
     for preset in args.presets.split(","):
         model = build_preset(preset, tokenizer, seed=0).eval()
         with tempfile.TemporaryDirectory() as folder:
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
+            stop = [tokenizer.eos_token_id]
+            engines = {}
             t0 = time.perf_counter()
-            engine = VLLMSampler(folder, stop_token_ids=[tokenizer.eos_token_id], max_model_len=256)
-            start_up = time.perf_counter() - t0
+            engines["vLLM in-process"] = VLLMSampler(folder, stop_token_ids=stop, max_model_len=256)
+            start = {"vLLM in-process": time.perf_counter() - t0}
+            if not args.no_server:
+                t0 = time.perf_counter()
+                engines["vLLM server"] = VLLMServerSampler(folder, stop_token_ids=stop, max_model_len=256)
+                start["vLLM server"] = time.perf_counter() - t0
             hf = HFSampler(model, tokenizer)
             for name, prompts, n, new in shapes(tokenizer):
-                a = tokens_per_s(hf, prompts, n, new, args.repeats)
-                b = tokens_per_s(engine, prompts, n, new, args.repeats)
-                rows.append((preset, name, a, b))
-            syncs = {}
-            for check in (None, 1e-3):
-                engine.check_sync = check
-                times = []
-                for _ in range(args.repeats):
-                    with torch.no_grad():
-                        for p in model.parameters():
-                            p.add_(torch.randn_like(p) * 1e-4)  # an update
-                    t0 = time.perf_counter()
-                    engine.sync(model)
-                    times.append(time.perf_counter() - t0)
-                syncs[check] = statistics.median(times)
-            print(
-                f"{preset}: start-up {start_up:.1f} s; sync {syncs[None]:.3f} s "
-                f"({syncs[1e-3]:.3f} s with the post-sync check)"
-            )
-            del engine
-    print("| preset | shape | HFSampler tokens/s | vLLM tokens/s | vLLM / HF |")
-    print("|---|---|---|---|---|")
-    for preset, name, a, b in rows:
-        print(f"| {preset} | {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+                speeds = {"HFSampler": tokens_per_s(hf, prompts, n, new, args.repeats)}
+                for kind, engine in engines.items():
+                    speeds[kind] = tokens_per_s(engine, prompts, n, new, args.repeats)
+                rows.append((preset, name, speeds))
+            prompt = shapes(tokenizer)[1][1][0]
+            for kind, engine in {"HFSampler": hf, **engines}.items():
+                line = {"request": request_seconds(engine, prompt, args.repeats), "start": start.get(kind)}
+                if kind != "HFSampler":
+                    line["sync"] = sync_seconds(engine, model, args.repeats, None)
+                    line["sync checked"] = sync_seconds(engine, model, args.repeats, 1e-3)
+                costs.append((preset, kind, line))
+            lora = with_lora(model)
+            for kind, engine in engines.items():
+                costs.append(
+                    (preset, f"{kind}, LoRA merged", {"sync": sync_seconds(engine, lora, args.repeats, None)})
+                )
+            for engine in engines.values():
+                engine.close()
+    kinds = list(rows[0][2])
+    print(
+        "| preset | shape | "
+        + " | ".join(f"{k} tokens/s" for k in kinds)
+        + " | "
+        + " | ".join(f"{k} / HF" for k in kinds[1:])
+        + " |"
+    )
+    print("|---|---|" + "---|" * (2 * len(kinds) - 1))
+    for preset, name, speeds in rows:
+        base = speeds["HFSampler"]
+        cells = [f"{speeds[k]:.0f}" for k in kinds] + [f"{speeds[k] / base:.2f}x" for k in kinds[1:]]
+        print(f"| {preset} | {name} | " + " | ".join(cells) + " |")
+    print()
+    print("| preset | sampler | start-up s | one-token request ms | sync s | sync with check s |")
+    print("|---|---|---|---|---|---|")
+
+    def cell(value, scale=1.0, fmt="{:.3f}"):
+        return "" if value is None else fmt.format(value * scale)
+
+    for preset, kind, line in costs:
+        print(
+            f"| {preset} | {kind} | {cell(line.get('start'), fmt='{:.1f}')} | "
+            f"{cell(line.get('request'), 1e3, '{:.1f}')} | {cell(line.get('sync'))} | {cell(line.get('sync checked'))} |"
+        )
 
 
 if __name__ == "__main__":
