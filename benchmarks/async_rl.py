@@ -1,9 +1,9 @@
 """Seconds per RL step, lockstep vs bounded-staleness rollouts (`async_rollouts.max_staleness` k),
 side by side in one run, on a task whose environment takes time.
 
-The task is arithmetic played as a one-step environment whose `step` sleeps `--env-ms` before
-grading (the agent loop runs a batch's env steps in parallel threads, so a step of the batch
-costs about that once): an environment that is neither the model nor the CPU, like a sandbox
+The task is arithmetic played as a one-step environment whose round of steps sleeps `--env-ms`
+before grading (one `step_batch` call for the round's episodes, so a step's batch costs that
+once): an environment that is neither the model nor the CPU, like a sandbox
 call, a tool or a judge. `--env-ms auto` sets it to the lockstep run's measured generation time
 per step, the issue's "environment time about equal to generation time". Everything else is
 benchmarks/grpo_step.py's step (P prompts x G samples x T new tokens, fp32, one update per step).
@@ -39,18 +39,24 @@ from temper.catalog import make_task  # noqa: E402
 from temper.envs.base import TaskEnv  # noqa: E402
 from temper.train.features.async_rollouts import AsyncRollouts  # noqa: E402
 from temper.train.rl import RLConfig, train_rl  # noqa: E402
+from temper.train.user_code import UserCodeConfig  # noqa: E402
 
 
 class SlowEnv(TaskEnv):
-    """A one-step env whose step takes `seconds` (a sleep: no CPU) before the task grades it."""
+    """A one-step env whose round of steps takes `seconds` (a sleep: no CPU) before the task
+    grades the round's answers: the agent loop steps a whole round of these in one `step_batch`
+    call (`batch_across_groups`), so the batch's env time per step is `seconds`, once."""
+
+    batch_across_groups = True
 
     def __init__(self, task, problem, seconds: float):
         super().__init__(task, problem)
         self.seconds = seconds
 
-    def step(self, action: str):
-        time.sleep(self.seconds)
-        return super().step(action)
+    @staticmethod
+    def step_batch(envs, actions, ids):
+        time.sleep(envs[0].seconds)
+        return TaskEnv.step_batch(envs, actions, ids)
 
 
 class SlowTask:
@@ -67,13 +73,16 @@ class SlowTask:
         return SlowEnv(self.task, problem, self.seconds)
 
 
-def run(args, k: int, env_s: float) -> dict[str, Any]:
+def run(args, k: int, env_s: float, keep: bool = True) -> dict[str, Any]:
     model, tokenizer = load(args.preset)
     task = SlowTask(make_task("arithmetic"), env_s) if env_s > 0 else make_task("arithmetic")
     config = RLConfig(
         steps=args.steps, prompts_per_step=args.prompts, group_size=args.group, max_new_tokens=args.tokens,
         temperature=1.0, lr=1e-5, seed=0, progress=False,
         async_rollouts=AsyncRollouts(max_staleness=k),
+        # a random-init model's groups all score 0: train on them anyway, as TRL does (the
+        # default stops a run after 5 such steps)
+        user_code=UserCodeConfig(zero_variance_steps=0),
     )  # fmt: skip
     stamps: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -84,7 +93,7 @@ def run(args, k: int, env_s: float) -> dict[str, Any]:
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(args.keep) / f"k{k}" if args.keep else Path(tmp)
+        out = Path(args.keep) / f"k{k}" if args.keep and keep else Path(tmp)
         train_rl(model, tokenizer, [task], config, out, callbacks=[on_step])
     measured = rows[args.warmup :]
     return {
@@ -116,7 +125,7 @@ def main() -> None:
     print(machine_line())
     ks = [int(k) for k in args.ks.split(",")]
     if args.env_ms == "auto":
-        probe = run(args, 0, 0.0)
+        probe = run(args, 0, 0.0, keep=False)  # its folder is not the k = 0 run's
         env_s = probe["sample"]
         print(
             f"generation per step (lockstep, no env time): {probe['sample']:.3f} s -> env step {env_s:.3f} s"

@@ -54,6 +54,7 @@ from temper.rollout import HFSampler  # noqa: E402
 from temper.tasks.base import Problem  # noqa: E402
 from temper.train.features.async_rollouts import AsyncRollouts  # noqa: E402
 from temper.train.rl import RLConfig, problems_for_step, train_rl  # noqa: E402
+from temper.train.user_code import UserCodeConfig  # noqa: E402
 
 LR = 1e-5
 SEED = 0
@@ -104,6 +105,9 @@ def run_temper(preset: str, args, precision: str = "fp32", k: int = 0) -> dict[s
         progress=False,
         precision=precision,
         async_rollouts=AsyncRollouts(max_staleness=k),
+        # a random-init model's groups all score 0: train on them anyway, as TRL does (the
+        # default stops a run after 5 such steps)
+        user_code=UserCodeConfig(zero_variance_steps=0),
     )
     stamps: list[float] = []
     rows: list[dict[str, Any]] = []
