@@ -31,8 +31,19 @@ demo: $(VENV)/.runtime
 	$(BIN)/temper run recipes/quickstart.yaml
 
 # pytest exits 5 when it collected no tests: for this project that is a broken suite, not a pass.
+# One pytest worker process per core (pytest-xdist), each with one torch thread, a module's tests
+# on one worker (module fixtures and the leak check stay per module): many tests wait on child
+# processes, servers or sleeps, which the other worker fills. TEST_WORKERS=0 runs them in this
+# process, with every core's threads.
+TEST_WORKERS ?= auto
+ifeq ($(TEST_WORKERS),0)
+TEST_ARGS :=
+else
+TEST_ARGS := -n $(TEST_WORKERS) --dist loadfile
+TEST_ENV := OMP_NUM_THREADS=1
+endif
 test: setup
-	$(BIN)/python -m pytest -q; rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; exit $$rc
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(TEST_ARGS); rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; exit $$rc
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
