@@ -377,6 +377,54 @@ def test_an_rl_stage_syncs_its_server_after_every_update_and_stops_it(
     assert gone(served_pid(tmp_path / "rl" / "vllm_server.log"))
 
 
+def test_async_rollouts_with_a_vllm_sampler_need_a_thread_worker_and_no_in_run_eval():
+    from pydantic import ValidationError
+
+    from temper.stages.rl import RLStage
+
+    def stage(sampler, **train):
+        return RLStage(kind="rl", tasks=["arithmetic"], sampler=sampler, train=train)
+
+    with pytest.raises(ValidationError, match=r"train\.async_rollouts\.worker[\s\S]*needs worker: thread"):
+        stage("vllm", async_rollouts={"max_staleness": 1}, eval_every=0)
+    with pytest.raises(ValidationError, match=r"train\.eval_every[\s\S]*share the engine with the rollout worker"):
+        stage("vllm_server", async_rollouts={"max_staleness": 1, "worker": "thread"}, eval_every=5)
+    stage("vllm_server", async_rollouts={"max_staleness": 1, "worker": "thread"}, eval_every=0)
+    stage("hf", async_rollouts={"max_staleness": 1}, eval_every=5)  # the worker has its own model copy
+    stage("vllm", eval_every=5)  # lockstep: the trainer syncs the engine before the eval
+
+
+@pytest.mark.slow  # a whole stage through the CLI
+def test_an_async_rl_stage_leaves_the_servers_syncs_to_its_worker(tokenizer, tmp_path, monkeypatch):
+    """max_staleness 1 with a thread worker: the server is given each job's weights by the worker
+    (jobs 1, 2, 3 sampled with versions 0, 0, 1, after the worker's start), never the trainer's
+    newer ones after an update."""
+    import threading
+
+    from temper.cli import main
+    from temper.models import build_preset, save_model
+
+    fake_python(tmp_path, monkeypatch)
+    save_model(build_preset("nano", tokenizer, seed=0), tokenizer, tmp_path / "m")
+    args = ["rl", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "rl"), "--tasks", "arithmetic"]
+    args += ["--train.steps", "3", "--train.prompts_per_step", "2", "--train.group_size", "2"]
+    args += ["--train.max_new_tokens", "4", "--train.eval_every", "0", "--probe_groups", "0"]
+    args += ["--train.async_rollouts.max_staleness", "1", "--train.async_rollouts.worker", "thread"]
+    synced = []
+    original = VLLMServerSampler.sync
+
+    def recorded(self, model):
+        original(self, model)
+        synced.append(threading.current_thread() is threading.main_thread())
+
+    monkeypatch.setattr(VLLMServerSampler, "sync", recorded)
+    assert main([*args, "--sampler", "vllm_server"]) == 0
+    assert synced == [True, False, False, False]  # the worker's start (main thread), then its 3 jobs
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({(r["step"], r["policy_version"]) for r in rows}) == [(1, 0), (2, 0), (3, 1)]
+    assert gone(served_pid(tmp_path / "rl" / "vllm_server.log"))
+
+
 def test_calls_are_split_where_prefills_would_not_fit_one_step():
     """vllm_shared.fitting_calls, shared by both vLLM samplers: a budget of 100 tokens less 10
     decode slots takes 90 prefill tokens per call, n per prompt; a prompt over it is refused."""

@@ -35,7 +35,7 @@ from temper.stages.base import (
 from temper.stages.context import StageContext
 from temper.stages.judging import load_judge
 from temper.stages.loading import load_chat_model
-from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
+from temper.stages.sampling import SamplerKind, async_sampler_rules, sampler_rules, stage_sampler
 from temper.tasks.base import BuiltFromRecipe, SamplesAtStep, Task, TaskOptionError
 from temper.train import features, user_code
 from temper.train.features import ScorerSetup, StageView
@@ -119,6 +119,7 @@ class RLStage(Strict):
     def _check(self) -> RLStage:
         errors = rl_rules(self.train, StageView(teacher=self.teacher))
         errors += sampler_rules(self.sampler, self.server_url, self.vllm_check_sync)
+        errors += async_sampler_rules(self.sampler, self.train)
         if not self.tasks:
             errors.append((("tasks",), "an rl stage needs at least one task"))
         errors += [

@@ -31,6 +31,35 @@ if TYPE_CHECKING:
 SamplerKind = Literal["hf", "vllm", "vllm_server"]
 
 
+def async_sampler_rules(sampler: str, train: Any) -> list[tuple[Loc, str]]:
+    """With a vLLM sampler and `async_rollouts.max_staleness` > 0 the rollout worker is a thread of
+    this process that owns the engine (it syncs each job's weights into it before sampling): a
+    process worker would fork the engine, and an in-run eval would share it with the worker (and
+    read the job's weights, not the trainer's)."""
+    block = train.async_rollouts
+    if sampler == "hf" or not block.max_staleness:
+        return []
+    errors: list[tuple[Loc, str]] = []
+    if block.worker != "thread":
+        errors.append(
+            (
+                ("train", "async_rollouts", "worker"),
+                f"sampler: {sampler} with max_staleness {block.max_staleness} needs worker: thread (the "
+                "worker drives the engine, which a forked process cannot share)",
+            )
+        )
+    if train.eval_every:
+        errors.append(
+            (
+                ("train", "eval_every"),
+                f"sampler: {sampler} with max_staleness {block.max_staleness}: an in-run eval would share the "
+                "engine with the rollout worker, which holds older weights; set eval_every: 0 and evaluate "
+                "in an eval stage",
+            )
+        )
+    return errors
+
+
 def sampler_rules(
     sampler: str, server_url: str | None, check_sync: float | None = None
 ) -> list[tuple[Loc, str]]:

@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from temper.rollout.sampler import model_of
+
 __all__ = ["Drawn", "Inline", "Pipelined", "WorkerError", "version_of", "weights_of"]
 
 
@@ -93,6 +95,8 @@ class Inline:
     """k = 0: each step's batch sampled when the step asks for it, with the current weights."""
 
     max_staleness = 0
+    owns_engine = False
+    """Whether the worker syncs the sampler (`Pipelined.owns_engine`): never inline."""
 
     def __init__(self, sample_step: SampleStep, sampler: Any):
         self.sample_step, self.sampler = sample_step, sampler
@@ -159,6 +163,9 @@ class Pipelined:
         )
         self._trainer_threads = torch.get_num_threads()
         self._process = worker == "process"
+        self.owns_engine = False
+        """True for a thread worker over an engine sampler (vLLM): it syncs each job's weights into
+        the engine it shares with the trainer's sampler, which the trainer then leaves alone."""
         if worker == "process":
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 raise WorkerError(
@@ -182,6 +189,9 @@ class Pipelined:
             own = copy.deepcopy(model).eval()
             base = copy.copy(sampler)  # the trainer's sampler keeps its model; this one reads `own`
             base.sync(own)
+            # an engine sampler (vLLM) holds weights of its own, which this copy shares: the worker
+            # syncs each job's into it, so the trainer must not sync it after its updates
+            self.owns_engine = model_of(sampler) is None
             self._jobs, self._results = queue.SimpleQueue(), queue.SimpleQueue()
             self._worker = threading.Thread(
                 target=_serve,

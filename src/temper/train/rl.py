@@ -142,10 +142,10 @@ def _pipeline(
     block = config.async_rollouts
     if not block.max_staleness:
         return Inline(sample_step, train_sampler)
-    if not isinstance(sampler, HFSampler):
+    if not isinstance(sampler, HFSampler) and block.worker != "thread":
         raise ValueError(
-            f"async_rollouts.max_staleness {block.max_staleness} needs the hf sampler (the worker holds its own "
-            f"copy of the model); this run's is {type(sampler).__name__}"
+            f"async_rollouts.max_staleness {block.max_staleness} with {type(sampler).__name__} needs worker: "
+            "thread (the worker drives the engine, which a forked process cannot share)"
         )
     checkpoints = list_checkpoints(out_dir / "checkpoints")
     kept = checkpoints[-1] / PIPELINE_FILE if checkpoints else None
@@ -313,7 +313,8 @@ def train_rl(
                     accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum")
                 )
                 trained.publish()  # fsdp: the full weights into the bare model the sampler reads
-                sampler.sync(model)
+                if not pipeline.owns_engine:  # else the worker syncs each job's weights into the engine
+                    sampler.sync(model)
                 t3 = time.perf_counter()
                 row |= update_metrics(stats, prepared, accelerator) | {
                     "lr": lr,

@@ -44,7 +44,8 @@ class AsyncRollouts:
     worker: Literal["process", "thread"] = "process"
     """Where the sampling runs: a forked process with its own copy of the model and one torch
     thread (on a CPU: the trainer keeps the other cores) or a thread of this process (a CUDA
-    model, which cannot be forked; the GIL limits the overlap on a CPU)."""
+    model, which cannot be forked; a vLLM sampler, whose engine the thread drives and syncs with
+    each job's weights; the GIL limits the overlap of an in-process model on a CPU)."""
 
 
 def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
