@@ -68,7 +68,7 @@ CAPS = {
 }
 ZEROED = {"warmup_steps", "eval_every", "save_every"}
 DROPPED = {"cache"}  # a pretrain cache of the full settings would never match the shrunk ones
-TIMING = ("time/", "seconds")
+TIMING = ("time/", "seconds", "async/wait")  # async/wait: how long the trainer waited for a batch
 TRAINED = TRAINING_KINDS | {"sft", "pretrain"}
 TOLERANCE = {"rel": 1e-4, "abs": 1e-6}
 """What `tests/test_pinned_recipes.py` allows between CPUs. Run with an AVX2 CPU's kernels

@@ -30,6 +30,7 @@ SUITE = {
     "rft_star": "rejection-sampling rounds",
     "prompt_distillation": "the forward-KL objective",
     "agent_treasure_hunt": "multi-turn episodes with process rewards",
+    "async_agent_treasure_hunt": "bounded-staleness rollouts (k = 1, a forked worker) of multi-turn episodes",
 }
 
 
