@@ -195,7 +195,9 @@ def test_an_exception_in_the_with_block_stops_server_engine_and_worker(sampler):
     assert sampler.process.process.returncode is not None
 
 
-def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(saved, sampler, tokenizer, tmp_path):  # (g)
+def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(
+    saved, sampler, tokenizer, tmp_path
+):  # (g)
     """Multi-turn treasure-hunt episodes sampled by the server one step ahead of the trainer
     (`max_staleness: 1`, thread worker): the worker syncs each job's weights into the server (the
     check after every sync compares them with the job's model) and the trainer never does, so the

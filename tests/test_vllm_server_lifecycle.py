@@ -387,7 +387,9 @@ def test_async_rollouts_with_a_vllm_sampler_need_a_thread_worker_and_no_in_run_e
 
     with pytest.raises(ValidationError, match=r"train\.async_rollouts\.worker[\s\S]*needs worker: thread"):
         stage("vllm", async_rollouts={"max_staleness": 1}, eval_every=0)
-    with pytest.raises(ValidationError, match=r"train\.eval_every[\s\S]*share the engine with the rollout worker"):
+    with pytest.raises(
+        ValidationError, match=r"train\.eval_every[\s\S]*share the engine with the rollout worker"
+    ):
         stage("vllm_server", async_rollouts={"max_staleness": 1, "worker": "thread"}, eval_every=5)
     stage("vllm_server", async_rollouts={"max_staleness": 1, "worker": "thread"}, eval_every=0)
     stage("hf", async_rollouts={"max_staleness": 1}, eval_every=5)  # the worker has its own model copy
