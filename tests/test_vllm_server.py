@@ -198,7 +198,7 @@ def test_an_exception_in_the_with_block_stops_server_engine_and_worker(sampler):
 def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(
     saved, sampler, tokenizer, tmp_path
 ):  # (g)
-    """Multi-turn treasure-hunt episodes sampled by the server one step ahead of the trainer
+    """Treasure-hunt episodes (the agent loop) sampled by the server one step ahead of the trainer
     (`max_staleness: 1`, thread worker): the worker syncs each job's weights into the server (the
     check after every sync compares them with the job's model) and the trainer never does, so the
     server never moves to weights newer than the batch it is sampling; each row's policy version
@@ -234,4 +234,5 @@ def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(
     assert max(error for _, error in syncs) < TOL, syncs
     rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert {(r["step"], r["policy_version"]) for r in rows} == {(1, 0), (2, 0), (3, 1)}
-    assert max(len(r["episode"]) for r in rows) > 2  # policy and env turns alternated
+    # the env's episodes (a random model's first move is cut at max_new_tokens, which ends them)
+    assert all(r["stop"] for r in rows) and len({(r["step"], r["problem"]) for r in rows}) == 2 * 3
