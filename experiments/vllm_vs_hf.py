@@ -29,8 +29,9 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import temper  # noqa: E402
 from experiments.tables import paired, spread, table  # noqa: E402
+
+import temper  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "vllm"
 
@@ -79,7 +80,9 @@ def summarize(root: Path, seeds: list[int], samplers: list[str]) -> str:
             reward[sampler].append(statistics.mean(m["reward"] for m in steps))
             mismatch[sampler].append(max(m.get("mismatch/max_abs", float("nan")) for m in steps))
             evaluated = json.loads((out / "04-eval" / "eval.json").read_text())
-            accuracy[sampler].append(evaluated["arithmetic"]["rl"]["test"]["metrics"]["greedy_accuracy"]["value"])
+            accuracy[sampler].append(
+                evaluated["arithmetic"]["rl"]["test"]["metrics"]["greedy_accuracy"]["value"]
+            )
     body = []
     for s in samplers:
         diff = "" if s == "hf" else paired(reward["hf"], reward[s], digits=3)
