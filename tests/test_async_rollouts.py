@@ -260,11 +260,13 @@ def test_the_rules_refuse_what_a_worker_ahead_of_training_would_get_wrong():
     assert not rl_task_rules(_config(0), {"repair": Growing()})
 
 
-def test_a_pipelined_run_needs_the_hf_sampler(tokenizer, tmp_path):
+def test_a_pipelined_run_over_an_engine_sampler_needs_a_thread_worker(tokenizer, tmp_path):
+    """A sampler without an in-process model (a vLLM engine's place) cannot be forked with the
+    process worker; the thread worker drives it (tests/test_vllm_server*.py run it)."""
     from fakes import PatternSampler
 
     model = build_preset("nano", tokenizer)
-    with pytest.raises(ValueError, match="needs the hf sampler"):
+    with pytest.raises(ValueError, match="PatternSampler needs worker: thread"):
         train_rl(model, tokenizer, [FirstByteTask()], _config(1), tmp_path, sampler=PatternSampler([True]))
 
 

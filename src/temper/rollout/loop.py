@@ -254,7 +254,11 @@ def _sample_round(
         for (unit, _), unit_samples in zip(units, samples, strict=True):
             for e, s in zip(unit, unit_samples, strict=True):
                 e.last = s
-                e.trajectory.segments.append(Segment(list(s.token_ids), list(s.logprobs), True, e.actions))
+                e.trajectory.segments.append(
+                    Segment(
+                        list(s.token_ids), list(s.logprobs), True, e.actions, policy_version=s.policy_version
+                    )
+                )
                 e.ids += s.token_ids
 
 

@@ -46,6 +46,8 @@ class Sample:
         truncation (temperature 1 when sampling greedily). See the module docstring.
     text: the decoded completion without the eos token, cut before the first stop string.
     stop_reason: "eos" (a stop id), "stop" (a stop string) or "length" (max_new_tokens reached).
+    policy_version: the weights version that sampled it, where an async rollout worker that swaps
+        weights between an episode's turns tags it (`temper.train.pipeline`); None otherwise.
     """
 
     prompt_ids: list[int]
@@ -53,6 +55,7 @@ class Sample:
     logprobs: list[float]
     text: str
     stop_reason: SampleStopReason
+    policy_version: int | None = None
 
 
 class Sampler(Protocol):

@@ -44,6 +44,7 @@ class Segment:
     trainable: bool  # policy tokens: in the loss; prompt and environment tokens: never
     turn: int = -1  # the policy action this segment belongs to; -1 for prompt and environment
     starts_row: bool = False  # the prompt of a new row (segments[0] always starts the first)
+    policy_version: int | None = None  # policy segments: the weights version that sampled it, if tagged
 
 
 @dataclass
@@ -97,6 +98,12 @@ class Trajectory:
     def token_turns(self) -> list[int]:
         """The action index of every completion token (-1 for environment tokens)."""
         return [s.turn for s in self._completion() for _ in s.token_ids]
+
+    @property
+    def policy_versions(self) -> list[int | None]:
+        """The weights version of each policy turn, in order (None where the sampler did not tag
+        it): several values when the weights changed between the episode's turns."""
+        return [s.policy_version for s in self.segments if s.trainable]
 
     @property
     def truncated(self) -> bool:

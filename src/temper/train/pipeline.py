@@ -15,11 +15,16 @@ training each get cores of their own (one thread, because the OpenMP pool torch'
 does not survive a fork: a forked child at 2 threads hangs in its first parallel op, measured); a thread worker (for a CUDA model, which cannot be forked) shares
 this process.
 
-A batch is sampled wholly with one version (an episode finishes under the weights it started
-with: the deterministic choice; continuing an episode under newer weights would make the result
-depend on timing). Resuming at step s needs the jobs s ... s + k - 1 again, with versions
-s - k ... s - 1: the weights of the last k versions are kept (`versions`) and saved with every
-checkpoint, so a resumed run samples exactly what the uninterrupted one did.
+By default (`in_flight: finish`) a batch is sampled wholly with one version: an episode finishes
+under the weights it started with, the deterministic choice. With `in_flight: continue` the worker
+takes newer weights as soon as the trainer hands them over, between the rounds of the agent loop
+(each round is the next turn of every live episode; a turn is never split): the episodes in flight
+continue under them, every turn records the version that sampled it (`Sample.policy_version`),
+and the PPO ratio of each token is against the logprob its own sampler gave. What a batch holds
+then depends on timing, so a run is no longer reproducible byte for byte. Resuming at step s needs
+the jobs s ... s + k - 1 again, with versions s - k ... s - 1: the weights of the last k versions
+are kept (`versions`) and saved with every checkpoint, so a resumed run samples exactly what the
+uninterrupted one did (with `continue`: starts them from the same weights).
 
 Hand-written rather than a library's: the worker only runs temper's own `sample_share` for a step
 with given weights; a process pool (concurrent.futures) cannot keep one model per worker and
@@ -45,7 +50,7 @@ import torch
 
 from temper.rollout.sampler import model_of
 
-__all__ = ["Drawn", "Inline", "Pipelined", "WorkerError", "version_of", "weights_of"]
+__all__ = ["Drawn", "Inline", "Pipelined", "WorkerError", "in_flight_metrics", "version_of", "weights_of"]
 
 
 class WorkerError(RuntimeError):
@@ -108,18 +113,101 @@ class Inline:
         pass
 
 
+def in_flight_metrics(step: int, groups: list[Any]) -> dict[str, float]:
+    """Of a batch sampled with `in_flight: continue` (step 0-based): `async/swapped_share`, the
+    share of episodes whose turns were sampled by more than one weights version, and
+    `async/token_staleness`, the mean over policy tokens of the updates between the version that
+    sampled a token and `step`."""
+    episodes = [r.trajectory for g in groups for r in g.rollouts]
+    turns = [(s.policy_version, len(s.token_ids)) for t in episodes for s in t.segments if s.trainable]
+    tokens = sum(n for v, n in turns if v is not None)
+    return {
+        "async/swapped_share": sum(len(set(t.policy_versions)) > 1 for t in episodes) / max(len(episodes), 1),
+        "async/token_staleness": sum((step - v) * n for v, n in turns if v is not None) / max(tokens, 1),
+    }
+
+
+def _load(model: torch.nn.Module, base: Any, weights: Any) -> None:
+    model.load_state_dict(pickle.loads(weights) if isinstance(weights, bytes) else weights)
+    model.eval()
+    base.sync(model)
+
+
+class InFlight:
+    """`in_flight: continue`: the worker's jobs, read ahead, and the weights it holds. Before each
+    sampler call (each round of the agent loop: the next turn of every live episode) `poll`
+    takes the jobs the trainer has handed over since, without waiting; a later job carries newer
+    weights, which are loaded, so the episodes in flight continue under them. A job starts with
+    its own weights or the newer ones already held, whichever is newer."""
+
+    def __init__(self, jobs: Any, model: torch.nn.Module, base: Any):
+        self.jobs, self.model, self.base = jobs, model, base
+        self.ahead: deque[Any] = deque()  # jobs read ahead (a None: the stop, after them)
+        self.version = -1  # the weights version the worker's model holds
+
+    def poll(self) -> None:
+        while True:
+            try:
+                self.ahead.append(self.jobs.get(block=False))
+            except queue.Empty:
+                break
+        newest = max((j for j in self.ahead if j is not None), key=lambda j: j[1], default=None)
+        if newest is not None and newest[1] > self.version:
+            _load(self.model, self.base, newest[2])
+            self.version = newest[1]
+
+    def next_job(self) -> Any:
+        return self.ahead.popleft() if self.ahead else self.jobs.get()
+
+    def start(self, version: int, weights: Any) -> int:
+        if version > self.version:
+            _load(self.model, self.base, weights)
+            self.version = version
+        return self.version
+
+
+class Tagged:
+    """The worker's sampler under `in_flight: continue`: polls for newer weights before each call
+    and tags every sample with the version that drew it (the agent loop copies it into the
+    episode's segment)."""
+
+    def __init__(self, sampler: Any, in_flight: InFlight):
+        self._sampler, self._in_flight = sampler, in_flight
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_flight.poll()
+        out = self._sampler.sample(*args, **kwargs)
+        for row in out:
+            for s in row:
+                s.policy_version = self._in_flight.version
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+
 def _serve(
-    jobs: Any, results: Any, model: torch.nn.Module, base: Any, sampler: Any, sample_step: SampleStep
+    jobs: Any,
+    results: Any,
+    model: torch.nn.Module,
+    base: Any,
+    sampler: Any,
+    sample_step: SampleStep,
+    in_flight: str = "finish",
 ) -> None:
     """The worker's loop: load a job's weights into its model (which `base`, the sampler under the
-    features' wrapper `sampler`, reads), sample the step, send the batch."""
-    while (job := jobs.get()) is not None:
+    features' wrapper `sampler`, reads), sample the step, send the batch. With `in_flight:
+    continue` newer weights are taken between the rounds of a batch (`InFlight`)."""
+    ahead = InFlight(jobs, model, base) if in_flight == "continue" else None
+    tagged = Tagged(sampler, ahead) if ahead is not None else sampler
+    while (job := (ahead.next_job() if ahead is not None else jobs.get())) is not None:
         step, version, weights = job
         try:
-            model.load_state_dict(pickle.loads(weights) if isinstance(weights, bytes) else weights)
-            model.eval()
-            base.sync(model)
-            results.put(("ok", step, _sample(sample_step, sampler, step, version)))
+            if ahead is not None:
+                version = ahead.start(version, weights)
+            else:
+                _load(model, base, weights)
+            results.put(("ok", step, _sample(sample_step, tagged, step, version)))
         except BaseException as e:  # reported to the trainer, which raises it there
             line = f"{type(e).__name__}: {e}"
             results.put(("error", step, (line, traceback.format_exc())))
@@ -151,6 +239,7 @@ class Pipelined:
         versions: dict[int, dict[str, torch.Tensor]] | None = None,
         worker: str = "process",
         wrap: Callable[[Any], Any] = lambda s: s,
+        in_flight: str = "finish",
     ):
         """`wrap` turns the worker's base sampler into the one it samples with (the features'
         wrapper, e.g. AdaptThink's forced first token)."""
@@ -179,7 +268,7 @@ class Pipelined:
             # now: its own copies, which only the jobs' weights change afterwards
             self._worker: Any = ctx.Process(
                 target=_serve_process,
-                args=(self._jobs, self._results, model, sampler, wrap(sampler), sample_step),
+                args=(self._jobs, self._results, model, sampler, wrap(sampler), sample_step, in_flight),
                 daemon=True,
                 name="temper-rollouts",
             )
@@ -195,7 +284,7 @@ class Pipelined:
             self._jobs, self._results = queue.SimpleQueue(), queue.SimpleQueue()
             self._worker = threading.Thread(
                 target=_serve,
-                args=(self._jobs, self._results, own, base, wrap(base), sample_step),
+                args=(self._jobs, self._results, own, base, wrap(base), sample_step, in_flight),
                 daemon=True,
             )
             self._worker.start()

@@ -52,7 +52,7 @@ from temper.train.collect import (
 )
 from temper.train.features import RunStart, Step
 from temper.train.metrics import MetricsLog, progress_bar
-from temper.train.pipeline import Inline, Pipelined
+from temper.train.pipeline import Inline, Pipelined, in_flight_metrics
 from temper.train.provenance import RunProvenance
 from temper.train.rl_config import RLConfig
 from temper.train.rl_metrics import episode_metrics, rollout_metrics, update_metrics
@@ -152,7 +152,7 @@ def _pipeline(
     versions = torch.load(kept, weights_only=True) if kept is not None and kept.exists() else {}
     return Pipelined(
         block.max_staleness, sample_step, model, sampler, start=start, last=config.steps - 1,
-        versions=versions, worker=block.worker, wrap=features.sampler,
+        versions=versions, worker=block.worker, wrap=features.sampler, in_flight=block.in_flight,
     )  # fmt: skip
 
 
@@ -286,6 +286,8 @@ def train_rl(
             row = {"step": step + 1} | sampling_stats(causes, rounds, failed) | features.after_grading(now)
             if pipeline.max_staleness:  # the worker's own sampling time; what the trainer waited for it
                 row |= {"async/staleness": step - drawn.version, "async/wait": drawn.waited}
+                if config.async_rollouts.in_flight == "continue":
+                    row |= in_flight_metrics(step, local)
             if groups:
                 row |= rollout_metrics(groups, config, drawn.seconds if pipeline.max_staleness else t1 - t0)
                 sampled_tokens += round(row["response_length"] * sum(len(g.rollouts) for g in groups))

@@ -411,8 +411,19 @@ def rollout_record(
             "tokens": r.tokens,  # the policy's (what `temper simulate` reads as the episode's length)
         }
         | (provenance(r.problem.task) if provenance is not None else {})
+        | _versions(r.trajectory)
         for r in group.rollouts
     ]
+
+
+def _versions(t: Trajectory) -> dict[str, Any]:
+    """`policy_versions` (each policy turn's weights version, after the provenance's
+    `policy_version` of the first) for an episode whose weights changed between its turns
+    (`async_rollouts.in_flight: continue`)."""
+    versions = t.policy_versions
+    if len(set(versions)) < 2:
+        return {}
+    return {"policy_version": versions[0], "policy_versions": versions}
 
 
 def _completion(t: Trajectory, tokenizer: Any) -> dict[str, Any]:

@@ -46,6 +46,13 @@ class AsyncRollouts:
     thread (on a CPU: the trainer keeps the other cores) or a thread of this process (a CUDA
     model, which cannot be forked; a vLLM sampler, whose engine the thread drives and syncs with
     each job's weights; the GIL limits the overlap of an in-process model on a CPU)."""
+    in_flight: Literal["finish", "continue"] = "finish"
+    """An episode in flight when the trainer hands over newer weights: finishes under the weights
+    its batch started with (finish, the default: the schedule stays fixed and a run reproduces
+    byte for byte), or takes the newer weights at its next turn (continue: partial rollouts, each
+    turn recording its version; timing decides which turns, so runs are not reproducible; needs a
+    `rollout_correction` mode). Single-turn episodes are never split: continue changes nothing
+    for them."""
 
 
 def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
@@ -66,8 +73,25 @@ def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
 def rules(config: Any, stage: Any) -> list[Error]:
     block: AsyncRollouts = config.async_rollouts
     if not block.max_staleness:
+        if block.in_flight == "continue":
+            return [
+                (
+                    ("train", "async_rollouts", "in_flight"),
+                    "in_flight: continue with max_staleness 0: nothing is in flight in the lockstep loop "
+                    "(set max_staleness >= 1, or drop in_flight)",
+                )
+            ]
         return []
     out: list[Error] = []
+    if block.in_flight == "continue" and config.rollout_correction.mode == "off":
+        out.append(
+            (
+                ("train", "async_rollouts", "in_flight"),
+                "in_flight: continue without a correction: episodes whose turns were sampled by several "
+                "weights versions need rollout_correction (e.g. mode: token_mask), whose ratio against "
+                "the proximal policy bounds each stale token's weight",
+            )
+        )
     judge = getattr(config, "judge", None)
     if judge is not None and getattr(judge, "model", None) == "policy":
         out.append(
@@ -95,7 +119,8 @@ def describe(config: Any) -> str:
     block: AsyncRollouts = config.async_rollouts
     if not block.max_staleness:
         return ""
-    return f", rollouts up to {block.max_staleness} update(s) stale ({block.worker} worker)"
+    partial = ", episodes continue under newer weights" if block.in_flight == "continue" else ""
+    return f", rollouts up to {block.max_staleness} update(s) stale ({block.worker} worker{partial})"
 
 
 FEATURE = RLFeature(

@@ -1,0 +1,144 @@
+"""`async_rollouts.in_flight: continue` (partial rollouts, `temper.train.pipeline.InFlight`):
+the worker takes newer weights between the rounds of a batch, so later turns of the episodes in
+flight are sampled by them and say so.
+
+What each test would catch: a worker that never looks for newer weights (the later turn's
+logprobs would be the old model's); samples not tagged, or
+tagged with the version the batch started with; a later job that reloads its own older weights
+over the newer ones it already holds; rules that let continue run without a correction or with
+nothing in flight; a run whose rows do not record the versions."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import replace
+
+import torch
+
+from fakes import FirstByteTask
+from temper.models.presets import build_preset
+from temper.rollout import HFSampler
+from temper.train.features.async_rollouts import AsyncRollouts
+from temper.train.features.rollout_correction import RolloutCorrection
+from temper.train.pipeline import _serve, in_flight_metrics, weights_of
+from temper.train.rl import RLConfig, train_rl
+from temper.train.rl_config import rl_rules
+
+
+def _teacher_logprobs(model, sample):
+    with torch.no_grad():
+        logits = model(torch.tensor([sample.prompt_ids + sample.token_ids])).logits[0].float()
+    logp = torch.log_softmax(logits[len(sample.prompt_ids) - 1 : -1], dim=-1)
+    return logp.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+
+
+def test_a_turn_after_newer_weights_arrive_is_sampled_and_tagged_by_them(tokenizer):
+    old, new = build_preset("nano", tokenizer, seed=0).eval(), build_preset("nano", tokenizer, seed=1).eval()
+    worker_model = build_preset("nano", tokenizer, seed=2).eval()  # the worker's own copy
+    base = HFSampler(worker_model, tokenizer)
+    jobs, results = queue.SimpleQueue(), queue.SimpleQueue()
+    prompt = tokenizer("hello")["input_ids"]
+    calls = []
+
+    def sample_step(sampler, step, graded):
+        first = sampler.sample([prompt], 2, max_new_tokens=6, temperature=1.0, seed=0)
+        if step == 0:  # k = 2: the trainer hands over job 1 (version 0) and, after update 1, job 2
+            jobs.put((1, 0, weights_of(old)))
+            jobs.put((2, 1, weights_of(new)))
+        second = sampler.sample([prompt], 2, max_new_tokens=6, temperature=1.0, seed=0)
+        calls.append((step, first, second))
+        return [], [], 1, []
+
+    jobs.put((0, 0, weights_of(old)))
+    worker = threading.Thread(
+        target=_serve, args=(jobs, results, worker_model, base, base, sample_step, "continue")
+    )
+    worker.start()
+    drawn = [results.get(timeout=60) for _ in range(3)]
+    jobs.put(None)
+    worker.join(timeout=60)
+
+    # job 1 starts with the newer weights the worker already holds, not its own older ones
+    assert [(status, step, d.version) for status, step, d in drawn] == [
+        ("ok", 0, 0),
+        ("ok", 1, 1),
+        ("ok", 2, 1),
+    ]
+    (_, first, second), (_, later_first, _), _ = calls
+    assert {s.policy_version for row in first for s in row} == {0}
+    assert {s.policy_version for row in second for s in row} == {1}
+    assert {s.policy_version for row in later_first for s in row} == {1}  # job 1 kept the new weights
+    for s in first[0]:
+        assert torch.allclose(torch.tensor(s.logprobs), _teacher_logprobs(old, s), atol=1e-5)
+    for s in second[0]:
+        assert torch.allclose(torch.tensor(s.logprobs), _teacher_logprobs(new, s), atol=1e-5)
+        assert not torch.allclose(torch.tensor(s.logprobs), _teacher_logprobs(old, s), atol=1e-2)
+
+
+def test_finish_keeps_each_batch_on_its_own_weights(tokenizer):
+    old, new = build_preset("nano", tokenizer, seed=0).eval(), build_preset("nano", tokenizer, seed=1).eval()
+    worker_model = build_preset("nano", tokenizer, seed=2).eval()
+    base = HFSampler(worker_model, tokenizer)
+    jobs, results = queue.SimpleQueue(), queue.SimpleQueue()
+    prompt = tokenizer("hello")["input_ids"]
+    seen = []
+
+    def sample_step(sampler, step, graded):
+        first = sampler.sample([prompt], 1, max_new_tokens=6, temperature=1.0, seed=0)
+        if step == 0:
+            jobs.put((1, 1, weights_of(new)))
+        second = sampler.sample([prompt], 1, max_new_tokens=6, temperature=1.0, seed=0)
+        seen.append((first[0][0], second[0][0]))
+        return [], [], 1, []
+
+    jobs.put((0, 0, weights_of(old)))
+    worker = threading.Thread(target=_serve, args=(jobs, results, worker_model, base, base, sample_step))
+    worker.start()
+    [results.get(timeout=60) for _ in range(2)]
+    jobs.put(None)
+    worker.join(timeout=60)
+    a, b = seen[0]
+    assert a.policy_version is None and a.token_ids == b.token_ids  # same weights, same seed
+    assert torch.allclose(torch.tensor(b.logprobs), _teacher_logprobs(old, b), atol=1e-5)
+
+
+def test_continue_needs_staleness_and_a_correction():
+    config = RLConfig(async_rollouts=AsyncRollouts(max_staleness=0, in_flight="continue"))
+    assert "nothing is in flight" in dict(rl_rules(config))[("train", "async_rollouts", "in_flight")]
+    config = replace(config, async_rollouts=AsyncRollouts(max_staleness=1, in_flight="continue"))
+    assert "without a correction" in dict(rl_rules(config))[("train", "async_rollouts", "in_flight")]
+    assert not rl_rules(replace(config, rollout_correction=RolloutCorrection(mode="token_mask")))
+
+
+def test_in_flight_metrics_count_swapped_episodes_and_token_staleness():
+    from types import SimpleNamespace
+
+    from temper.rollout.trajectory import Segment, Trajectory
+
+    swapped = Trajectory([Segment([1], None, False), Segment([2, 3], [0.0, 0.0], True, 0, policy_version=3),
+                          Segment([9], None, False), Segment([4], [0.0], True, 1, policy_version=4)])  # fmt: skip
+    kept = Trajectory([Segment([1], None, False), Segment([5, 6, 7], [0.0] * 3, True, 0, policy_version=4)])
+    groups = [
+        SimpleNamespace(rollouts=[SimpleNamespace(trajectory=swapped), SimpleNamespace(trajectory=kept)])
+    ]
+    got = in_flight_metrics(5, groups)
+    assert got["async/swapped_share"] == 0.5
+    assert got["async/token_staleness"] == (2 * 2 + 1 * 1 + 3 * 1) / 6
+
+
+def test_a_run_with_episodes_continuing_under_newer_weights_trains_and_logs(tokenizer, tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    model = build_preset("nano", tokenizer)
+    config = RLConfig(
+        steps=3, prompts_per_step=2, group_size=4, max_new_tokens=4, temperature=1.0, lr=3e-3, seed=1,
+        progress=False, rollout_correction=RolloutCorrection(mode="token_mask"),
+        async_rollouts=AsyncRollouts(max_staleness=1, worker="thread", in_flight="continue"),
+    )  # fmt: skip
+    result = train_rl(model, tokenizer, [FirstByteTask()], config, tmp_path)
+    assert len(result.history) == 3
+    assert all(0 <= r["async/swapped_share"] <= 1 and r["async/token_staleness"] >= 0 for r in result.history)
+    rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert rows and all(r["policy_version"] <= max(0, r["step"] - 1) + 1 for r in rows)
