@@ -150,6 +150,49 @@ def test_rl_run_keeps_the_server_on_the_trainer_weights(saved, sampler, tokenize
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), saved[0].parameters()))
 
 
+def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(
+    saved, sampler, tokenizer, tmp_path
+):  # (g)
+    """Treasure-hunt episodes (the agent loop) sampled by the server one step ahead of the trainer
+    (`max_staleness: 1`, thread worker): the worker syncs each job's weights into the server (the
+    check after every sync compares them with the job's model) and the trainer never does, so the
+    server never moves to weights newer than the batch it is sampling; each row's policy version
+    is max(0, step - 1)."""
+    import json
+    import threading
+
+    from temper.catalog import make_task
+    from temper.train.features.async_rollouts import AsyncRollouts
+
+    model = copy.deepcopy(saved[0]).train()
+    sampler.sync(model)
+    syncs = []  # (the syncing thread, the check's max |logprob difference|)
+    sync = sampler.sync
+
+    def recorded(m):
+        sync(m)
+        syncs.append((threading.current_thread() is threading.main_thread(), sampler.last_sync_error))
+
+    sampler.sync = recorded  # the worker's copy of the sampler gets it too
+    task = make_task("treasure_hunt", size=4, train_maps=20, instructions=False)
+    try:
+        config = RLConfig(
+            steps=3, prompts_per_step=2, group_size=2, max_new_tokens=4, max_turns=3, lr=1e-2, seed=0,
+            progress=False, log_rollouts=2, async_rollouts=AsyncRollouts(max_staleness=1, worker="thread"),
+        )  # fmt: skip
+        result = train_rl(model, tokenizer, [task], config, tmp_path, sampler=sampler)
+    finally:
+        del sampler.sync
+    assert len(result.history) == 3
+    # on the main thread only the worker's start (no trainer sync after an update); jobs 1..3 in the worker
+    assert [main for main, _ in syncs] == [True, False, False, False], syncs
+    assert max(error for _, error in syncs) < TOL, syncs
+    rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert {(r["step"], r["policy_version"]) for r in rows} == {(1, 0), (2, 0), (3, 1)}
+    # the env's episodes (a random model's first move is cut at max_new_tokens, which ends them)
+    assert all(r["stop"] for r in rows) and len({(r["step"], r["problem"]) for r in rows}) == 2 * 3
+
+
 def test_an_eval_stage_attached_to_the_server_syncs_its_model_in(
     saved, sampler, prompts, tmp_path, monkeypatch
 ):
@@ -193,46 +236,3 @@ def test_an_exception_in_the_with_block_stops_server_engine_and_worker(sampler):
         raise RuntimeError("inside")
     assert group_members(pid) == []
     assert sampler.process.process.returncode is not None
-
-
-def test_an_async_agent_run_samples_through_the_server_with_the_jobs_weights(
-    saved, sampler, tokenizer, tmp_path
-):  # (g)
-    """Treasure-hunt episodes (the agent loop) sampled by the server one step ahead of the trainer
-    (`max_staleness: 1`, thread worker): the worker syncs each job's weights into the server (the
-    check after every sync compares them with the job's model) and the trainer never does, so the
-    server never moves to weights newer than the batch it is sampling; each row's policy version
-    is max(0, step - 1)."""
-    import json
-    import threading
-
-    from temper.catalog import make_task
-    from temper.train.features.async_rollouts import AsyncRollouts
-
-    model = copy.deepcopy(saved[0]).train()
-    sampler.sync(model)
-    syncs = []  # (the syncing thread, the check's max |logprob difference|)
-    sync = sampler.sync
-
-    def recorded(m):
-        sync(m)
-        syncs.append((threading.current_thread() is threading.main_thread(), sampler.last_sync_error))
-
-    sampler.sync = recorded  # the worker's copy of the sampler gets it too
-    task = make_task("treasure_hunt", size=4, train_maps=20, instructions=False)
-    try:
-        config = RLConfig(
-            steps=3, prompts_per_step=2, group_size=2, max_new_tokens=4, max_turns=3, lr=1e-2, seed=0,
-            progress=False, log_rollouts=2, async_rollouts=AsyncRollouts(max_staleness=1, worker="thread"),
-        )  # fmt: skip
-        result = train_rl(model, tokenizer, [task], config, tmp_path, sampler=sampler)
-    finally:
-        del sampler.sync
-    assert len(result.history) == 3
-    # on the main thread only the worker's start (no trainer sync after an update); jobs 1..3 in the worker
-    assert [main for main, _ in syncs] == [True, False, False, False], syncs
-    assert max(error for _, error in syncs) < TOL, syncs
-    rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
-    assert {(r["step"], r["policy_version"]) for r in rows} == {(1, 0), (2, 0), (3, 1)}
-    # the env's episodes (a random model's first move is cut at max_new_tokens, which ends them)
-    assert all(r["stop"] for r in rows) and len({(r["step"], r["problem"]) for r in rows}) == 2 * 3
