@@ -159,3 +159,51 @@ def test_one_process_under_fsdp_trains_as_ddp(tokenizer, tmp_path):
         assert not (out / "checkpoints" / "step-0000002" / "sharded").exists()
     assert results[0].losses == results[1].losses
     assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters()))
+
+
+DPO = """\
+name: dpo_fsdp
+model: {{preset: nano, seed: 0}}
+tasks: {{arithmetic: {{}}}}
+stages:
+  - kind: pretrain
+    corpus: {{tasks: [arithmetic], problems_per_task: 64}}
+    max_len: 64
+    train: {{max_steps: 2, batch_size: 8, lr: 0.003, warmup_steps: 0, progress: false}}
+  - kind: dpo
+    data: {{files: ["{pairs}"]}}
+    max_len: 64
+    train: {{max_steps: 4, batch_size: 8, lr: 0.003, warmup_steps: 0, log_every: 1, save_every: 2, progress: false{strategy}}}
+"""
+
+
+@pytest.mark.slow
+def test_dpo_under_fsdp_in_two_processes_matches_one(tmp_path):
+    """Preference training takes the strategy too: DPO's loss, reward accuracy and gradient norm
+    over 2 fsdp processes (each its half of a batch of pairs, the reference's logprobs included)
+    equal one plain process's, step after step."""
+    import random
+
+    from test_distributed import launch
+
+    rng = random.Random(0)
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w") as f:
+        for _ in range(32):
+            a, b = rng.randint(0, 50), rng.randint(0, 50)
+            row = {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + rng.randint(1, 9))}
+            f.write(json.dumps(row) + "\n")
+    rows = {}
+    for processes, strategy in ((1, ""), (2, ", strategy: fsdp")):
+        recipe = tmp_path / f"dpo{processes}.yaml"
+        recipe.write_text(DPO.format(pairs=pairs, strategy=strategy))
+        run = tmp_path / f"p{processes}"
+        launch(["-m", "temper.cli", "run", str(recipe), "--output-dir", str(run)], processes)
+        log = run / "02-dpo" / "metrics.jsonl"
+        rows[processes] = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
+    assert [r["step"] for r in rows[2]] == [1, 2, 3, 4]
+    sharded = tmp_path / "p2" / "02-dpo" / "checkpoints" / "step-0000004" / "sharded"
+    assert sorted(p.name for p in sharded.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert len({r["loss"] for r in rows[1]}) > 1  # the policy moved: later steps test the update
+    _same_rows(rows[1], rows[2], ("loss", "rewards/accuracies"), rel=1e-5)
+    _same_rows(rows[1], rows[2], ("grad_norm",), rel=1e-4)  # reduction-order rounding, as in RL
