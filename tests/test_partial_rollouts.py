@@ -1,12 +1,12 @@
 """`async_rollouts.in_flight: continue` (partial rollouts, `temper.train.pipeline.InFlight`):
 the worker takes newer weights between the rounds of a batch, so later turns of the episodes in
-flight are sampled by them and say so.
+flight are sampled by them and say so (through the agent loop, whose rounds are the turns).
 
 What each test would catch: a worker that never looks for newer weights (the later turn's
-logprobs would be the old model's); samples not tagged, or
-tagged with the version the batch started with; a later job that reloads its own older weights
-over the newer ones it already holds; rules that let continue run without a correction or with
-nothing in flight; a run whose rows do not record the versions."""
+logprobs would be the old model's); samples not tagged, or tagged with the version the batch
+started with; an agent loop that drops the tag from the turn's segment; a later job that reloads
+its own older weights over the newer ones it already holds; rules that let continue run without
+a correction or with nothing in flight; a run whose rows do not record the versions."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from dataclasses import replace
 import torch
 
 from fakes import FirstByteTask
+from temper.envs.base import StepResult
 from temper.models.presets import build_preset
 from temper.rollout import HFSampler
+from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.train.features.async_rollouts import AsyncRollouts
 from temper.train.features.rollout_correction import RolloutCorrection
-from temper.train.pipeline import _serve, in_flight_metrics, weights_of
+from temper.train.pipeline import InFlight, Tagged, _serve, in_flight_metrics, weights_of
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_config import rl_rules
 
@@ -74,6 +76,68 @@ def test_a_turn_after_newer_weights_arrive_is_sampled_and_tagged_by_them(tokeniz
     for s in second[0]:
         assert torch.allclose(torch.tensor(s.logprobs), _teacher_logprobs(new, s), atol=1e-5)
         assert not torch.allclose(torch.tensor(s.logprobs), _teacher_logprobs(old, s), atol=1e-2)
+
+
+class _HandsOverEnv:
+    """Two chat turns; its step (between the agent loop's rounds) plays the trainer handing the
+    worker a later job with newer weights, so the swap point is fixed, not timed."""
+
+    stop = ()
+
+    def __init__(self, hand_over):
+        self.hand_over, self.k = hand_over, 0
+
+    def reset(self):
+        return [{"role": "user", "content": "walk"}]
+
+    def step(self, action):
+        self.k += 1
+        if self.k == 1:
+            self.hand_over()
+            return StepResult(messages=[{"role": "user", "content": "again"}])
+        return StepResult(done=True, reward=1.0)
+
+
+class _Ended:
+    """The sampler with every turn marked finished by its token (a tiny random model rarely samples
+    eos, and the agent loop ends an episode at a truncated turn); turns of one token, which the
+    chat template renders back as sampled. Tokens and logprobs are the model's."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def sample(self, *args, **kwargs):
+        return [[replace(s, stop_reason="eos") for s in row] for row in self.sampler.sample(*args, **kwargs)]
+
+
+def test_the_agent_loop_samples_the_turn_after_a_hand_over_with_the_newer_weights(tokenizer):
+    old, new = build_preset("nano", tokenizer, seed=0).eval(), build_preset("nano", tokenizer, seed=1).eval()
+    worker_model = build_preset("nano", tokenizer, seed=2).eval()
+    base = HFSampler(worker_model, tokenizer)
+    jobs = queue.SimpleQueue()
+    ahead = InFlight(jobs, worker_model, base)
+    assert ahead.start(0, weights_of(old)) == 0
+    env = _HandsOverEnv(lambda: jobs.put((1, 1, weights_of(new))))
+    [[traj]] = run_episodes(
+        Tagged(_Ended(base), ahead), tokenizer, [[env]], [0], EpisodeLimits(max_tokens=200, max_new_tokens=1)
+    )
+
+    turns = [i for i, s in enumerate(traj.segments) if s.trainable]
+    assert traj.policy_versions == [0, 1]
+    assert [j[:2] for j in ahead.ahead] == [(1, 1)]  # the later job stays queued, to be sampled next
+    first, second = (torch.tensor(traj.segments[i].logprobs) for i in turns)
+    assert torch.allclose(first, _turn_logprobs(old, traj, turns[0]), atol=1e-5)
+    assert torch.allclose(second, _turn_logprobs(new, traj, turns[1]), atol=1e-5)
+    assert not torch.allclose(second, _turn_logprobs(old, traj, turns[1]), atol=1e-2)
+
+
+def _turn_logprobs(model, traj, i):
+    """The teacher-forced logprobs of segment i's tokens after every segment before it."""
+    context, tokens = [t for s in traj.segments[:i] for t in s.token_ids], traj.segments[i].token_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([context + tokens])).logits[0].float()
+    logp = torch.log_softmax(logits[len(context) - 1 : -1], dim=-1)
+    return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
 def test_finish_keeps_each_batch_on_its_own_weights(tokenizer):
