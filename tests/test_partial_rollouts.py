@@ -4,9 +4,10 @@ flight are sampled by them and say so (through the agent loop, whose rounds are 
 
 What each test would catch: a worker that never looks for newer weights (the later turn's
 logprobs would be the old model's); samples not tagged, or tagged with the version the batch
-started with; an agent loop that drops the tag from the turn's segment; a later job that reloads
-its own older weights over the newer ones it already holds; rules that let continue run without
-a correction or with nothing in flight; a run whose rows do not record the versions."""
+started with (in the rollouts' rows too); an agent loop that drops the tag from the turn's
+segment; a later job that reloads its own older weights over the newer ones it already holds;
+rules that let continue run without a correction or with nothing in flight; a run whose rows do
+not record the versions."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from temper.train.features.rollout_correction import RolloutCorrection
 from temper.train.pipeline import InFlight, Tagged, _serve, in_flight_metrics, weights_of
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_config import rl_rules
+from temper.train.rollouts import _versions
 
 
 def _teacher_logprobs(model, sample):
@@ -189,6 +191,10 @@ def test_in_flight_metrics_count_swapped_episodes_and_token_staleness():
     got = in_flight_metrics(5, groups)
     assert got["async/swapped_share"] == 0.5
     assert got["async/token_staleness"] == (2 * 2 + 1 * 1 + 3 * 1) / 6
+    # the rows: the version that sampled the first turn (over the job's), each turn's where they differ
+    assert _versions(swapped) == {"policy_version": 3, "policy_versions": [3, 4]}
+    assert _versions(kept) == {"policy_version": 4}
+    assert _versions(Trajectory([Segment([1], None, False), Segment([5], [0.0], True, 0)])) == {}
 
 
 def test_a_run_with_episodes_continuing_under_newer_weights_trains_and_logs(tokenizer, tmp_path):

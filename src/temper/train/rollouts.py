@@ -417,13 +417,14 @@ def rollout_record(
 
 
 def _versions(t: Trajectory) -> dict[str, Any]:
-    """`policy_versions` (each policy turn's weights version, after the provenance's
-    `policy_version` of the first) for an episode whose weights changed between its turns
-    (`async_rollouts.in_flight: continue`)."""
+    """Where the sampler tagged the turns (`async_rollouts.in_flight: continue`): `policy_version`,
+    the first turn's weights version (over the provenance's, the version the batch's job started
+    with: a later sampler call of the batch may have taken newer weights), and `policy_versions`,
+    each policy turn's, for an episode whose weights changed between its turns."""
     versions = t.policy_versions
-    if len(set(versions)) < 2:
+    if not versions or versions[0] is None:
         return {}
-    return {"policy_version": versions[0], "policy_versions": versions}
+    return {"policy_version": versions[0]} | ({"policy_versions": versions} if len(set(versions)) > 1 else {})
 
 
 def _completion(t: Trajectory, tokenizer: Any) -> dict[str, Any]:

@@ -51,8 +51,10 @@ class AsyncRollouts:
     its batch started with (finish, the default: the schedule stays fixed and a run reproduces
     byte for byte), or takes the newer weights at its next turn (continue: partial rollouts, each
     turn recording its version; timing decides which turns, so runs are not reproducible; needs a
-    `rollout_correction` mode). Single-turn episodes are never split: continue changes nothing
-    for them."""
+    `rollout_correction` mode). The weights change between sampler calls only, never inside a
+    generation, so a single-turn episode is never split; with continue it may still be sampled
+    with newer weights than its step's schedule (a later sampler call of the batch, or a job that
+    starts after newer ones arrived), and its row records the version that sampled it."""
 
 
 def task_rules(config: Any, tasks: dict[str, Any]) -> list[Error]:
