@@ -25,7 +25,7 @@ from temper.rollout import HFSampler
 from temper.rollout.loop import EpisodeLimits, run_episodes
 from temper.train.features.async_rollouts import AsyncRollouts
 from temper.train.features.rollout_correction import RolloutCorrection
-from temper.train.pipeline import InFlight, Tagged, _serve, in_flight_metrics, weights_of
+from temper.train.pipeline import InFlight, Tagged, in_flight_metrics, serve_jobs, weights_of
 from temper.train.rl import RLConfig, train_rl
 from temper.train.rl_config import rl_rules
 from temper.train.rollouts import _versions
@@ -38,11 +38,24 @@ def _teacher_logprobs(model, sample):
     return logp.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
 
 
+def _drive(jobs, worker_model, tokenizer, sample_step, results_wanted, *mode):
+    """`serve_jobs` in a thread on the queued `jobs` until `results_wanted` batches are back."""
+    base = HFSampler(worker_model, tokenizer)
+    results = queue.SimpleQueue()
+    worker = threading.Thread(
+        target=serve_jobs, args=(jobs, results, worker_model, base, base, sample_step, *mode)
+    )
+    worker.start()
+    out = [results.get(timeout=60) for _ in range(results_wanted)]
+    jobs.put(None)
+    worker.join(timeout=60)
+    return out
+
+
 def test_a_turn_after_newer_weights_arrive_is_sampled_and_tagged_by_them(tokenizer):
     old, new = build_preset("nano", tokenizer, seed=0).eval(), build_preset("nano", tokenizer, seed=1).eval()
     worker_model = build_preset("nano", tokenizer, seed=2).eval()  # the worker's own copy
-    base = HFSampler(worker_model, tokenizer)
-    jobs, results = queue.SimpleQueue(), queue.SimpleQueue()
+    jobs = queue.SimpleQueue()
     prompt = tokenizer("hello")["input_ids"]
     calls = []
 
@@ -56,13 +69,7 @@ def test_a_turn_after_newer_weights_arrive_is_sampled_and_tagged_by_them(tokeniz
         return [], [], 1, []
 
     jobs.put((0, 0, weights_of(old)))
-    worker = threading.Thread(
-        target=_serve, args=(jobs, results, worker_model, base, base, sample_step, "continue")
-    )
-    worker.start()
-    drawn = [results.get(timeout=60) for _ in range(3)]
-    jobs.put(None)
-    worker.join(timeout=60)
+    drawn = _drive(jobs, worker_model, tokenizer, sample_step, 3, "continue")
 
     # job 1 starts with the newer weights the worker already holds, not its own older ones
     assert [(status, step, d.version) for status, step, d in drawn] == [
@@ -146,8 +153,7 @@ def _turn_logprobs(model, traj, i):
 def test_finish_keeps_each_batch_on_its_own_weights(tokenizer):
     old, new = build_preset("nano", tokenizer, seed=0).eval(), build_preset("nano", tokenizer, seed=1).eval()
     worker_model = build_preset("nano", tokenizer, seed=2).eval()
-    base = HFSampler(worker_model, tokenizer)
-    jobs, results = queue.SimpleQueue(), queue.SimpleQueue()
+    jobs = queue.SimpleQueue()
     prompt = tokenizer("hello")["input_ids"]
     seen = []
 
@@ -160,11 +166,7 @@ def test_finish_keeps_each_batch_on_its_own_weights(tokenizer):
         return [], [], 1, []
 
     jobs.put((0, 0, weights_of(old)))
-    worker = threading.Thread(target=_serve, args=(jobs, results, worker_model, base, base, sample_step))
-    worker.start()
-    [results.get(timeout=60) for _ in range(2)]
-    jobs.put(None)
-    worker.join(timeout=60)
+    _drive(jobs, worker_model, tokenizer, sample_step, 2)
     a, b = seen[0]
     assert a.policy_version is None and a.token_ids == b.token_ids  # same weights, same seed
     assert torch.allclose(torch.tensor(b.logprobs), _teacher_logprobs(old, b), atol=1e-5)

@@ -50,7 +50,16 @@ import torch
 
 from temper.rollout.sampler import model_of
 
-__all__ = ["Drawn", "Inline", "Pipelined", "WorkerError", "in_flight_metrics", "version_of", "weights_of"]
+__all__ = [
+    "Drawn",
+    "Inline",
+    "Pipelined",
+    "WorkerError",
+    "in_flight_metrics",
+    "serve_jobs",
+    "version_of",
+    "weights_of",
+]
 
 
 class WorkerError(RuntimeError):
@@ -186,7 +195,7 @@ class Tagged:
         return getattr(self._sampler, name)
 
 
-def _serve(
+def serve_jobs(
     jobs: Any,
     results: Any,
     model: torch.nn.Module,
@@ -216,7 +225,7 @@ def _serve(
 def _serve_process(jobs: Any, results: Any, *args: Any) -> None:
     torch.set_num_threads(1)  # never more in a forked child: the parent's OpenMP pool is not its own
     results.cancel_join_thread()  # abandoned at close: a batch nobody reads must not keep the worker alive
-    _serve(jobs, results, *args)
+    serve_jobs(jobs, results, *args)
 
 
 class Pipelined:
@@ -283,7 +292,7 @@ class Pipelined:
             self.owns_engine = model_of(sampler) is None
             self._jobs, self._results = queue.SimpleQueue(), queue.SimpleQueue()
             self._worker = threading.Thread(
-                target=_serve,
+                target=serve_jobs,
                 args=(self._jobs, self._results, own, base, wrap(base), sample_step, in_flight),
                 daemon=True,
             )
