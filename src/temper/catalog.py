@@ -13,6 +13,7 @@ from typing import Any
 from temper.envs.calculator import CalculatorArithmetic
 from temper.envs.code_repair.task import CodeRepairTask
 from temper.envs.gateway_env import GatewayTask
+from temper.envs.memory_corridor import MemoryCorridorTask
 from temper.envs.multi_tool import MultiToolTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
@@ -42,6 +43,7 @@ ENVIRONMENT_TASKS: dict[str, type] = {
     "simulated_search": SimulatedSearchTask,
     "search_documents": SearchDocumentsTask,  # its simulator's SFT task
     "gateway": GatewayTask,  # the user's openai-client agent script, through the gateway
+    "memory_corridor": MemoryCorridorTask,  # a fact seen early, needed late, under a context budget
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes)."""
 

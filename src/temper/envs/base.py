@@ -41,6 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from temper import guard
 from temper.guard import UserCodeFailure
+from temper.rollout.context import ContextPolicy
 from temper.tasks.base import Problem, Score, Task, grade, grade_batch
 
 
@@ -133,6 +134,32 @@ class OffersTools(Protocol):
 def tools_of(obj: Any) -> list[dict[str, Any]] | None:
     """The tool schemas an env or task offers; None for one that offers none."""
     return obj.tools if isinstance(obj, OffersTools) else None
+
+
+@runtime_checkable
+class ManagesContext(Protocol):
+    """An env whose episodes run under a context budget (`temper.rollout.context.ContextPolicy`:
+    truncate or ask the policy for a summary when a row would overflow). Implemented by
+    `MemoryCorridorEnv` (its task's `context:` option); read by the agent loop through
+    `context_of`, so training and evaluation play the env under the same budget."""
+
+    context: ContextPolicy | None
+
+
+def context_of(env: Any) -> ContextPolicy | None:
+    """The context budget an env's episodes run under; None when it has none (or it is off)."""
+    policy = env.context if isinstance(env, ManagesContext) else None
+    return policy if policy is not None and policy.on else None
+
+
+@runtime_checkable
+class GradesSummaries(Protocol):
+    """An env that grades the policy's self-summaries (`summary_reward(text)` in [0, 1], e.g. the
+    facts needed later are kept): the agent loop calls it, as user code, on every summary it
+    samples, and the `summary` reward component is the episode's mean. Implemented by
+    `MemoryCorridorEnv`."""
+
+    def summary_reward(self, text: str) -> float: ...
 
 
 @runtime_checkable

@@ -21,6 +21,7 @@ class RewardInput:
     truncated: bool  # stopped by the length limit, not by EOS or a stop string
     overlong_buffer: int = 0  # DAPO soft overlong window (tokens before the limit)
     process: float = 0.0  # the episode's summed per-step rewards from its environment
+    summary: float = 0.0  # the mean of the env's grades of the episode's self-summaries (0: none)
 
 
 def outcome(x: RewardInput) -> float:
@@ -56,11 +57,19 @@ def process(x: RewardInput) -> float:
     return x.process
 
 
+def summary(x: RewardInput) -> float:
+    """The mean of the environment's grades of the episode's self-summaries (`GradesSummaries`,
+    under a context budget, `temper.rollout.context`; 0 for an episode with none): a reward on
+    the summary itself (the facts needed later kept), beside the outcome that trains it anyway."""
+    return x.summary
+
+
 COMPONENTS: dict[str, Callable[[RewardInput], float]] = {
     "outcome": outcome,
     "format": format_reward,
     "overlong": overlong,
     "process": process,
+    "summary": summary,
 }
 
 

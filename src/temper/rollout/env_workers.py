@@ -42,7 +42,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from temper import guard
-from temper.envs.base import Closable, Cuttable, DescribesCalls, Labelled, StepsInBatch, tools_of
+from temper.envs.base import (
+    Closable,
+    Cuttable,
+    DescribesCalls,
+    GradesSummaries,
+    Labelled,
+    StepsInBatch,
+    context_of,
+    tools_of,
+)
 from temper.tasks.reward_functions import MODULE_PREFIX
 
 KINDS = ("local", "ray")
@@ -365,6 +374,7 @@ class RemoteEnv:
         self._pool, self._worker, self._key = pool, worker, key
         self.stop = tuple(env.stop)
         self.tools = tools_of(env)
+        self.context = context_of(env)
         self.label = (env.label if isinstance(env, Labelled) else None) or type(env).__name__
         self._describes = describes
 
@@ -440,9 +450,12 @@ def _proxy(env: Any) -> type:
     can be cut and closed, whether or not its env can: the loop's `close` is how the worker learns
     an episode is over and lets its env go (an env it cannot cut gives no signals, as in process)."""
     batched = isinstance(env, StepsInBatch)
-    key = (type(env), batched)
+    grades = isinstance(env, GradesSummaries)
+    key = (type(env), batched, grades)
     if key not in _CLASSES:
         members: dict[str, Any] = {"__module__": __name__}
+        if grades:  # the loop grades each self-summary in the env's worker
+            members["summary_reward"] = lambda self, text: self._call("summary_reward", text)
         if batched:
             members["step_batch"] = _batched()
             members["batch_across_groups"] = False  # a call per worker group, never across workers

@@ -58,12 +58,15 @@ from temper.envs.base import (
     Cuttable,
     DescribesCalls,
     Env,
+    GradesSummaries,
     Labelled,
     StepResult,
     StepsInBatch,
     TaskEnv,
+    context_of,
     tools_of,
 )
+from temper.rollout.context import ContextPolicy, summarised, summary_request, truncated
 from temper.rollout.sampler import Sample, Sampler, derive_seed
 from temper.rollout.trajectory import Segment, StopReason, Trajectory
 from temper.tasks.base import Score
@@ -100,6 +103,8 @@ class _Episode:
     actions: int = 0
     live: bool = True
     last: Sample | None = field(default=None, repr=False)
+    context: ContextPolicy | None = None  # the env's context budget (`rollout/context.py`)
+    summarising: bool = False  # the next sample is a summary the harness asked for, not an action
 
     @property
     def used(self) -> int:
@@ -160,6 +165,7 @@ def run_episodes(
         else:
             e = _Episode(env, g, n, Trajectory([Segment(ids, None, False)]), list(ids), messages)
             e.trajectory.seconds_in_env = done.seconds
+            e.context = context_of(env)
         episodes.append(e)
     _close(failed, workers)
     rnd = 0
@@ -239,7 +245,11 @@ def _sample_round(
             units = [([e], derive_seed(seeds[g], e.index, rnd)) for e in members]
         for unit, seed in units:
             left = limits.token_budget - unit[0].used
-            key = (tuple(unit[0].env.stop), min(limits.max_new_tokens, left), len(unit))
+            if unit[0].summarising:  # a summary: it ends at the end of turn, not at the env's stop strings
+                summary_max = unit[0].context.summary_max_tokens  # type: ignore[union-attr]
+                key = ((), min(summary_max, left), len(unit))
+            else:
+                key = (tuple(unit[0].env.stop), min(limits.max_new_tokens, left), len(unit))
             calls.setdefault(key, []).append((unit, seed))
     for (stop, max_new, n), units in calls.items():
         samples = sampler.sample(
@@ -265,7 +275,14 @@ def _sample_round(
 def _step_round(
     tokenizer: PreTrainedTokenizerBase, live: list[_Episode], limits: EpisodeLimits, workers: int
 ) -> None:
-    """Step every live episode's env with its new action and apply the answers."""
+    """Step every live episode's env with its new action and apply the answers (an episode whose
+    new sample is a summary the harness asked for goes on from it instead, `_apply_summaries`)."""
+    if summaries := [e for e in live if e.summarising]:
+        _apply_summaries(tokenizer, summaries, limits, workers)
+        asked = {id(e) for e in summaries}
+        live = [e for e in live if id(e) not in asked]
+        if not live:
+            return
     actions = {id(e): action_text(e.last, tokenizer, e.env.stop) for e in live}
     results: dict[int, StepResult | StopReason] = {}
     seconds: dict[int, float] = {}  # each episode's own step time (a batch's time is split evenly)
@@ -402,6 +419,12 @@ def _apply(
         e.turn_text = ""
         try:
             full = prompt_ids(tokenizer, e.messages, tools_of(e.env))
+            if e.context is not None and _overflows(full, e.context, limits):
+                if e.context.on_overflow == "truncate":
+                    return _truncate(e, e.context, tokenizer, limits)
+                e.messages.append(summary_request(e.context))  # the request ends the env's segment
+                e.summarising = True
+                full = prompt_ids(tokenizer, e.messages, tools_of(e.env))
         except Exception as err:  # messages of the env's making that the chat template cannot render
             line = guard.raised(
                 err, f"the chat template, on the messages {_what(e.env, 'step')} returned"
@@ -422,6 +445,85 @@ def _apply(
     e.ids += delta
     if e.used >= limits.token_budget:
         _end(e, "max_tokens", "")
+
+
+def _overflows(full: list[int], policy: ContextPolicy, limits: EpisodeLimits) -> bool:
+    """Whether the row, at `full` tokens, could not hold the next sampler call: time to compact
+    (a summary the harness then asks for is sampled past the budget, `rollout/context.py`)."""
+    return len(full) + limits.max_new_tokens > policy.max_tokens
+
+
+def _new_row(e: _Episode, history: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> None:
+    """Go on from a compacted conversation: its rendering is the prompt of a new row."""
+    e.messages, e.turn_text = history, ""
+    e.ids = prompt_ids(tokenizer, history, tools_of(e.env))
+    e.trajectory.segments.append(Segment(list(e.ids), None, False, starts_row=True))
+    e.trajectory.compactions += 1
+    _count(e, "compactions", 1.0)
+
+
+def _count(e: _Episode, signal: str, value: float) -> None:
+    """Add `value` to the last step's numeric `signal` (the eval summary and the RL metrics sum them)."""
+    last = e.trajectory.signals[-1]
+    last[signal] = last.get(signal, 0) + value
+
+
+def _truncate(
+    e: _Episode, policy: ContextPolicy, tokenizer: PreTrainedTokenizerBase, limits: EpisodeLimits
+) -> None:
+    """Compact by dropping the oldest turns (`context.truncated`): a new row of what fits."""
+    tools = tools_of(e.env)
+
+    def fits(history: list[dict[str, Any]]) -> bool:
+        return len(prompt_ids(tokenizer, history, tools)) + limits.max_new_tokens <= policy.max_tokens
+
+    _new_row(e, truncated(e.messages, fits), tokenizer)
+
+
+def _apply_summaries(
+    tokenizer: PreTrainedTokenizerBase, summaries: list[_Episode], limits: EpisodeLimits, workers: int
+) -> None:
+    """Each episode's new sample is the summary its harness asked for: graded when its env grades
+    summaries (user code, guarded, in parallel; a failure or hang ends the episode like a failed
+    step), then the episode goes on in a new row from the head, the summary and the latest
+    observation (`context.summarised`). The summary is never sent to the env's `step`."""
+    texts = {id(e): e.last.text for e in summaries}  # type: ignore[union-attr]
+    graded = [e for e in summaries if isinstance(e.env, GradesSummaries)]
+    limit = guard.timeout_s()
+    calls = [lambda e=e: e.env.summary_reward(texts[id(e)]) for e in graded]
+    rewards = dict(zip(map(id, graded), guard.run_all(calls, limit, workers, "summary_reward"), strict=True))
+    ended = []
+    for e in summaries:
+        e.summarising = False
+        e.trajectory.summaries.append(texts[id(e)])
+        e.messages.pop()  # the request: the new row starts from the conversation before it
+        if (done := rewards.get(id(e))) is not None:
+            error = _failure(e.env, "summary_reward", done, limit)
+            value = done.value if done.ok else None
+            if not error and not (isinstance(value, int | float) and math.isfinite(value)):
+                error = guard.returned(_what(e.env, "summary_reward"), f"{value!r}, not a finite number").line
+            if error:
+                _end(e, "timeout" if done.timed_out else "env_error", "", error)
+                ended.append(e)
+                continue
+            e.trajectory.summary_rewards.append(float(value))
+            _count(e, "summary_reward", float(value))
+        _count(e, "summaries", 1.0)
+        try:
+            _new_row(e, summarised(e.messages, texts[id(e)]), tokenizer)
+        except Exception as err:  # a summary the chat template cannot render
+            _end(
+                e,
+                "env_error",
+                "",
+                guard.raised(err, "the chat template, on the summarised conversation").line,
+            )
+            ended.append(e)
+            continue
+        if e.used >= limits.token_budget:
+            _end(e, "max_tokens", "")
+            ended.append(e)
+    _close(ended, workers)
 
 
 CUT = ("max_tokens", "max_turns", "length", "not_prefix", "bad_tokens")

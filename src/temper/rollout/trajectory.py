@@ -15,7 +15,9 @@ that rendering. Each row is a maximal run of turns whose tokens extend each othe
 rule: a render that is not a prefix of what was sampled starts a new datum); `rows` splits the
 episode into them, and the trainer makes each its own batch row (`train/rollouts.to_batch`).
 What was sampled is never re-tokenised into a trained row: the policy's earlier turns, as the
-new prompt renders them, are prompt tokens of the new row.
+new prompt renders them, are prompt tokens of the new row. A context budget (`rollout/context.py`)
+splits an episode the same way: each compaction (a truncation, or a self-summary, a policy
+segment sampled at the harness's request and trained in the row that sampled it) starts a row.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class Trajectory:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation as text, for logs
     seconds_in_env: float = 0.0  # the episode's own environment step time (steps run in parallel)
     last_stop: str = "eos"  # how the last sampler call ended: eos | stop | length (a truncated turn)
+    summaries: list[str] = field(default_factory=list)  # the policy's self-summaries (a context budget)
+    summary_rewards: list[float] = field(default_factory=list)  # the env's grade of each, when it grades them
+    compactions: int = 0  # times a context budget compacted the conversation (truncated or summarised)
 
     @property
     def prompt_ids(self) -> list[int]:

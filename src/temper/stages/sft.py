@@ -47,7 +47,7 @@ from temper.stages.ranking import (
     reward_model_use,
 )
 from temper.stages.sampling import SamplerKind, sampler_rules, stage_sampler
-from temper.tasks.base import DemonstratesEpisodes, KeysProblems, MarksEnvironmentSpans
+from temper.tasks.base import DemonstratesEpisodes, DemonstratesRows, KeysProblems, MarksEnvironmentSpans
 from temper.train.objective import NextToken
 from temper.train.supervised import TrainConfig, train_supervised
 
@@ -151,16 +151,16 @@ def demonstrations(
         task = ctx.tasks[name]
         count = n.get(name, 0) if isinstance(n, dict) else n
         for i, problem in enumerate(task.sample(split, count, seed)):
-            if isinstance(task, DemonstratesEpisodes):  # a multi-turn episode: every move trained
-                messages = task.demonstration_messages(problem)
+            if isinstance(task, DemonstratesRows):  # an episode a context budget splits into rows
+                rows = task.demonstration_rows(problem)
+            elif isinstance(task, DemonstratesEpisodes):  # a multi-turn episode: every move trained
+                rows = [task.demonstration_messages(problem)]
             else:
-                messages = problem.messages() + [
-                    {"role": "assistant", "content": task.demonstration(problem)}
-                ]
+                rows = [problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]]
             spans = tuple(task.environment_spans(problem)) if isinstance(task, MarksEnvironmentSpans) else ()
             tools = tools_of(task)  # the schemas an env task's prompts show (multi_tool)
             key = task.problem_key(problem) if isinstance(task, KeysProblems) else None
-            out.append(
+            out += [
                 Example(
                     source=f"task:{name}:{split}",
                     line=i + 1,
@@ -169,7 +169,8 @@ def demonstrations(
                     tools=tools,
                     key=key,
                 )
-            )
+                for messages in rows
+            ]
     return out
 
 

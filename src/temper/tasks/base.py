@@ -219,6 +219,16 @@ class DemonstratesEpisodes(Protocol):
 
 
 @runtime_checkable
+class DemonstratesRows(Protocol):
+    """A multi-turn task whose demonstrated episode is several training rows: a context budget
+    compacts its conversation partway (`temper.rollout.context`), and each row is one
+    conversation of the shape the agent loop then sees. Implemented by `memory_corridor`; the sft
+    stage makes one example of each row (it takes precedence over `demonstration_messages`)."""
+
+    def demonstration_rows(self, problem: Problem) -> list[list[dict[str, Any]]]: ...
+
+
+@runtime_checkable
 class MarksEnvironmentSpans(Protocol):
     """A task whose demonstrations hold text the environment writes inside the assistant turn (an
     inline tool's output): those spans are masked out of the SFT loss. Implemented by

@@ -181,8 +181,15 @@ def grade_episodes(
     rollouts = []
     for i, t in enumerate(trajectories):
         score = t.score or Score(0.0, False, False, {"reason": t.stop_reason})
+        graded = t.summary_rewards
         x = RewardInput(
-            score, t.policy_tokens, max_new_tokens, t.truncated, overlong_buffer, sum(t.step_rewards)
+            score,
+            t.policy_tokens,
+            max_new_tokens,
+            t.truncated,
+            overlong_buffer,
+            sum(t.step_rewards),
+            sum(graded) / len(graded) if graded else 0.0,
         )
         values = given[i] if given else {}
         dense = {k: v for k, v in values.items() if isinstance(v, TokenRewards)}
