@@ -23,16 +23,19 @@ Problems are seeded: the key's box, the corridor's length and the signs. train/t
 `min_length`..`max_length` from disjoint seed ranges; ood: longer corridors (`ood_length`), so
 more compactions per episode (a note must survive being re-summarised).
 
-SFT demonstrations (`demonstration_rows`) are the episodes as the summarise harness splits them,
-a note every `demo_every` walks: each row a conversation of the shape the loop builds
-(`context.summary_request`, `context.summarised`). A demonstration's note keeps the key with
-probability `demo_keep` (else it says only how far the agent walked), and a demonstration at the
-door that no longer knows the key opens a box at random: SFT starts the policy as a note-taker
-that keeps the fact only some of the time, the skill RL then has to train.
+SFT demonstrations (`demonstration_rows`): with `on_overflow: summarise` and a budget, the
+episodes as the summarise harness splits them, a note every `demo_every` walks, each row a
+conversation of the shape the loop builds (`context.summary_request`, `context.summarised`). A
+demonstration's note keeps the key (`Key in box 3.`) with probability `demo_keep`, else it does
+not (`Walking on.`), and a demonstration at the door that no longer knows the key opens a box at
+random: SFT starts the policy as a note-taker that keeps the fact only some of the time, the skill
+RL then has to train. Without a budget (or with truncate) a demonstration is the whole episode,
+one row (a recipe mixes both, so the policy also reads a whole corridor).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass, field
@@ -62,9 +65,9 @@ class MemoryCorridorConfig:
     on_overflow: str = "summarise"
     """truncate | summarise."""
     summary_max_tokens: int = 24
-    demo_every: int = 2
+    demo_every: int = 3
     """Walks between the notes of a demonstration."""
-    demo_keep: float = 0.5
+    demo_keep: float = 0.3
     """Chance a demonstration's note keeps the key."""
     train_seed: int = 0
     test_seed: int = 1_000_000
@@ -119,7 +122,16 @@ class MemoryCorridorTask:
         start = {"train": c.train_seed, "test": c.test_seed, "ood": c.ood_seed}[split]
         rng = random.Random(f"memory_corridor:{split}:draw:{seed}")
         if split == "train":
-            seeds = [start + rng.randrange(1 << 20) for _ in range(n)]
+            seeds: list[int] = []
+            tries = 0
+            while len(seeds) < n:  # never a corridor the held-out splits hold (the contamination check)
+                s = start + rng.randrange(1 << 20)
+                if self.problem_key(self.problem("train", s)) not in _held_out_keys(self):
+                    seeds.append(s)
+                elif (tries := tries + 1) > 100 * (n + 10):
+                    raise ValueError(
+                        "memory_corridor: nearly every train corridor is held out (lower `problems`)"
+                    )
         else:
             seeds = [start + s for s in rng.sample(range(c.problems), min(n, c.problems))]
         return [self.problem(split, s) for s in seeds]
@@ -133,14 +145,15 @@ class MemoryCorridorTask:
         return MemoryCorridorEnv(self.config, problem.data)
 
     def demonstration_rows(self, problem: Problem) -> list[list[dict[str, Any]]]:
-        """The expert's episode as the summarise harness splits it (module docstring): look, the
-        walks with a note every `demo_every` walks, open; one conversation per row."""
+        """The expert's episode (module docstring): look, the walks, open; with the summarise
+        harness a note every `demo_every` walks, one conversation per row."""
         c, d = self.config, problem.data
         rng = random.Random(f"memory_corridor:demo:{problem.id}")
         env = self.make_env(problem)
         messages = env.reset()
         rows: list[list[dict[str, Any]]] = []
         known = True  # the key's box is in the context (its observation, or a note that kept it)
+        notes = c.on_overflow == "summarise" and c.policy().on
 
         def act(action: str) -> StepResult:
             messages.append({"role": "assistant", "content": action})
@@ -151,9 +164,9 @@ class MemoryCorridorTask:
         act("look")
         for walked in range(1, d["length"] + 1):
             act("walk")
-            if walked % c.demo_every == 0 and walked < d["length"]:
+            if notes and walked % c.demo_every == 0 and walked < d["length"]:
                 known = known and rng.random() < c.demo_keep
-                note = f"Key in box {d['key']}. Walked {walked}." if known else f"Walked {walked}."
+                note = f"Key in box {d['key']}." if known else "Walking on."
                 rows.append([*messages, summary_request(c.policy()), {"role": "assistant", "content": note}])
                 messages[:] = summarised(messages, note)
         result = act(f"open {d['key'] if known else rng.randint(1, c.boxes)}")
@@ -176,6 +189,16 @@ class MemoryCorridorTask:
 
     def corpus_text(self, problem: Problem) -> str:
         return f"{problem.prompt}\n{self.demonstration(problem)}"
+
+
+@functools.cache
+def _held_out_keys(task: MemoryCorridorTask) -> frozenset[str]:
+    c = task.config
+    return frozenset(
+        task.problem_key(task.problem(split, start + s))
+        for split, start in (("test", c.test_seed), ("ood", c.ood_seed))
+        for s in range(c.problems)
+    )
 
 
 class MemoryCorridorEnv:

@@ -1,0 +1,293 @@
+"""A context budget in the agent loop (`temper.rollout.context`): truncation and self-summaries
+split an episode into rows at exact tokens, the summary is trained in the row that sampled it and
+never sent to the env, every row gets the episode's one advantage, the env's grade of a summary
+becomes the `summary` reward component, and memory_corridor's demonstrations have the shape the
+loop builds."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from fakes import Script
+from temper import guard
+from temper.catalog import make_task
+from temper.data.chat import prompt_ids
+from temper.envs.base import StepResult
+from temper.rewards.components import RewardInput, combine
+from temper.rollout.context import ContextPolicy, head, summarised, summary_request, truncated
+from temper.rollout.loop import EpisodeLimits, run_episodes
+from temper.tasks.base import Score
+
+TASK = {"role": "user", "content": "Walk to 4 and say the word."}
+SYSTEM = {"role": "system", "content": "sys"}
+
+
+class LongWalk:
+    """Shows a word once (after the first action), then one long observation per step; the fifth
+    action is graded: right when it is the word. Grades summaries (1 when one holds the word)."""
+
+    stop = ()
+
+    def __init__(self, policy: ContextPolicy, word: str = "plum", grade_fails: str = ""):
+        self.context, self.word, self.grade_fails = policy, word, grade_fails
+        self.k, self.seen, self.graded = 0, [], []
+
+    def reset(self):
+        return [SYSTEM, TASK]
+
+    def step(self, action):
+        self.seen.append(action)
+        self.k += 1
+        if self.k == 5:
+            right = action.strip() == self.word
+            return StepResult(done=True, score=Score(float(right), right, True))
+        shown = f"The word is {self.word}. " if self.k == 1 else ""
+        return StepResult(messages=[{"role": "user", "content": f"{shown}at {self.k} " + "." * 20}])
+
+    def summary_reward(self, text):
+        self.graded.append(text)
+        if self.grade_fails == "raise":
+            raise RuntimeError("grader broke")
+        if self.grade_fails == "hang":
+            time.sleep(5)
+        if self.grade_fails == "nan":
+            return float("nan")
+        return float(self.word in text)
+
+
+def walker(keep: bool):
+    """Walks; asked for a note, keeps the word (keep) or not; at 4 says the word it can still see."""
+
+    def reply(text, j):
+        last = text.rsplit("<|user|>", 1)[-1]
+        if last.startswith("Note?"):
+            seen = re.findall(r"word is (\w+)|note: (\w+)", text)
+            return f"note: {seen[-1][0] or seen[-1][1]}" if keep and seen else "note: walking"
+        if last.startswith("at 4"):
+            seen = re.findall(r"word is (\w+)|note: (\w+)", text)
+            return (seen[-1][0] or seen[-1][1]) if seen else "no idea"
+        return "walk"
+
+    return reply
+
+
+def play(tokenizer, env, max_new=8):
+    [[t]] = run_episodes(
+        Script(tokenizer, walker(True)),
+        tokenizer,
+        [[env]],
+        [0],
+        EpisodeLimits(max_new_tokens=max_new, max_tokens=2000),
+    )
+    return t
+
+
+def test_head_summarised_and_truncated_keep_the_task_and_the_latest_observation():
+    turns = [
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "o1"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "o2"},
+        {"role": "tool", "content": "o2b"},
+    ]
+    messages = [SYSTEM, TASK, *turns]
+    assert head(messages) == [SYSTEM, TASK]
+    assert summarised(messages, "N") == [SYSTEM, TASK, {"role": "assistant", "content": "N"}, turns[-1]]
+    assert truncated(messages, lambda h: len(h) <= 5) == [SYSTEM, TASK, *turns[2:]]  # the oldest turn dropped
+    assert truncated(messages, lambda h: True) == messages
+    assert truncated(messages, lambda h: False) == [
+        SYSTEM,
+        TASK,
+        turns[3],
+        turns[4],
+    ]  # what answered the last action
+    assert summary_request(ContextPolicy(instruction="Note?")) == {"role": "user", "content": "Note?"}
+    for bad in ({"max_tokens": -1}, {"summary_max_tokens": 0}, {"on_overflow": "drop"}):
+        with pytest.raises(ValueError):
+            ContextPolicy(**bad)
+
+
+def test_a_summary_is_a_trained_turn_the_env_never_steps_and_the_next_row_starts_from_it(tokenizer):
+    policy = ContextPolicy(
+        max_tokens=120, on_overflow="summarise", summary_max_tokens=16, instruction="Note?"
+    )
+    env = LongWalk(policy)
+    t = play(tokenizer, env)
+    assert t.stop_reason == "done" and t.score.correct, t.error
+    assert env.seen == ["walk"] * 4 + ["plum"]  # the summaries never reached step
+    assert t.summaries and all(s == "note: plum" for s in t.summaries)
+    assert env.graded == t.summaries and t.summary_rewards == [1.0] * len(t.summaries)
+    rows = t.rows
+    assert len(rows) == len(t.summaries) + 1 == t.compactions + 1
+    first, second = rows[0], rows[1]
+    # the first row ends with the env segment (the observation, the request, the assistant header), then the summary
+    *_, asked, summary = first.segments
+    assert not asked.trainable and asked.logprobs is None
+    assert tokenizer.decode(asked.token_ids, skip_special_tokens=False).endswith(
+        "<|user|>Note?<|end|><|assistant|>"
+    )
+    assert summary.trainable and tokenizer.decode(summary.token_ids, skip_special_tokens=True) == "note: plum"
+    assert summary.logprobs == [
+        -(i + 1) / 100 for i in range(len(summary.token_ids))
+    ]  # the sampler's, verbatim
+    actions_before = sum(1 for s in first.segments if s.trainable) - 1
+    assert summary.turn == actions_before  # it belongs to the next action
+    # the next row: head + the summary as the policy's turn + the latest observation, as its prompt
+    conversation = tokenizer.decode(first.prompt_ids + first.completion_ids, skip_special_tokens=False)
+    latest = conversation.rsplit("<|user|>", 2)[-2].removesuffix("<|end|>")
+    last_obs = {"role": "user", "content": latest}
+    expected = prompt_ids(tokenizer, [SYSTEM, TASK, {"role": "assistant", "content": "note: plum"}, last_obs])
+    assert second.segments[0].starts_row and second.prompt_ids == expected
+    # no row's prompt holds the word's observation after the first: the note carried it
+    assert all("word is" not in tokenizer.decode(r.prompt_ids) for r in rows[1:])
+    assert sum(s.get("summaries", 0) for s in t.signals) == len(t.summaries)
+    assert sum(s.get("summary_reward", 0) for s in t.signals) == len(t.summaries)
+
+
+def test_under_truncation_the_early_fact_is_gone_and_every_row_fits(tokenizer):
+    policy = ContextPolicy(max_tokens=120, on_overflow="truncate")
+    env = LongWalk(policy)
+    t = play(tokenizer, env)
+    assert t.stop_reason == "done" and not t.score.correct  # at 4 the word was out of the context
+    assert env.seen[-1] == "no idea" and not t.summaries and env.graded == []
+    assert len(t.rows) == t.compactions + 1 > 1
+    for row in t.rows:
+        assert len(row.prompt_ids) + 8 <= 120  # the prompt and the next action's allowance fit
+        assert tokenizer.decode(row.prompt_ids, skip_special_tokens=False).startswith(
+            tokenizer.decode(prompt_ids(tokenizer, [SYSTEM, TASK])[:-1], skip_special_tokens=False)
+        )  # the task is always kept
+    assert all(not s.trainable for r in t.rows for s in r.segments[:1])
+    assert sum(s.get("compactions", 0) for s in t.signals) == t.compactions
+
+
+def test_without_a_budget_nothing_changes(tokenizer):
+    env = LongWalk(ContextPolicy(max_tokens=0))
+    t = play(tokenizer, env)
+    assert len(t.rows) == 1 and t.compactions == 0 and t.score.correct
+
+
+def test_every_row_of_a_summarised_episode_gets_its_episodes_advantage(tokenizer):
+    """A group of two: one keeps the word in its notes (wins), one does not (loses); every row of
+    each gets its episode's GRPO advantage, and the statistics are of the two episodes."""
+    from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
+    from temper.train.rollouts import grade_episodes, to_batch
+
+    policy = ContextPolicy(
+        max_tokens=120, on_overflow="summarise", summary_max_tokens=16, instruction="Note?"
+    )
+    keeps, loses = LongWalk(policy), LongWalk(policy)
+    [[good]] = run_episodes(
+        Script(tokenizer, walker(True)),
+        tokenizer,
+        [[keeps]],
+        [0],
+        EpisodeLimits(max_new_tokens=8, max_tokens=2000),
+    )
+    [[bad]] = run_episodes(
+        Script(tokenizer, walker(False)),
+        tokenizer,
+        [[loses]],
+        [0],
+        EpisodeLimits(max_new_tokens=8, max_tokens=2000),
+    )
+    assert good.score.correct and not bad.score.correct and len(good.rows) == len(bad.rows) > 1
+    problem = make_task("arithmetic").sample("test", 1, 0)[0]
+    group = grade_episodes(problem, [good, bad], {"outcome": 1.0, "summary": 0.5}, 8, 0)
+    assert group.rewards == [1.0 + 0.5 * 1.0, 0.0]
+    batch = to_batch([group])
+    n = len(good.rows)
+    assert batch.episode_R.tolist() == [0] * n + [1] * n
+    sampled = [s.token_ids for s in good.segments + bad.segments if s.trainable]
+    trained = [batch.completions_R_T[r][batch.mask_R_T[r]].tolist() for r in range(2 * n)]
+    assert sum(trained, []) == sum(sampled, [])  # every sampled token trained once, nothing else
+    a = ESTIMATORS["grpo"](AdvantageInputs(batch.rewards_G_N, batch.mask_R_T, episode_R=batch.episode_R))[0]
+    per_row = [float(a[r][batch.mask_R_T[r]].unique()) for r in range(2 * n)]
+    assert per_row == pytest.approx([0.7071] * n + [-0.7071] * n, abs=1e-4)  # never re-normalised per row
+
+
+def test_the_summary_component_is_the_mean_grade_and_its_weight_counts():
+    x = RewardInput(Score(1.0, True, True), 10, 8, False, summary=0.5)
+    assert combine(x, {"outcome": 1.0, "summary": 0.4}) == (
+        pytest.approx(1.2),
+        {"outcome": 1.0, "summary": 0.5},
+    )
+    assert combine(x, {"outcome": 1.0, "summary": 0.0})[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("fails", "reason", "said"),
+    [("raise", "env_error", "summary_reward raised: RuntimeError: grader broke"),
+     ("nan", "env_error", "not a finite number"),
+     ("hang", "timeout", "summary_reward")],
+)  # fmt: skip
+def test_a_failing_summary_grader_ends_its_episode_with_one_line(tokenizer, fails, reason, said):
+    policy = ContextPolicy(
+        max_tokens=120, on_overflow="summarise", summary_max_tokens=16, instruction="Note?"
+    )
+    with guard.time_limit(0.5):
+        t = play(tokenizer, LongWalk(policy, grade_fails=fails))
+    assert t.stop_reason == reason and said in t.error and "\n" not in t.error
+
+
+def test_memory_corridor_grades_notes_against_listing_every_box():
+    task = make_task("memory_corridor", context_tokens=160)
+    problem = task.sample("test", 1, 0)[0]
+    env = task.make_env(problem)
+    key = problem.data["key"]
+    assert env.summary_reward(f"Key in box {key}.") == 1.0
+    assert env.summary_reward(f"key in box {key}, not box {key % 4 + 1}") == 0.0  # two boxes: no kept fact
+    assert env.summary_reward("box 1 box 2 box 3 box 4") == 0.0
+    assert env.summary_reward("Walking on.") == 0.0
+    assert env.context == ContextPolicy(160, "summarise", 24, "Note?")
+    assert make_task("memory_corridor").make_env(problem).context.on is False
+
+
+def test_memory_corridor_demonstrations_are_rows_of_the_loops_shape():
+    """With the summarise harness a demonstration is several rows: each but the last ends with the
+    request and a note, and the next starts from the head, that note and the latest observation;
+    a note that drops the key stays dropped, and the last row opens the key's box only if known."""
+    task = make_task("memory_corridor", context_tokens=160, demo_keep=0.5)
+    whole = make_task("memory_corridor")
+    kept = lost = 0
+    for problem in task.sample("train", 40, 0):
+        rows = task.demonstration_rows(problem)
+        assert len(rows) == 1 + (problem.data["length"] - 1) // 3
+        assert whole.demonstration_rows(problem) == [whole.demonstration_rows(problem)[0]]
+        assert len(whole.demonstration_rows(problem)[0]) == 2 * (problem.data["length"] + 2)
+        for row, after in zip(rows, rows[1:]):
+            assert row[-2] == {"role": "user", "content": "Note?"}
+            assert after[: len(summarised(row[:-2], row[-1]["content"]))] == summarised(
+                row[:-2], row[-1]["content"]
+            )
+        notes = [r[-1]["content"] for r in rows[:-1]]
+        known = all(n.startswith("Key in box") for n in notes)
+        assert notes == sorted(notes)  # "Key in box" ones first: once dropped, never recovered
+        opened = rows[-1][-1]["content"]
+        if known:
+            kept += 1
+            assert opened == f"open {problem.data['key']}"
+        else:
+            lost += 1
+        env = task.make_env(problem)
+        env.reset()
+        for m in (
+            m for r in rows for m in r[1:] if m["role"] == "assistant" and not m["content"][0].isupper()
+        ):
+            result = env.step(m["content"])
+        assert result.done
+    assert kept and lost
+
+
+def test_memory_corridor_train_problems_never_are_held_out_ones():
+    """20 corridors in all (2 boxes x 10 signs), half of them held out: without the filter 200
+    train draws would hold some; with every corridor held out, drawing says so instead of spinning."""
+    small = {"boxes": 2, "min_length": 1, "max_length": 1, "ood_length": 1, "problems": 4}
+    task = make_task("memory_corridor", **small)
+    held = {task.problem_key(p) for s in ("test", "ood") for p in task.sample(s, 4, 0)}
+    train = {task.problem_key(p) for p in task.sample("train", 200, 1)}
+    assert len(held) >= 5 and len(train) >= 8 and not held & train
+    with pytest.raises(ValueError, match="held out"):
+        make_task("memory_corridor", **small | {"problems": 400}).sample("train", 1, 0)
