@@ -173,7 +173,7 @@ def test_every_row_of_a_summarised_episode_gets_its_episodes_advantage(tokenizer
     """A group of two: one keeps the word in its notes (wins), one does not (loses); every row of
     each gets its episode's GRPO advantage, and the statistics are of the two episodes."""
     from temper.algorithms.estimators import ESTIMATORS, AdvantageInputs
-    from temper.train.rollouts import grade_episodes, to_batch
+    from temper.train.rollouts import grade_episodes, rollout_record, to_batch
 
     policy = ContextPolicy(
         max_tokens=120, on_overflow="summarise", summary_max_tokens=16, instruction="Note?"
@@ -206,6 +206,12 @@ def test_every_row_of_a_summarised_episode_gets_its_episodes_advantage(tokenizer
     a = ESTIMATORS["grpo"](AdvantageInputs(batch.rewards_G_N, batch.mask_R_T, episode_R=batch.episode_R))[0]
     per_row = [float(a[r][batch.mask_R_T[r]].unique()) for r in range(2 * n)]
     assert per_row == pytest.approx([0.7071] * n + [-0.7071] * n, abs=1e-4)  # never re-normalised per row
+
+    record = rollout_record(1, group, tokenizer)[0]  # rollouts.jsonl and the report read these
+    assert record["rows"] == n and record["summaries"] == good.summaries
+    starts = [s for s in record["episode"] if s.get("row_start")]
+    assert len(starts) == n - 1 and {s["cause"] for s in starts} == {"summarised"}
+    assert [s["text"] for s in record["episode"] if s.get("summary")] == [f"{s}<|end|>" for s in good.summaries]
 
 
 def test_the_summary_component_is_the_mean_grade_and_its_weight_counts():

@@ -83,3 +83,20 @@ def test_a_rewritten_episodes_rows_and_the_gateway_metrics_are_shown():
     table = rl_episode_table(rows)
     assert "<tr><td>gateway: segments per episode</td><td>1.5</td><td>1.5</td></tr>" in table
     assert "<tr><td>gateway: calls that started a new row (per step)</td><td>2</td><td>2</td></tr>" in table
+
+
+def test_a_summarised_and_a_truncated_row_say_why_they_start_and_the_summary_is_marked():
+    html = episode_html(
+        [
+            {"by": "policy", "text": "walk", "row": 0},
+            {"by": "policy", "text": "Key in box 3.", "row": 0, "summary": True},
+            {"by": "env", "text": "p", "row": 1, "row_start": True, "cause": "summarised"},
+            {"by": "env", "text": "q", "row": 2, "row_start": True, "cause": "truncated"},
+        ]
+    )
+    assert "<span class='pol summary' title='self-summary (trained)'>[summary] Key in box 3.</span>" in html
+    assert (
+        "row 1: the context budget was reached; the new row starts from the task, the summary above" in html
+    )
+    assert "row 2: the context budget was reached; the oldest turns are dropped" in html
+    assert "rewrote" not in html

@@ -385,6 +385,8 @@ def _with_episodes(
 ) -> list[dict[str, Any]]:
     """Greedy examples of an environment task get their whole episode: the segments in order, each
     {"by": "policy" | "env", "text"} (special tokens kept), so the report can tell the two apart."""
+    from temper.rollout.trajectory import segment_records
+
     if not trajectories:
         return examples
     by_id = {}
@@ -393,13 +395,7 @@ def _with_episodes(
     for ex in examples:
         t = by_id.get(ex["id"])
         if t is not None:
-            ex["episode"] = [
-                {
-                    "by": "policy" if s.trainable else "env",
-                    "text": tokenizer.decode(s.token_ids, skip_special_tokens=False),
-                }
-                for s in t.segments[1:]
-            ]
+            ex["episode"] = segment_records(t, lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
             ex["turns"] = t.turns
     return examples
 

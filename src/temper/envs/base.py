@@ -149,7 +149,8 @@ class ManagesContext(Protocol):
 def context_of(env: Any) -> ContextPolicy | None:
     """The context budget an env's episodes run under; None when it has none (or it is off)."""
     policy = env.context if isinstance(env, ManagesContext) else None
-    return policy if policy is not None and policy.on else None
+    # a `context` of another kind (the gateway env's request context) is no budget
+    return policy if isinstance(policy, ContextPolicy) and policy.on else None
 
 
 @runtime_checkable

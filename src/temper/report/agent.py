@@ -10,23 +10,37 @@ from temper.report.common import esc, html_table, number, percent
 
 LEGEND = (
     "<p><small>Episodes: <span class='episode'><span class='pol'>policy tokens (trained on)</span> "
-    "<span class='env'>environment tokens (tool output, observations, chat headers; never trained on)</span>"
+    "<span class='env'>environment tokens (tool output, observations, chat headers; never trained on)</span> "
+    "<span class='pol summary'>a self-summary the harness asked for (trained)</span>"
     "</span></small></p>"
 )
 
 
-ROW_START = "row {}: the agent rewrote its history, a new training row starts (its prompt never trained on)"
+ROW_START = {
+    "rewritten": "row {}: the agent rewrote its history, a new training row starts (its prompt never trained on)",
+    "summarised": "row {}: the context budget was reached; the new row starts from the task, the summary above "
+    "and the latest observation (its prompt never trained on)",
+    "truncated": "row {}: the context budget was reached; the oldest turns are dropped, a new row starts from "
+    "the task and the latest turns (its prompt never trained on)",
+}
+"""The rule drawn where a training row starts, by its `cause` (`rollout.trajectory.ROW_CAUSES`)."""
 
 
 def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
-    """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour, and a
-    rule where a new training row starts (`row_start`: a rewritten history)."""
-    spans = "".join(
-        (f"<span class='row'>{esc(ROW_START.format(s.get('row')))}</span>" if s.get("row_start") else "")
-        + f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
-        for s in segments
-    )
-    return f"<pre class='episode'>{spans}</pre>"
+    """A whole episode: each segment ({"by": "policy" | "env", "text"}) in its own colour, a
+    self-summary (`summary`) marked as one, and a rule where a new training row starts
+    (`row_start`, saying its `cause`: a rewritten history, a summary, a truncation)."""
+
+    def rule(s: Mapping[str, Any]) -> str:
+        said = ROW_START.get(s.get("cause", "rewritten"), ROW_START["rewritten"]).format(s.get("row"))
+        return f"<span class='row'>{esc(said)}</span>" if s.get("row_start") else ""
+
+    def span(s: Mapping[str, Any]) -> str:
+        if s.get("summary"):
+            return f"<span class='pol summary' title='self-summary (trained)'>[summary] {esc(s.get('text', ''))}</span>"
+        return f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
+
+    return f"<pre class='episode'>{''.join(rule(s) + span(s) for s in segments)}</pre>"
 
 
 def _label(key: str) -> str:

@@ -35,6 +35,7 @@ p .toks { padding: 0.1em 0.2em; }
 .toks .ws { color: #bbb; } .toks > span.sup .ws { color: #4a4; }
 .episode .pol { background: #c9efc9; } .episode .env { background: #e4e4f4; color: #446; }
 .episode .row { display: block; border-top: 2px dashed #a66; color: #a66; margin-top: 0.3em; }
+.episode .summary { background: #f6e3a8; font-weight: bold; }
 .episode .env::before { content: "env▸"; font-size: 10px; color: #88a; vertical-align: super; }
 details { margin: 0.4em 0; } summary { cursor: pointer; } .ex { border-top: 1px solid #eee; padding: 0.4em 0; }
 """

@@ -266,7 +266,12 @@ def _sample_round(
                 e.last = s
                 e.trajectory.segments.append(
                     Segment(
-                        list(s.token_ids), list(s.logprobs), True, e.actions, policy_version=s.policy_version
+                        list(s.token_ids),
+                        list(s.logprobs),
+                        True,
+                        e.actions,
+                        policy_version=s.policy_version,
+                        why="summary" if e.summarising else "",
                     )
                 )
                 e.ids += s.token_ids
@@ -453,11 +458,13 @@ def _overflows(full: list[int], policy: ContextPolicy, limits: EpisodeLimits) ->
     return len(full) + limits.max_new_tokens > policy.max_tokens
 
 
-def _new_row(e: _Episode, history: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> None:
+def _new_row(
+    e: _Episode, history: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, why: str
+) -> None:
     """Go on from a compacted conversation: its rendering is the prompt of a new row."""
     e.messages, e.turn_text = history, ""
     e.ids = prompt_ids(tokenizer, history, tools_of(e.env))
-    e.trajectory.segments.append(Segment(list(e.ids), None, False, starts_row=True))
+    e.trajectory.segments.append(Segment(list(e.ids), None, False, starts_row=True, why=why))
     e.trajectory.compactions += 1
     _count(e, "compactions", 1.0)
 
@@ -477,7 +484,7 @@ def _truncate(
     def fits(history: list[dict[str, Any]]) -> bool:
         return len(prompt_ids(tokenizer, history, tools)) + limits.max_new_tokens <= policy.max_tokens
 
-    _new_row(e, truncated(e.messages, fits), tokenizer)
+    _new_row(e, truncated(e.messages, fits), tokenizer, "truncate")
 
 
 def _apply_summaries(
@@ -510,7 +517,7 @@ def _apply_summaries(
             _count(e, "summary_reward", float(value))
         _count(e, "summaries", 1.0)
         try:
-            _new_row(e, summarised(e.messages, texts[id(e)]), tokenizer)
+            _new_row(e, summarised(e.messages, texts[id(e)]), tokenizer, "summary")
         except Exception as err:  # a summary the chat template cannot render
             _end(
                 e,

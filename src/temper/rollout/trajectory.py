@@ -22,6 +22,7 @@ segment sampled at the harness's request and trained in the row that sampled it)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -47,6 +48,9 @@ class Segment:
     turn: int = -1  # the policy action this segment belongs to; -1 for prompt and environment
     starts_row: bool = False  # the prompt of a new row (segments[0] always starts the first)
     policy_version: int | None = None  # policy segments: the weights version that sampled it, if tagged
+    why: str = (
+        ""  # "summary": a self-summary (policy) or the row it starts; "truncate": a truncated row's prompt
+    )
 
 
 @dataclass
@@ -128,6 +132,31 @@ class Trajectory:
         """Why the episode failed, in one line: the last step's `error` signal ('' when none; the
         agent loop puts one there for every env_error and timeout, naming the env and the call)."""
         return next((str(s["error"]) for s in reversed(self.signals) if s.get("error")), "")
+
+
+ROW_CAUSES = {"summary": "summarised", "truncate": "truncated", "": "rewritten"}
+"""What started a row, by its first segment's `why`: a self-summary, a truncation (a context
+budget, `rollout/context.py`) or the env's rewritten history."""
+
+
+def segment_records(t: Trajectory, decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
+    """An episode's segments after its prompt, for logs and the report: each {"by": "policy" |
+    "env", "text"}, a self-summary's `summary: true`; an episode of several rows also each
+    segment's `row`, and the first of a row `row_start` and `cause` (`ROW_CAUSES`)."""
+    records = []
+    row = 0
+    several = any(s.starts_row for s in t.segments)
+    for s in t.segments[1:]:
+        record: dict[str, Any] = {"by": "policy" if s.trainable else "env", "text": decode(s.token_ids)}
+        if s.trainable and s.why == "summary":
+            record["summary"] = True
+        if several:
+            row += s.starts_row
+            record["row"] = row
+            if s.starts_row:
+                record |= {"row_start": True, "cause": ROW_CAUSES.get(s.why, "rewritten")}
+        records.append(record)
+    return records
 
 
 def mean_signals(trajectories: list[Trajectory]) -> dict[str, float]:

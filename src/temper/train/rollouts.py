@@ -16,7 +16,7 @@ from temper.rewards.components import RewardInput, combine
 from temper.rewards.diagnostics import zero_variance_cause
 from temper.rewards.process_reward_model import TokenRewards
 from temper.rollout.sampler import Sample
-from temper.rollout.trajectory import Segment, Trajectory
+from temper.rollout.trajectory import Segment, Trajectory, segment_records
 from temper.tasks.base import Problem, Score, Task, grade_batch
 
 if TYPE_CHECKING:  # imported where used: importing this module stays cheap
@@ -437,17 +437,9 @@ def _versions(t: Trajectory) -> dict[str, Any]:
 def _completion(t: Trajectory, tokenizer: Any) -> dict[str, Any]:
     graded = t.messages[-1]["content"] if t.messages and t.messages[-1]["role"] == "assistant" else ""
     if len(t.segments) > 2:  # an episode with more than one policy turn or environment tokens
-        segments = [
-            {"by": "policy" if s.trainable else "env", "text": _decode(tokenizer, s.token_ids)}
-            for s in t.segments[1:]
-        ]
-        rows = {}
-        if any(s.starts_row for s in t.segments):  # a rewritten history: each segment's row
-            row = 0
-            for record, s in zip(segments, t.segments[1:], strict=True):
-                row += s.starts_row
-                record |= {"row": row} | ({"row_start": True} if s.starts_row else {})
-            rows = {"rows": row + 1}
+        segments = segment_records(t, lambda ids: _decode(tokenizer, ids))
+        rows = {"rows": segments[-1]["row"] + 1} if "row" in segments[-1] else {}
+        rows |= {"summaries": t.summaries} if t.summaries else {}
         return {
             "completion": "".join(s["text"] for s in segments),
             "episode": segments,
