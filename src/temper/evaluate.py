@@ -144,7 +144,7 @@ def evaluate(
     Cohen's kappa, the unparseable verdicts counted, never read as 0).
     """
     from temper.data.chat import prompt_ids  # imports transformers; see the module docstring
-    from temper.envs.base import EnvTask, TurnLimited, make_env
+    from temper.envs.base import EnvTask, EpisodeTokenLimited, TurnLimited, make_env
     from temper.models.chat import stop_warning, unstopped_specials
     from temper.rollout.loop import EpisodeLimits, run_episodes
     from temper.rollout.sampler import sampler_stop_ids
@@ -164,7 +164,9 @@ def evaluate(
     episodes: dict[str, list] = {}
     if isinstance(task, EnvTask):  # an environment task: whole episodes
         limits = EpisodeLimits(
-            max_turns=task.max_turns if isinstance(task, TurnLimited) else 8, max_new_tokens=max_new_tokens
+            max_turns=task.max_turns if isinstance(task, TurnLimited) else 8,
+            max_tokens=task.max_episode_tokens if isinstance(task, EpisodeTokenLimited) else 0,
+            max_new_tokens=max_new_tokens,
         )
 
         def draw(n: int, temp: float) -> list[list[Sample]]:

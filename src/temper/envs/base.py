@@ -121,6 +121,16 @@ class TurnLimited(Protocol):
 
 
 @runtime_checkable
+class EpisodeTokenLimited(Protocol):
+    """An environment task's own budget of tokens per episode (policy and environment tokens after
+    the prompts, every row's), for episodes longer than max_turns x max_new_tokens: a context
+    budget compacts them, so they hold many observations. Implemented by `memory_corridor`; read by
+    `evaluate` (default: max_turns x max_new_tokens)."""
+
+    max_episode_tokens: int
+
+
+@runtime_checkable
 class OffersTools(Protocol):
     """An env (or an environment task, for its demonstrations) whose prompts show tool schemas:
     `tools` (JSON schemas, HF's `apply_chat_template(tools=)`; None for none) is rendered into the

@@ -24,7 +24,7 @@ Problems are seeded: the key's box, the corridor's length and the signs. train/t
 more compactions per episode (a note must survive being re-summarised).
 
 SFT demonstrations (`demonstration_rows`): with `on_overflow: summarise` and a budget, the
-episodes as the summarise harness splits them, a note every `demo_every` walks, each row a
+episodes as the summarise harness splits them, a note every `demo_gap_min`..`demo_gap_max` walks, each row a
 conversation of the shape the loop builds (`context.summary_request`, `context.summarised`). A
 demonstration's note keeps the key (`Key in box 3.`) with probability `demo_keep`, else it does
 not (`Walking on.`), and a demonstration at the door that no longer knows the key opens a box at
@@ -65,8 +65,11 @@ class MemoryCorridorConfig:
     on_overflow: str = "summarise"
     """truncate | summarise."""
     summary_max_tokens: int = 24
-    demo_every: int = 3
-    """Walks between the notes of a demonstration."""
+    demo_gap_min: int = 2
+    demo_gap_max: int = 4
+    """Walks between the notes of a demonstration, drawn uniformly in [min, max] per note: the
+    loop asks for a note where the tokens run out, which moves with the notes' lengths, so the
+    policy is shown requests at several points."""
     demo_keep: float = 0.3
     """Chance a demonstration's note keeps the key."""
     train_seed: int = 0
@@ -78,9 +81,10 @@ class MemoryCorridorConfig:
     def __post_init__(self) -> None:
         if self.boxes < 2 or not 1 <= self.min_length <= self.max_length or self.ood_length < 1:
             raise ValueError("need boxes >= 2 and 1 <= min_length <= max_length, ood_length >= 1")
-        if not 0.0 <= self.demo_keep <= 1.0 or self.demo_every < 1:
+        if not 0.0 <= self.demo_keep <= 1.0 or not 1 <= self.demo_gap_min <= self.demo_gap_max:
             raise ValueError(
-                f"need demo_keep in [0, 1] and demo_every >= 1, got {self.demo_keep}, {self.demo_every}"
+                f"need demo_keep in [0, 1] and 1 <= demo_gap_min <= demo_gap_max, got {self.demo_keep}, "
+                f"{self.demo_gap_min}, {self.demo_gap_max}"
             )
         self.policy()  # a bad on_overflow or budget fails when the recipe is validated
 
@@ -100,6 +104,12 @@ class MemoryCorridorTask:
     def max_turns(self) -> int:
         """The longest episode of any split: look, the walks, open, and two spare moves."""
         return max(self.config.max_length, self.config.ood_length) + 4
+
+    @property
+    def max_episode_tokens(self) -> int:
+        """Eval's budget for a whole episode, every row's tokens after its prompt: an observation
+        and an action are ~26 tokens, a summary request and note ~25 more (a generous bound)."""
+        return 64 * self.max_turns
 
     def problem(self, split: str, seed: int) -> Problem:
         check_split(split)
@@ -146,7 +156,7 @@ class MemoryCorridorTask:
 
     def demonstration_rows(self, problem: Problem) -> list[list[dict[str, Any]]]:
         """The expert's episode (module docstring): look, the walks, open; with the summarise
-        harness a note every `demo_every` walks, one conversation per row."""
+        harness a note every `demo_gap_min`..`demo_gap_max` walks, one conversation per row."""
         c, d = self.config, problem.data
         rng = random.Random(f"memory_corridor:demo:{problem.id}")
         env = self.make_env(problem)
@@ -162,9 +172,11 @@ class MemoryCorridorTask:
             return result
 
         act("look")
+        due = rng.randint(c.demo_gap_min, c.demo_gap_max)
         for walked in range(1, d["length"] + 1):
             act("walk")
-            if notes and walked % c.demo_every == 0 and walked < d["length"]:
+            if notes and walked == due and walked < d["length"]:
+                due += rng.randint(c.demo_gap_min, c.demo_gap_max)
                 known = known and rng.random() < c.demo_keep
                 note = f"Key in box {d['key']}." if known else "Walking on."
                 rows.append([*messages, summary_request(c.policy()), {"role": "assistant", "content": note}])
