@@ -24,6 +24,7 @@ kept), graded wrong like any failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -126,8 +127,10 @@ def search(
     *,
     select_top: int = 3,
     say: Callable[[str], None] = lambda line: None,
+    about: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the loop (module docstring) into `out`; -> the summary written to `out/harness_search.json`."""
+    """Run the loop (module docstring) into `out`; -> the summary written to
+    `out/harness_search.json` (with `about`: what the caller adds, e.g. the task and the splits)."""
     root = out / "candidates"
     root.mkdir(parents=True, exist_ok=True)
     candidates: list[Candidate] = []
@@ -146,8 +149,8 @@ def search(
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
-        if harness is not None:  # reloaded from its own folder: failure lines name the file played
-            harness = load_harness(folder / "harness.py")
+        if harness is not None:  # the path it is played from (failure lines name the file's name)
+            harness = dataclasses.replace(harness, path=folder / "harness.py")
         c = Candidate(folder.name, folder, harness, error)
         if error is not None:
             (folder / "error.txt").write_text(error + "\n")
@@ -187,6 +190,7 @@ def search(
         _write_traces(out / "best" / f"final_{role}_traces.jsonl", traces)
         final[role] = _brief(scores) | {"correct": scores["correct"]}
     summary = {
+        **(about or {}),
         "default": candidates[0].name,
         "best": best.name,
         "best_settings": best.harness.settings,

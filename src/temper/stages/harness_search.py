@@ -98,8 +98,8 @@ class HarnessSearchStage(Strict):
     """Tokens per turn."""
     max_episode_tokens: int = Field(256, ge=0)
     """Policy and environment tokens per episode after the prompt (0: turns x max_new_tokens)."""
-    timeout: float = Field(10.0, gt=0)
-    """Seconds one call of the harness's code may take."""
+    timeout: float = Field(60.0, gt=0)
+    """Seconds one call of the harness's code may take (and the env's reset, which the harness wraps)."""
     seed: int = 0
     """Which problems are drawn (train, selection and final)."""
 
@@ -159,13 +159,8 @@ def run_harness_search(spec: HarnessSearchStage, job: StageRun) -> dict[str, Any
         summary = search(
             base, _proposer(spec), on(train), on(select), on(final), out,
             select_top=spec.select_top, say=lambda line: console.print(f"harness_search: {line}"),
+            about={"task": spec.task, "held_out_split": held.split, "problems": [len(train), len(select), len(final)]},
         )  # fmt: skip
-    summary |= {
-        "task": spec.task,
-        "held_out_split": held.split,
-        "problems": [len(train), len(select), len(final)],
-    }
-    (out / "harness_search.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
