@@ -413,3 +413,27 @@ def test_a_bad_stage_is_refused_at_its_line_and_key(tmp_path, capsys, edit, line
     err = capsys.readouterr().err
     located = [r.strip() for r in err.splitlines() if r.strip().startswith(f"{recipe}:{line}: {key}")]
     assert located and any(said in r for r in located), err
+
+
+def test_an_unreachable_proposer_endpoint_stops_the_search_in_one_line_naming_it(tmp_path):
+    import socket
+
+    from temper.rewards.judge import JudgeUnreachable
+    from temper.stages.harness_search import HarnessSearchStage, make_proposer
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    spec = HarnessSearchStage.model_validate(
+        {"kind": "harness_search", "task": "t", "harness": "h.py",
+         "proposer": {"kind": "openai", "url": url, "model": "m", "retries": 0, "timeout": 2}}
+    )  # fmt: skip
+    base = load_harness(_write(tmp_path, HARNESS))
+    tried = [Tried("00-default", base.source, base.settings, 0.0, tmp_path)]
+    with pytest.raises(JudgeUnreachable) as err:
+        make_proposer(spec).propose(base, tried)
+    assert str(err.value).startswith(f"proposer endpoint {url}/chat/completions unreachable after 1 attempts")
+    assert isinstance(
+        make_proposer(HarnessSearchStage(kind="harness_search", task="t", harness="h.py")), KnobSearch
+    )

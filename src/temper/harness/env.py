@@ -4,12 +4,13 @@
 
 `reset`: the env's first observation (its last user turn) becomes `bootstrap(info) +
 build_prompt(observation, memory, first=True)`, after the harness's `system` turn when it has
-one. `step`: the env steps on the model's action as it is; when the episode goes on, the memory
-is updated (`update_memory(memory, action, observation)`) and the observation shown is
-`build_prompt(observation, memory, first=False)`. Rewards, signals, scores and `done` are the
-env's own: a harness changes what the model reads, never how it is graded. Each harness call is
-guarded user code (`Harness.call`), so its failure ends the episode as env_error with a line
-naming the harness file and function, as the agent loop does for envs.
+one (in place of the env's own). `step`: the env steps on the model's action as it is; when the
+episode goes on, the memory is updated (`update_memory(memory, action, observation)`) and the
+observation shown is `build_prompt(observation, memory, first=False)`. Rewards, signals, scores
+and `done` are the env's own: a harness changes what the model reads, never how it is graded.
+An env turn that does not end with a user message (chat tool results) is shown as the env gave
+it. Each harness call is guarded user code (`Harness.call`), so its failure ends the episode as
+env_error with a line naming the harness file and function, as the agent loop does for envs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class HarnessEnv:
         self.close = env.close if isinstance(env, Closable) else None
 
     def _call(self, fn: str, *args: Any) -> Any:
-        return self.harness.call(fn, *args, self.harness.settings, context=self.context)
+        return self.harness.call(
+            fn, *args, dict(self.harness.settings), context=self.context
+        )  # a copy: never changed
 
     def reset(self) -> list[dict[str, Any]]:
         messages = [dict(m) for m in self.env.reset()]

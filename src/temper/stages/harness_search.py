@@ -104,7 +104,8 @@ class HarnessSearchStage(Strict):
     """Which problems are drawn (train, selection and final)."""
 
 
-def _proposer(spec: HarnessSearchStage) -> Proposer:
+def make_proposer(spec: HarnessSearchStage) -> Proposer:
+    """The proposer a stage names: the knob search, or an endpoint model (its errors named as the proposer's)."""
     p = spec.proposer
     if isinstance(p, KnobProposer):
         return KnobSearch(max_candidates=p.max_candidates, rounds=p.rounds)
@@ -157,7 +158,7 @@ def run_harness_search(spec: HarnessSearchStage, job: StageRun) -> dict[str, Any
             return lambda harness: play_episodes(sampler, tokenizer, task, problems, harness, info, limits)
 
         summary = search(
-            base, _proposer(spec), on(train), on(select), on(final), out,
+            base, make_proposer(spec), on(train), on(select), on(final), out,
             select_top=spec.select_top, say=lambda line: console.print(f"harness_search: {line}"),
             about={"task": spec.task, "held_out_split": held.split, "problems": [len(train), len(select), len(final)]},
         )  # fmt: skip
