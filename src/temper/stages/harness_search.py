@@ -218,5 +218,5 @@ KIND = StageKind(
     renders_chats=lambda spec, base_dir: True,
     main_only=True,
     summary=summary_table,
-    order=85,
+    order=88,  # after select (a model is chosen first), before eval
 )
