@@ -437,3 +437,38 @@ def test_an_unreachable_proposer_endpoint_stops_the_search_in_one_line_naming_it
     assert isinstance(
         make_proposer(HarnessSearchStage(kind="harness_search", task="t", harness="h.py")), KnobSearch
     )
+
+
+def test_the_shipped_recipes_search_runs_shrunk_from_the_pinned_start_with_its_bootstrap_knob(tmp_path):
+    """recipes/harness_search_treasure_hunt.yaml's harness_search stage, its budgets cut, on the
+    tests' pinned start model: the first round (one knob changed each) includes the environment
+    bootstrap, whose line opens that candidate's first prompt."""
+    import yaml
+
+    from temper.cli import main
+
+    shipped = yaml.safe_load((ROOT / "recipes" / "harness_search_treasure_hunt.yaml").read_text())
+    [stage] = [s for s in shipped["stages"] if s["kind"] == "harness_search"]
+    stage |= {
+        "harness": str(ROOT / "recipes" / stage["harness"]),
+        "proposer": stage["proposer"] | {"max_candidates": 7},
+        "train_problems": 2,
+        "held_out": stage["held_out"] | {"select_problems": 2, "final_problems": 2},
+        "select_top": 1,
+    }
+    recipe = {
+        "name": "shipped",
+        "model": {"path": str(ROOT / "tests" / "pinned" / "start")},
+        "tasks": {"treasure_hunt": shipped["tasks"]["treasure_hunt"]},
+        "stages": [stage],
+    }
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["run", str(path), "--output-dir", str(tmp_path / "run")]) == 0
+    root = tmp_path / "run" / "01-harness_search" / "candidates"
+    assert sorted(p.name for p in root.iterdir())[-1] == "07-bootstrap=map"
+    first = json.loads((root / "07-bootstrap=map" / "traces.jsonl").read_text().splitlines()[0])
+    assert first["episode"][0]["text"].startswith("<|system|>You are an explorer")
+    assert "<|user|>4x4 map, 10 moves.\nFind $." in first["episode"][0]["text"]
+    default = json.loads((root / "00-default" / "traces.jsonl").read_text().splitlines()[0])
+    assert "moves." not in default["episode"][0]["text"]
