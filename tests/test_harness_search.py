@@ -472,3 +472,72 @@ def test_the_shipped_recipes_search_runs_shrunk_from_the_pinned_start_with_its_b
     assert "<|user|>4x4 map, 10 moves.\nFind $." in first["episode"][0]["text"]
     default = json.loads((root / "00-default" / "traces.jsonl").read_text().splitlines()[0])
     assert "moves." not in default["episode"][0]["text"]
+
+
+def test_the_stage_with_an_endpoint_proposer_plays_what_the_endpoint_wrote(tmp_path, endpoint):
+    from temper.cli import main
+
+    harness = ROOT / "recipes" / "harnesses" / "treasure_hunt.py"
+    base = load_harness(harness)
+    written = with_settings(base.source, base.settings | {"system": "none", "memory": "none"})
+    _Fake.reply = f"```python\n{written}```"
+    text = RECIPE.format(model=ROOT / "tests" / "pinned" / "start", harness=harness).replace(
+        "proposer: {kind: knobs, max_candidates: 2}",
+        f"proposer: {{kind: openai, url: '{endpoint}', model: strong, rounds: 1, per_round: 1}}",
+    )
+    recipe = tmp_path / "hs.yaml"
+    recipe.write_text(text)
+    assert main(["run", str(recipe), "--output-dir", str(tmp_path / "run")]) == 0
+    out = tmp_path / "run" / "01-harness_search"
+    summary = json.loads((out / "harness_search.json").read_text())
+    assert [c["folder"] for c in summary["candidates"]] == ["00-default", "01-system=none,memory=none"]
+    assert (out / "candidates" / "01-system=none,memory=none" / "harness.py").read_text() == written
+    assert len(_Fake.seen) == 1 and _Fake.seen[0]["model"] == "strong"
+    assert "00-default:" in _Fake.seen[0]["messages"][0]["content"]
+
+
+PROPOSER = """\
+from temper.harness.file import with_settings
+
+
+class OneShot:
+    def __init__(self, value):
+        self.value, self.done = value, False
+
+    def propose(self, base, tried):
+        if self.value == "boom":
+            raise RuntimeError("no ideas")
+        if self.done:
+            return []
+        self.done = True
+        return [with_settings(base.source, base.settings | {"bootstrap": self.value})]
+
+
+def make(value):
+    return OneShot(value)
+"""
+
+
+def test_a_users_proposer_plugs_in_by_function_and_its_failure_is_one_line_naming_it(tmp_path, capsys):
+    from temper.cli import main
+
+    (tmp_path / "prop.py").write_text(PROPOSER)
+    harness = ROOT / "recipes" / "harnesses" / "treasure_hunt.py"
+    recipe = tmp_path / "hs.yaml"
+    for value in ("map", "boom"):
+        recipe.write_text(
+            RECIPE.format(model=ROOT / "tests" / "pinned" / "start", harness=harness).replace(
+                "proposer: {kind: knobs, max_candidates: 2}",
+                f"proposer: {{kind: python, function: 'prop.py:make', options: {{value: {value}}}}}",
+            )
+        )
+        code = main(["run", str(recipe), "--output-dir", str(tmp_path / value)])
+        if value == "map":
+            assert code == 0
+            summary = json.loads((tmp_path / value / "01-harness_search" / "harness_search.json").read_text())
+            assert [c["folder"] for c in summary["candidates"]] == ["00-default", "01-bootstrap=map"]
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "proposer prop.py:make.propose raised: RuntimeError: no ideas (at prop.py:10)" in " ".join(
+        err.split()
+    )

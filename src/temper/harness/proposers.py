@@ -15,6 +15,10 @@ full traces are, for a proposer that reads them). Two are built in:
   timeouts, retries) reads the best harness's code, every candidate's score and the failed
   episodes of the best one, and writes a whole new harness file; `per_round` of them a round.
   A reply without a python block is skipped (counted), not a failure of the search.
+
+A user's own (`proposer: {kind: python, function: file.py:make, options: {...}}`) is any object
+`make(**options)` returns with this `propose`; the stage calls it as user code
+(`temper.stages.harness_search`).
 """
 
 from __future__ import annotations

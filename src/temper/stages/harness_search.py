@@ -67,6 +67,32 @@ class OpenAIProposer(Strict):
     retries: int = Field(3, ge=0)
 
 
+class PythonProposer(Strict):
+    """The user's own proposer: `function` (module:function or path/file.py:function, relative to
+    the recipe's folder) is called once with `options` as keywords and returns an object with
+    `propose(base, tried) -> list[str]` (temper.harness.proposers.Proposer); every call of it is
+    user code, under the time limit, a failure one line naming the function."""
+
+    kind: Literal["python"]
+    function: str
+    options: dict[str, Any] = {}
+
+
+class _Guarded:
+    """A user's proposer whose `propose` runs as user code (`guard.call`)."""
+
+    def __init__(self, inner: Any, what: str):
+        self.inner, self.what = inner, what
+
+    def propose(self, base: Any, tried: list[Any]) -> list[str]:
+        out = guard.call(self.inner.propose, base, tried, what=f"{self.what}.propose")
+        if not isinstance(out, list) or not all(isinstance(x, str) for x in out):
+            raise guard.returned(
+                f"{self.what}.propose", f"{type(out).__name__}, not a list of harness sources"
+            )
+        return out
+
+
 class HeldOut(Strict):
     """Where the shortlisted candidates are compared and the kept one reported: one draw of the
     split's problems, its first `select_problems` for the choice, the next `final_problems` for the figure."""
@@ -88,7 +114,11 @@ class HarnessSearchStage(Strict):
     """The recipe's environment task the harness plays."""
     harness: str
     """The default harness file (relative to the recipe's folder); see temper.harness.file."""
-    proposer: Annotated[KnobProposer | OpenAIProposer, Field(discriminator="kind")] = KnobProposer()
+    proposer: Annotated[KnobProposer | OpenAIProposer | PythonProposer, Field(discriminator="kind")] = (
+        KnobProposer()
+    )
+    """knobs (built in: the harness's KNOBS searched), openai (a model behind an endpoint writes
+    harness files) or python (the user's own, `function: file.py:make`)."""
     train_problems: int = Field(32, gt=0)
     """Train problems every candidate is scored on."""
     held_out: HeldOut = HeldOut()
@@ -104,11 +134,18 @@ class HarnessSearchStage(Strict):
     """Which problems are drawn (train, selection and final)."""
 
 
-def make_proposer(spec: HarnessSearchStage) -> Proposer:
-    """The proposer a stage names: the knob search, or an endpoint model (its errors named as the proposer's)."""
+def make_proposer(spec: HarnessSearchStage, base_dir: Path | None = None) -> Proposer:
+    """The proposer a stage names: the knob search, an endpoint model (its errors named as the
+    proposer's) or the user's (`base_dir`: the recipe's folder, where its file is)."""
     p = spec.proposer
     if isinstance(p, KnobProposer):
         return KnobSearch(max_candidates=p.max_candidates, rounds=p.rounds)
+    if isinstance(p, PythonProposer):
+        from temper.tasks.reward_functions import load_reward_function
+
+        what = f"proposer {p.function}"
+        factory = load_reward_function(p.function, base_dir, what="proposer").fn
+        return _Guarded(guard.call(factory, what=what, **p.options), what)
     judge = endpoint_judge(
         JudgeSpec(
             url=p.url, model=p.model, api_key_env=p.api_key_env, temperature=p.temperature,
@@ -158,7 +195,7 @@ def run_harness_search(spec: HarnessSearchStage, job: StageRun) -> dict[str, Any
             return lambda harness: play_episodes(sampler, tokenizer, task, problems, harness, info, limits)
 
         summary = search(
-            base, make_proposer(spec), on(train), on(select), on(final), out,
+            base, make_proposer(spec, ctx.base_dir), on(train), on(select), on(final), out,
             select_top=spec.select_top, say=lambda line: console.print(f"harness_search: {line}"),
             about={"task": spec.task, "held_out_split": held.split, "problems": [len(train), len(select), len(final)]},
         )  # fmt: skip
@@ -190,11 +227,10 @@ def task_rules(spec: HarnessSearchStage, tasks: dict[str, Any]) -> list[tuple[Lo
 
 def describe(spec: HarnessSearchStage, recipe: Any) -> str:
     p = spec.proposer
-    who = (
-        f"knob search (<= {p.max_candidates} candidates)"
-        if isinstance(p, KnobProposer)
-        else f"{p.model} at {p.url}"
-    )
+    if isinstance(p, KnobProposer):
+        who = f"knob search (<= {p.max_candidates} candidates)"
+    else:
+        who = f"{p.model} at {p.url}" if isinstance(p, OpenAIProposer) else p.function
     h = spec.held_out
     return (
         f"harness search for {spec.task} from {spec.harness} by {who}: {spec.train_problems} train problems, "
