@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("rewards", ("temper.rewards",)),
     ("algorithms", ("temper.algorithms",)),
-    ("train / evaluate", ("temper.train", "temper.evaluate")),
+    ("train / evaluate", ("temper.train", "temper.evaluate", "temper.harness")),
     ("stages", ("temper.stages",)),
     ("report", ("temper.report",)),
     (

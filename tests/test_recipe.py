@@ -224,7 +224,7 @@ def test_the_shipped_base_matches_the_recipes_that_reuse_it():
 
     root = Path(__file__).parents[1]
     shipped = json.loads((root / "checkpoints" / "tiny-base" / "pretrain.json").read_text())["hash"]
-    for name in ("quickstart.yaml", "grpo_quickstart.yaml"):
+    for name in ("quickstart.yaml", "grpo_quickstart.yaml", "harness_search_treasure_hunt.yaml"):
         recipe = load_recipe(root / "recipes" / name)
         stage = recipe.stages[0]
         ctx = StageContext(run_dir=root, base_dir=root / "recipes", tasks={}, task_options=recipe.tasks)

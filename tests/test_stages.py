@@ -152,6 +152,7 @@ def test_every_kind_keeps_the_contract():
         "rft",
         "prompt_distill",
         "select",
+        "harness_search",
         "eval",
     ]
     for name, kind in kinds.items():

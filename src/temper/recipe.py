@@ -24,6 +24,7 @@ from temper.models.chat import ChatOptions
 from temper.models.presets import PRESETS
 from temper.stages import registry
 from temper.stages.base import Loc, Located, Strict, Use, raise_located
+from temper.stages.context import recipe_path
 
 BASE = "base"
 """The `source:` that names the recipe's model (`Recipe.is_base`): a stage starting again from it."""
@@ -162,6 +163,12 @@ class Recipe(Strict):
                 for use in kind.uses(stage)
                 if (msg := _use_error(stage.name, use, earlier, [s.name for s in self.stages], base_dir))
             ]
+            if base_dir is not None:
+                errors += [
+                    (("stages", i, *loc), f"no such file: {recipe_path(base_dir, name)}")
+                    for loc, name in kind.files(stage)
+                    if not recipe_path(base_dir, name).is_file()
+                ]
             if kind.produces_model:
                 seen.append(stage.name)
         if self.model.preset and self.stages and registry.get(self.stages[0].kind).reads != "base":

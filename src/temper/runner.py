@@ -67,6 +67,9 @@ def _stage_hash(recipe: Recipe, index: int, ctx: StageContext) -> str:
         parts.append(ctx.chat.hashed(ctx.base_dir))
     if produced := produced_files(recipe, index, ctx.base_dir):  # e.g. a constitutional stage's pairs
         parts.append({str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in produced if p.exists()})
+    for _, name in registry.get(stage.kind).files(stage):  # e.g. a harness file: its bytes
+        path = ctx.resolve(name)
+        parts.append({name: hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"})
     for _, ref, kind in (u for u in uses if len(u) == 3):  # e.g. a reward model: its files
         parts.append(folder_digest(ctx.export_dir(ref, registry.get(kind).exports)))
     fingerprints = task_fingerprints(ctx.tasks)  # data tasks: their rows and reward code

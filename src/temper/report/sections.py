@@ -13,6 +13,7 @@ from pathlib import Path
 from temper.report.common import Stage, esc
 from temper.report.constitutional import constitutional_section
 from temper.report.evaluation import eval_section
+from temper.report.harness_search import harness_search_section
 from temper.report.prompt_distill import prompt_distill_section
 from temper.report.reward_model import reward_model_section
 from temper.report.rft import rft_section
@@ -34,6 +35,7 @@ SECTIONS: dict[str, Section] = {
     "rft": rft_section,
     "prompt_distill": prompt_distill_section,
     "select": select_section,
+    "harness_search": harness_search_section,
     "eval": eval_section,
     "training": training_section,  # a training stage that stopped before stage.json: its curve so far
 }

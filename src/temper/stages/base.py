@@ -243,6 +243,10 @@ class StageKind:
     caches: Callable[[Any], list[tuple[Loc, str]]] = _nothing
     """(key path, folder) of each cache the stage reads if present and else fills: checked at plan
     time to be a directory that can be created and written."""
+    files: Callable[[Any], list[tuple[Loc, str]]] = _nothing
+    """(key path, file) of each file of the user's the stage reads (relative to the recipe's
+    folder), e.g. harness_search's `harness`: the recipe checks that it exists, and its bytes go
+    into the stage hash, so editing it reruns the stage."""
     eval_sets: Callable[[Any], list[EvalSet]] = _nothing
     """The eval sets the stage contributes (the recipe's training data is checked against them)."""
     exports: str | None = None
