@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -252,40 +253,59 @@ def test_memory_corridor_grades_notes_against_listing_every_box():
 
 
 def test_memory_corridor_demonstrations_are_rows_of_the_loops_shape():
-    """With the summarise harness a demonstration is several rows: each but the last ends with the
-    request and a note, and the next starts from the head, that note and the latest observation;
-    a note that drops the key stays dropped, and the last row opens the key's box only if known."""
+    """With the summarise harness a demonstration is several (prompt, completion) rows: the first
+    prompt is the task; each completion but the last ends with the request and a note, and the
+    next row's prompt (never trained) is the task, that note and the latest observation, as the
+    loop compacts; a note that drops the key stays dropped, and the door opens the key's box only
+    when it is still known."""
     task = make_task("memory_corridor", context_tokens=160, demo_keep=0.5)
     whole = make_task("memory_corridor")
     kept = lost = 0
     for problem in task.sample("train", 40, 0):
         rows = task.demonstration_rows(problem)
-        gaps = [sum(m["content"] == "walk" for m in r) for r in rows]
+        [(task_prompt, episode)] = whole.demonstration_rows(problem)
+        assert task_prompt == rows[0][0] == [{"role": "user", "content": "Corridor. Say look, walk or open N."}]
+        assert len(episode) == 2 * (problem.data["length"] + 2) - 1
+        gaps = [sum(m["content"] == "walk" for m in c) for _, c in rows]
         assert all(2 <= g <= 4 for g in gaps[:-1]) and sum(gaps) == problem.data["length"]
-        assert whole.demonstration_rows(problem) == [whole.demonstration_rows(problem)[0]]
-        assert len(whole.demonstration_rows(problem)[0]) == 2 * (problem.data["length"] + 2)
-        for row, after in zip(rows, rows[1:]):
-            assert row[-2] == {"role": "user", "content": "Note?"}
-            assert after[: len(summarised(row[:-2], row[-1]["content"]))] == summarised(
-                row[:-2], row[-1]["content"]
-            )
-        notes = [r[-1]["content"] for r in rows[:-1]]
-        known = all(n.startswith("Key in box") for n in notes)
+        for (prompt, completion), (after, _) in zip(rows, rows[1:]):
+            assert completion[-2] == {"role": "user", "content": "Note?"}
+            assert after == summarised(prompt + completion[:-2], completion[-1]["content"])
+        notes = [c[-1]["content"] for _, c in rows[:-1]]
         assert notes == sorted(notes)  # "Key in box" ones first: once dropped, never recovered
-        opened = rows[-1][-1]["content"]
-        if known:
+        if all(n.startswith("Key in box") for n in notes):
             kept += 1
-            assert opened == f"open {problem.data['key']}"
+            assert rows[-1][1][-1]["content"] == f"open {problem.data['key']}"
         else:
             lost += 1
         env = task.make_env(problem)
         env.reset()
-        for m in (
-            m for r in rows for m in r[1:] if m["role"] == "assistant" and not m["content"][0].isupper()
-        ):
-            result = env.step(m["content"])
-        assert result.done
+        actions = [m["content"] for _, c in rows for m in c if m["role"] == "assistant" and m["content"][0].islower()]
+        for action in actions:
+            result = env.step(action)
+        assert result.done and actions[0] == "look"
     assert kept and lost
+
+
+def test_a_demonstrated_rows_prompt_is_never_trained(tokenizer):
+    """The sft stage's example of a later row trains its completion only: the carried-over note in
+    its prompt is context, as in the loop (a note trained there would teach 'task -> note')."""
+    from temper.data.chat import tokenize_example
+    from temper.labels import IGNORE
+
+    from temper.stages.sft import demonstrations
+
+    task = make_task("memory_corridor", context_tokens=160)
+    examples = demonstrations(SimpleNamespace(tasks={"c": task}), ["c"], "train", 3, 0)
+    rows = [r for p in task.sample("train", 3, 0) for r in task.demonstration_rows(p)]
+    assert len(examples) == len(rows) > 3 and [e.line for e in examples] == sorted(e.line for e in examples)
+    for example, (prompt, completion) in zip(examples, rows):
+        assert (example.prompt, example.completion, example.messages) == (prompt, completion, None)
+        t = tokenize_example(tokenizer, example, 512)
+        trained = tokenizer.decode([i for i, lab in zip(t.input_ids, t.labels) if lab != IGNORE])
+        assert trained.startswith(completion[0]["content"])
+        if len(prompt) > 1:  # a later row: its note is context, never trained
+            assert prompt[1]["role"] == "assistant" and prompt[1]["content"] not in trained
 
 
 def test_memory_corridor_train_problems_never_are_held_out_ones():

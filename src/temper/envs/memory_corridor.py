@@ -154,14 +154,17 @@ class MemoryCorridorTask:
     def make_env(self, problem: Problem) -> MemoryCorridorEnv:
         return MemoryCorridorEnv(self.config, problem.data)
 
-    def demonstration_rows(self, problem: Problem) -> list[list[dict[str, Any]]]:
+    def demonstration_rows(self, problem: Problem) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
         """The expert's episode (module docstring): look, the walks, open; with the summarise
-        harness a note every `demo_gap_min`..`demo_gap_max` walks, one conversation per row."""
+        harness a note every `demo_gap_min`..`demo_gap_max` walks. One (prompt, completion) per
+        row: the first row's prompt is the task, a later row's the compacted conversation (the
+        task, the note, the latest observation), never trained, as in the loop."""
         c, d = self.config, problem.data
         rng = random.Random(f"memory_corridor:demo:{problem.id}")
         env = self.make_env(problem)
         messages = env.reset()
-        rows: list[list[dict[str, Any]]] = []
+        rows: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+        prompt = list(messages)
         known = True  # the key's box is in the context (its observation, or a note that kept it)
         notes = c.on_overflow == "summarise" and c.policy().on
 
@@ -179,12 +182,14 @@ class MemoryCorridorTask:
                 due += rng.randint(c.demo_gap_min, c.demo_gap_max)
                 known = known and rng.random() < c.demo_keep
                 note = f"Key in box {d['key']}." if known else "Walking on."
-                rows.append([*messages, summary_request(c.policy()), {"role": "assistant", "content": note}])
-                messages[:] = summarised(messages, note)
+                done = [*messages, summary_request(c.policy()), {"role": "assistant", "content": note}]
+                rows.append((prompt, done[len(prompt) :]))
+                prompt = summarised(messages, note)
+                messages[:] = prompt
         result = act(f"open {d['key'] if known else rng.randint(1, c.boxes)}")
         if not result.done:
             raise AssertionError(f"the demonstration of {problem.id} did not reach the door")  # a bug
-        return [*rows, messages]
+        return [*rows, (prompt, messages[len(prompt) :])]
 
     def score(self, problem: Problem, completion: str) -> Score:
         """A whole plan at once, one action per line, played from the start (no budget applies)."""

@@ -152,24 +152,18 @@ def demonstrations(
         count = n.get(name, 0) if isinstance(n, dict) else n
         for i, problem in enumerate(task.sample(split, count, seed)):
             if isinstance(task, DemonstratesRows):  # an episode a context budget splits into rows
-                rows = task.demonstration_rows(problem)
+                rows = [{"prompt": p, "completion": c} for p, c in task.demonstration_rows(problem)]
             elif isinstance(task, DemonstratesEpisodes):  # a multi-turn episode: every move trained
-                rows = [task.demonstration_messages(problem)]
+                rows = [{"messages": task.demonstration_messages(problem)}]
             else:
-                rows = [problem.messages() + [{"role": "assistant", "content": task.demonstration(problem)}]]
+                answer = {"role": "assistant", "content": task.demonstration(problem)}
+                rows = [{"messages": problem.messages() + [answer]}]
             spans = tuple(task.environment_spans(problem)) if isinstance(task, MarksEnvironmentSpans) else ()
             tools = tools_of(task)  # the schemas an env task's prompts show (multi_tool)
             key = task.problem_key(problem) if isinstance(task, KeysProblems) else None
             out += [
-                Example(
-                    source=f"task:{name}:{split}",
-                    line=i + 1,
-                    messages=messages,
-                    untrained=spans,
-                    tools=tools,
-                    key=key,
-                )
-                for messages in rows
+                Example(source=f"task:{name}:{split}", line=i + 1, untrained=spans, tools=tools, key=key, **row)
+                for row in rows
             ]
     return out
 

@@ -221,11 +221,15 @@ class DemonstratesEpisodes(Protocol):
 @runtime_checkable
 class DemonstratesRows(Protocol):
     """A multi-turn task whose demonstrated episode is several training rows: a context budget
-    compacts its conversation partway (`temper.rollout.context`), and each row is one
-    conversation of the shape the agent loop then sees. Implemented by `memory_corridor`; the sft
-    stage makes one example of each row (it takes precedence over `demonstration_messages`)."""
+    compacts its conversation partway (`temper.rollout.context`), and each row is a (prompt,
+    completion) pair of message lists of the shape the agent loop then sees: the prompt (after a
+    compaction: the task, the carried-over summary and the latest observation) is never trained,
+    as the loop never trains a row's prompt. Implemented by `memory_corridor`; the sft stage makes
+    one prompt/completion example of each row (it takes precedence over `demonstration_messages`)."""
 
-    def demonstration_rows(self, problem: Problem) -> list[list[dict[str, Any]]]: ...
+    def demonstration_rows(
+        self, problem: Problem
+    ) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]: ...
 
 
 @runtime_checkable
