@@ -212,7 +212,9 @@ def test_every_row_of_a_summarised_episode_gets_its_episodes_advantage(tokenizer
     assert record["rows"] == n and record["summaries"] == good.summaries
     starts = [s for s in record["episode"] if s.get("row_start")]
     assert len(starts) == n - 1 and {s["cause"] for s in starts} == {"summarised"}
-    assert [s["text"] for s in record["episode"] if s.get("summary")] == [f"{s}<|end|>" for s in good.summaries]
+    assert [s["text"] for s in record["episode"] if s.get("summary")] == [
+        f"{s}<|end|>" for s in good.summaries
+    ]
 
 
 def test_the_summary_component_is_the_mean_grade_and_its_weight_counts():
@@ -264,7 +266,9 @@ def test_memory_corridor_demonstrations_are_rows_of_the_loops_shape():
     for problem in task.sample("train", 40, 0):
         rows = task.demonstration_rows(problem)
         [(task_prompt, episode)] = whole.demonstration_rows(problem)
-        assert task_prompt == rows[0][0] == [{"role": "user", "content": "Corridor. Say look, walk or open N."}]
+        assert (
+            task_prompt == rows[0][0] == [{"role": "user", "content": "Corridor. Say look, walk or open N."}]
+        )
         assert len(episode) == 2 * (problem.data["length"] + 2) - 1
         gaps = [sum(m["content"] == "walk" for m in c) for _, c in rows]
         assert all(2 <= g <= 4 for g in gaps[:-1]) and sum(gaps) == problem.data["length"]
@@ -280,7 +284,9 @@ def test_memory_corridor_demonstrations_are_rows_of_the_loops_shape():
             lost += 1
         env = task.make_env(problem)
         env.reset()
-        actions = [m["content"] for _, c in rows for m in c if m["role"] == "assistant" and m["content"][0].islower()]
+        actions = [
+            m["content"] for _, c in rows for m in c if m["role"] == "assistant" and m["content"][0].islower()
+        ]
         for action in actions:
             result = env.step(action)
         assert result.done and actions[0] == "look"
@@ -292,7 +298,6 @@ def test_a_demonstrated_rows_prompt_is_never_trained(tokenizer):
     its prompt is context, as in the loop (a note trained there would teach 'task -> note')."""
     from temper.data.chat import tokenize_example
     from temper.labels import IGNORE
-
     from temper.stages.sft import demonstrations
 
     task = make_task("memory_corridor", context_tokens=160)

@@ -162,7 +162,9 @@ def demonstrations(
             tools = tools_of(task)  # the schemas an env task's prompts show (multi_tool)
             key = task.problem_key(problem) if isinstance(task, KeysProblems) else None
             out += [
-                Example(source=f"task:{name}:{split}", line=i + 1, untrained=spans, tools=tools, key=key, **row)
+                Example(
+                    source=f"task:{name}:{split}", line=i + 1, untrained=spans, tools=tools, key=key, **row
+                )
                 for row in rows
             ]
     return out
