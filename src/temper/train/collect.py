@@ -84,7 +84,7 @@ def sample_share(
     features = features or Features([])
     share = distributed.share(config.prompts_per_step, rank, world)
     want = share.stop - share.start
-    shape = shapers(config)
+    shape = shapers(config, step)
     kept: list[Group] = []
     causes: list[str | None] = []
     failed: list[GroupFailure] = []
