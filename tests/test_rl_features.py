@@ -61,6 +61,7 @@ def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
         "process_reward_model",
         "judge",
         "path",
+        "parallel",
         "curriculum",
         "rollout_correction",
         "async_rollouts",  # rules and settings only: the loop reads its block (temper.train.pipeline)

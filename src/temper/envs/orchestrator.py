@@ -66,7 +66,7 @@ class OrchestratorConfig:
     serial_share: float = 0.5
     """Share of demonstrations that spawn lazily (one key per turn while it still fits)."""
     test_fraction: float = 0.25
-    """Share of problem seeds held out as test (a stable hash split)."""
+    """Share of problems held out as test (a stable hash split of their values and worker steps)."""
     ood_subtasks: int = 5
     """Keys per ood problem (more sub-tasks than training ever shows)."""
 
@@ -98,7 +98,8 @@ class OrchestratorTask:
 
     def problem(self, split: str, seed: int) -> Problem:
         """The problem of `seed`: sub-tasks, their values and worker steps (a pure function of the seed)."""
-        c, rng = self.config, random.Random(f"orchestrator:{split}:{seed}")
+        c = self.config
+        rng = random.Random(f"orchestrator:{'ood' if split == 'ood' else 'in'}:{seed}")
         n = c.ood_subtasks if split == "ood" else rng.randint(c.min_subtasks, c.max_subtasks)
         keys = [str(i + 1) for i in range(n)]
         data = {
@@ -115,12 +116,15 @@ class OrchestratorTask:
         return f"{d['values']}/{d['worker_steps']}"
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
-        """`n` problems of `split` from seed `seed` on; train and test are a hash split of the seeds."""
+        """`n` problems of `split` from seed `seed` on. Train and test are a hash split of the
+        problems themselves (`problem_key`: values and worker steps), so no test problem is a
+        train problem drawn from another seed."""
         check_split(split)
         out, s = [], seed * 1_000_003
         while len(out) < n:
-            if split == "ood" or split_of(f"orchestrator/{s}", self.config.test_fraction) == split:
-                out.append(self.problem(split, s))
+            p = self.problem(split, s)
+            if split == "ood" or split_of(f"orchestrator/{self.problem_key(p)}", self.config.test_fraction) == split:
+                out.append(p)
             s += 1
         return out
 

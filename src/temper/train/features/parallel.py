@@ -64,7 +64,8 @@ FEATURE = RLFeature(
     block=ParallelSpec | None,
     doc="Orchestrator RL's parallel reward (PARL, `temper.rewards.parallel`): {weight, anneal_steps, "
     "schedule: linear | constant, unused_penalty}; w(t) * (1 - critical path / total steps), paid only "
-    "when every sub-agent result is used, minus unused_penalty x the unused share. null: off.",
+    "to an episode that answered using every sub-agent result, minus unused_penalty x the unused share. "
+    "null: off.",
     order=45,
     rules=lambda config, stage: at(("train",), parallel_errors(config.parallel, config.rewards)),
     describe=_describe,
