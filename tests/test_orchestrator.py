@@ -138,7 +138,9 @@ def test_only_the_orchestrators_tokens_are_trained_and_the_workers_results_are_e
     assert traj.stop_reason == "done" and traj.score.correct
     ids, mask = traj.completion_ids, traj.trainable_mask
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False)
-    environment = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m], skip_special_tokens=False)
+    environment = tokenizer.decode(
+        [t for t, m in zip(ids, mask, strict=True) if not m], skip_special_tokens=False
+    )
     eos = tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=False)
     assert trained == f"spawn 1 2 3{eos}answer 7 4 8{eos}"
     assert "1=7 (1) 2=4 (3) 3=8 (2) | path 4/7" in environment and "spawn" not in environment
@@ -156,7 +158,9 @@ def test_the_features_term_reaches_the_graded_rewards_at_the_step(tokenizer):
     assert features.shapers(RLConfig(), 1) == []
 
     def rewards(step):
-        group = grade_episodes(PROBLEM, trajectories, config.rewards, 32, 0, None, features.shapers(config, step))
+        group = grade_episodes(
+            PROBLEM, trajectories, config.rewards, 32, 0, None, features.shapers(config, step)
+        )
         return [r.final_reward for r in group.rollouts], group
 
     got, group = rewards(1)
@@ -187,7 +191,9 @@ def test_demonstrations_succeed_and_train_only_the_actions(tokenizer):
     problem = task.sample("train", 1, 0)[0]
     tok = tokenize_example(tokenizer, example, 512)
     trained = "".join(
-        tokenizer.decode([t], skip_special_tokens=False) for t, lab in zip(tok.input_ids, tok.labels) if lab != IGNORE
+        tokenizer.decode([t], skip_special_tokens=False)
+        for t, lab in zip(tok.input_ids, tok.labels)
+        if lab != IGNORE
     )
     actions = [f"spawn {' '.join(b)}" for b in task.plan(problem)] + [task.demonstration(problem)]
     assert trained == "".join(f"{a}<|end|>" for a in actions)

@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 from temper.envs.base import StepResult
 from temper.tasks.base import Problem, Score, check_split, split_of
 
+
 @dataclass(frozen=True)
 class OrchestratorConfig:
     min_subtasks: int = 2
@@ -123,7 +124,10 @@ class OrchestratorTask:
         out, s = [], seed * 1_000_003
         while len(out) < n:
             p = self.problem(split, s)
-            if split == "ood" or split_of(f"orchestrator/{self.problem_key(p)}", self.config.test_fraction) == split:
+            if (
+                split == "ood"
+                or split_of(f"orchestrator/{self.problem_key(p)}", self.config.test_fraction) == split
+            ):
                 out.append(p)
             s += 1
         return out
@@ -248,7 +252,9 @@ class OrchestratorEnv:
         signals |= {"answered": int(answer is not None), "unused": self.unused(answer),
                     "budget_exceeded": int(score.details["reason"] == "budget")}  # fmt: skip
         details = {**score.details, "critical_path": self.path}
-        return StepResult(done=True, signals=signals, score=Score(score.reward, score.correct, score.parsed, details))
+        return StepResult(
+            done=True, signals=signals, score=Score(score.reward, score.correct, score.parsed, details)
+        )
 
     def cut(self, reason: str) -> dict[str, Any]:
         """The loop ended the episode (a turn or token limit) before an answer."""

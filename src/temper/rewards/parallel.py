@@ -44,7 +44,9 @@ class ParallelSpec:
     """c: the penalty per share of sub-agent results the answer does not use (not annealed)."""
 
 
-ParallelSpec.__pydantic_config__ = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+ParallelSpec.__pydantic_config__ = ConfigDict(
+    extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False
+)
 
 
 def weight_at(spec: ParallelSpec, step: int) -> float:
@@ -59,7 +61,9 @@ def parallel_measure(total_steps: float, critical_path: float) -> float:
     return 1.0 - critical_path / total_steps if total_steps > 0 else 0.0
 
 
-def parallel_term(totals: Mapping[str, float], spec: ParallelSpec, step: int) -> tuple[dict[str, float], float]:
+def parallel_term(
+    totals: Mapping[str, float], spec: ParallelSpec, step: int
+) -> tuple[dict[str, float], float]:
     """An episode's summed signals -> (parts to log, the term added to its reward)."""
     m = parallel_measure(totals.get("steps", 0.0), totals.get("critical_steps", 0.0))
     unused, spawned = totals.get("unused", 0.0), totals.get("subagents", 0.0)

@@ -55,7 +55,11 @@ def _describe(config: Any) -> str:
     p = config.parallel
     if p is None:
         return ""
-    how = "constant" if p.schedule == "constant" or p.anneal_steps == 0 else f"annealed over {p.anneal_steps} steps"
+    how = (
+        "constant"
+        if p.schedule == "constant" or p.anneal_steps == 0
+        else f"annealed over {p.anneal_steps} steps"
+    )
     return f", parallel reward {p.weight:g} ({how}, unused penalty {p.unused_penalty:g})"
 
 
@@ -69,7 +73,9 @@ FEATURE = RLFeature(
     order=45,
     rules=lambda config, stage: at(("train",), parallel_errors(config.parallel, config.rewards)),
     describe=_describe,
-    shape=lambda config, step: parallel_shaper(config.parallel, step) if config.parallel is not None else None,
+    shape=lambda config, step: (
+        parallel_shaper(config.parallel, step) if config.parallel is not None else None
+    ),
     start=start,
     hashed_when_set=True,  # added after runs were recorded: their stage hashes stay as they were
 )
