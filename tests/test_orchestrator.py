@@ -209,3 +209,18 @@ def test_splits_are_disjoint_and_ood_has_more_subtasks():
     assert [p.data for p in TASK.sample("test", 5, 3)] == [p.data for p in TASK.sample("test", 5, 3)]
     with pytest.raises(ValueError, match="budget"):
         OrchestratorConfig(budget=4)
+
+
+def test_a_steps_episodes_are_shaped_with_that_steps_weight(tokenizer):
+    """Through the RL loop's collection (`sample_share`, whose step is 0-based): loop step 0 is
+    the 1-based step 1, so its episodes get w0, and step 2 (the third) w0 * (1 - 2/4)."""
+    from temper.train.collect import sample_share
+
+    config = RLConfig(parallel=ParallelSpec(weight=0.5, anneal_steps=4), rewards={"outcome": 1.0},
+                      prompts_per_step=2, group_size=2, max_turns=7, max_new_tokens=32)  # fmt: skip
+    sampler = Script(
+        tokenizer, lambda text, j: "spawn 1 2" if text.count("<|assistant|>") == 1 else "answer 1 1"
+    )
+    for step, weight in ((0, 0.5), (2, 0.25)):
+        groups, *_ = sample_share(sampler, tokenizer, [TASK], config, step)
+        assert {r.parts["parallel_weight"] for g in groups for r in g.rollouts} == {weight}
