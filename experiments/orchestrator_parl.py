@@ -1,16 +1,19 @@
 """Summarize the orchestrator RL experiment (recipes/agent_orchestrator.yaml, PARL-style) over
 seeds: the parallel reward annealed to 0 (schedule linear) vs kept at its initial weight
-(schedule constant), both from the same SFT start.
+(schedule constant), and, where it was run, without the parallel term (weight 0: success and
+the completion penalty only), all from the same SFT start.
 
 Per arm and seed, from the RL stage's metrics.jsonl (sampled training episodes): success, the
 critical path and the total steps per episode, spawn turns per episode and w(t), at the first
 step and over the last `--last` steps; from the eval stage: greedy success and, per episode
 (greedy and sampled), the critical path and total steps, for the SFT start and the RL model.
-Cells: mean ± sample std [min, max] over seeds; the paired constant - linear difference per seed
+Cells: mean ± sample std [min, max] over seeds; each other arm's paired difference from the annealed one per seed
 with a 95% t-interval.
 
     python experiments/multiseed.py recipes/agent_orchestrator.yaml --seeds 0 1 2 --vary rl \\
         --grid stages.rl.train.parallel.schedule=linear,constant --workers 1 --threads 1
+    python experiments/multiseed.py recipes/agent_orchestrator.yaml --seeds 0 1 2 --vary rl \\
+        --grid stages.rl.train.parallel.weight=0 --workers 1 --threads 1
     python experiments/orchestrator_parl.py runs/agent_orchestrator --out results/orchestrator_parl.md
 """
 
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from tables import cli, eval_result, metrics, paired, spread, table
 
-ARMS = {"annealed (linear)": "schedule=linear", "constant": "schedule=constant"}
+ARMS = {"annealed (linear)": "schedule=linear", "constant": "schedule=constant", "w0 = 0": "weight=0"}
+"""Arm -> its folder under the run folder (an arm whose folders are missing is left out)."""
 TRAIN = {
     "success %": ("reward/outcome", 100, 1),
     "critical path": ("parallel/critical_path", 1, 2),
@@ -39,9 +43,10 @@ def _episodes(run: Path, model: str, split: str) -> dict[str, float]:
 
 def summarize(root: Path, seeds: list[int], last: int) -> str:
     runs = {arm: [root / cell / f"seed-{s}" for s in seeds] for arm, cell in ARMS.items()}
+    runs = {arm: per for arm, per in runs.items() if all((run / "04-eval").is_dir() for run in per)}
     rows = {arm: [metrics(run, "rl") for run in per] for arm, per in runs.items()}
     lines = [
-        f"# Orchestrator RL (PARL): parallel reward annealed vs constant, {len(seeds)} seeds "
+        f"# Orchestrator RL (PARL): the parallel reward annealed, constant or off, {len(seeds)} seeds "
         f"({', '.join(map(str, seeds))})",
         "",
         f"Training episodes (sampled), per episode: step 1 and the mean of the last {last} steps; "
@@ -65,15 +70,15 @@ def summarize(root: Path, seeds: list[int], last: int) -> str:
             got = [_episodes(run, "rl", split) for run in per]
             body.append([f"RL, {arm}", split, *(spread([e[k] for e in got], s, d) for k, s, d in _COLS)])
     lines += table(["model", "split", "success %", "critical path", "total steps", "spawn turns"], body)
-    lines += ["", "Paired constant - annealed, same seed (mean, per seed, 95% t-interval):", ""]
+    lines += ["", "Paired differences from the annealed arm, same seed (mean, per seed, 95% t-interval):", ""]
     body = []
-    for split in ("test", "ood"):
-        a = [_episodes(run, "rl", split) for run in runs["annealed (linear)"]]
-        b = [_episodes(run, "rl", split) for run in runs["constant"]]
-        body.append(
-            [f"eval {split}", *(paired([x[k] for x in a], [y[k] for y in b], s, d) for k, s, d in _COLS)]
-        )
-    lines += table(["", "success (pp)", "critical path", "total steps", "spawn turns"], body)
+    for arm in [a for a in runs if a != "annealed (linear)"]:
+        for split in ("test", "ood"):
+            a = [_episodes(run, "rl", split) for run in runs["annealed (linear)"]]
+            b = [_episodes(run, "rl", split) for run in runs[arm]]
+            cells = (paired([x[k] for x in a], [y[k] for y in b], s, d) for k, s, d in _COLS)
+            body.append([f"{arm} - annealed", f"eval {split}", *cells])
+    lines += table(["", "split", "success (pp)", "critical path", "total steps", "spawn turns"], body)
     return "\n".join(lines) + "\n"
 
 
