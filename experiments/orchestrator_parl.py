@@ -5,7 +5,7 @@ the completion penalty only), all from the same SFT start.
 
 Per arm and seed, from the RL stage's metrics.jsonl (sampled training episodes): success, the
 critical path and the total steps per episode, spawn turns per episode and w(t), at the first
-step and over the last `--last` steps; from the eval stage: greedy success and, per episode
+step, over steps 2-6 (while the annealed weight is above 0) and over the last `--last` steps; from the eval stage: greedy success and, per episode
 (greedy and sampled), the critical path and total steps, for the SFT start and the RL model.
 Cells: mean ± sample std [min, max] over seeds; each other arm's paired difference from the annealed one per seed
 with a 95% t-interval.
@@ -14,6 +14,7 @@ with a 95% t-interval.
         --grid stages.rl.train.parallel.schedule=linear,constant --workers 1 --threads 1
     python experiments/multiseed.py recipes/agent_orchestrator.yaml --seeds 0 1 2 --vary rl \\
         --grid stages.rl.train.parallel.weight=0 --workers 1 --threads 1
+    python experiments/multiseed.py ... --grid stages.rl.train.advantage=dr_grpo --grid ...  # the same arms
     python experiments/orchestrator_parl.py runs/agent_orchestrator --out results/orchestrator_parl.md
 """
 
@@ -25,6 +26,8 @@ from tables import cli, eval_result, metrics, paired, spread, table
 
 ARMS = {"annealed (linear)": "schedule=linear", "constant": "schedule=constant", "w0 = 0": "weight=0"}
 """Arm -> its folder under the run folder (an arm whose folders are missing is left out)."""
+FAMILIES = {"grpo (the recipe's)": "", "dr_grpo": "advantage=dr_grpo,"}
+"""Advantage estimator -> the prefix of its arms' folders (a grid over `stages.rl.train.advantage`)."""
 TRAIN = {
     "success %": ("reward/outcome", 100, 1),
     "critical path": ("parallel/critical_path", 1, 2),
@@ -41,25 +44,51 @@ def _episodes(run: Path, model: str, split: str) -> dict[str, float]:
             "total": e["signals"].get("steps", 0.0), "spawns": e["signals"].get("spawns", 0.0)}  # fmt: skip
 
 
+def _mean(rows: list[dict], key: str) -> float:
+    return sum(r.get(key, 0.0) for r in rows) / len(rows)
+
+
 def summarize(root: Path, seeds: list[int], last: int) -> str:
-    runs = {arm: [root / cell / f"seed-{s}" for s in seeds] for arm, cell in ARMS.items()}
-    runs = {arm: per for arm, per in runs.items() if all((run / "04-eval").is_dir() for run in per)}
-    rows = {arm: [metrics(run, "rl") for run in per] for arm, per in runs.items()}
     lines = [
         f"# Orchestrator RL (PARL): the parallel reward annealed, constant or off, {len(seeds)} seeds "
         f"({', '.join(map(str, seeds))})",
         "",
-        f"Training episodes (sampled), per episode: step 1 and the mean of the last {last} steps; "
-        "mean ± std [min, max] over seeds.",
+    ]
+    for family, prefix in FAMILIES.items():
+        if all(
+            (root / f"{prefix}{ARMS['annealed (linear)']}" / f"seed-{s}" / "04-eval").is_dir() for s in seeds
+        ):
+            lines += [f"## advantage: {family}", "", *_section(root, seeds, last, prefix)]
+    return "\n".join(lines) + "\n"
+
+
+def _section(root: Path, seeds: list[int], last: int, prefix: str) -> list[str]:
+    runs = {arm: [root / f"{prefix}{cell}" / f"seed-{s}" for s in seeds] for arm, cell in ARMS.items()}
+    runs = {arm: per for arm, per in runs.items() if all((run / "04-eval").is_dir() for run in per)}
+    rows = {arm: [metrics(run, "rl") for run in per] for arm, per in runs.items()}
+    lines = [
+        f"Training episodes (sampled), per episode: step 1, steps 2-6 and the mean of the last {last} "
+        "steps; mean ± std [min, max] over seeds.",
         "",
     ]
     body = []
     for arm, per in rows.items():
         for name, (key, scale, digits) in TRAIN.items():
             first = [r[0].get(key, 0.0) for r in per]
-            end = [sum(x.get(key, 0.0) for x in r[-last:]) / len(r[-last:]) for r in per]
-            body.append([arm, name, spread(first, scale, digits), spread(end, scale, digits)])
-    lines += table(["arm", "metric", "step 1", f"last {last} steps"], body)
+            early = [_mean(r[1:6], key) for r in per]
+            end = [_mean(r[-last:], key) for r in per]
+            body.append([arm, name, *(spread(v, scale, digits) for v in (first, early, end))])
+    lines += table(["arm", "metric", "step 1", "steps 2-6", f"last {last} steps"], body)
+    lines += ["", "Paired differences from the annealed arm in training, same seed (steps 2-6; mean, per "
+              "seed, 95% t-interval):", ""]  # fmt: skip
+    body = []
+    for arm in [a for a in rows if a != "annealed (linear)"]:
+        cells = []
+        for key, scale, digits in (TRAIN["success %"], TRAIN["critical path"], TRAIN["spawn turns"]):
+            a = [_mean(r[1:6], key) for r in rows["annealed (linear)"]]
+            cells.append(paired(a, [_mean(r[1:6], key) for r in rows[arm]], scale, digits))
+        body.append([f"{arm} - annealed", *cells])
+    lines += table(["", "success (pp)", "critical path", "spawn turns"], body)
     lines += ["", "Eval (64 problems per split; success greedy, steps per episode over greedy and sampled "
               "episodes); test: unseen problems of 2-4 sub-tasks, ood: 5 sub-tasks.", ""]  # fmt: skip
     body = []
@@ -79,7 +108,7 @@ def summarize(root: Path, seeds: list[int], last: int) -> str:
             cells = (paired([x[k] for x in a], [y[k] for y in b], s, d) for k, s, d in _COLS)
             body.append([f"{arm} - annealed", f"eval {split}", *cells])
     lines += table(["", "split", "success (pp)", "critical path", "total steps", "spawn turns"], body)
-    return "\n".join(lines) + "\n"
+    return [*lines, ""]
 
 
 _COLS = (("success", 100, 1), ("critical", 1, 2), ("total", 1, 2), ("spawns", 1, 2))
