@@ -56,6 +56,7 @@ ENV_TASKS = {
     "code_repair",
     "treasure_hunt",
     "multi_tool",
+    "orchestrator",
     "simulated_search",
     "user_env",
     "gateway",
@@ -67,7 +68,13 @@ TASK_CAPABILITIES = {
     tasks.SamplesAtStep: {"code_repair", "simulated_search"},
     tasks.DeclaresPathSignals: {"code_repair", "multi_tool"},
     tasks.CurriculumTask: {"code_repair"},
-    tasks.DemonstratesEpisodes: {"code_repair", "multi_tool", "simulated_search", "treasure_hunt"},
+    tasks.DemonstratesEpisodes: {
+        "code_repair",
+        "multi_tool",
+        "orchestrator",
+        "simulated_search",
+        "treasure_hunt",
+    },
     tasks.MarksEnvironmentSpans: {"calculator_arithmetic"},
     envs.EnvTask: ENV_TASKS,
     envs.TurnLimited: ENV_TASKS,
@@ -82,7 +89,7 @@ CLASS_CAPABILITIES = {
 """The protocols of a task class (classmethods the catalog calls), checked on the class."""
 
 ENV_CAPABILITIES = {
-    envs.Cuttable: {"code_repair", "user_env", "gateway"},
+    envs.Cuttable: {"code_repair", "orchestrator", "user_env", "gateway"},
     envs.Closable: {"calculator_arithmetic", "code_repair", "user_env", "gateway"},
     envs.StepsInBatch: {"simulated_search", "arithmetic"},
     envs.Labelled: {"user_env", "gateway"},

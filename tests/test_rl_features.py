@@ -61,6 +61,7 @@ def test_every_feature_is_found_and_its_block_is_a_train_key_with_its_default():
         "process_reward_model",
         "judge",
         "path",
+        "parallel",
         "curriculum",
         "rollout_correction",
         "async_rollouts",  # rules and settings only: the loop reads its block (temper.train.pipeline)
@@ -117,8 +118,8 @@ def test_adaptthink_direct_share_reaches_the_forced_sampler(tokenizer):
 
 def test_the_path_block_reaches_the_group_rewards():
     spec = PathSpec(beta=0.3, milestones={"m": 1.0}, eps=0.5)
-    [shape] = features.shapers(RLConfig(path=spec))
-    assert features.shapers(RLConfig()) == []
+    [shape] = features.shapers(RLConfig(path=spec), 1)
+    assert features.shapers(RLConfig(), 1) == []
     rollouts = [_rollout(1.0, {"m": v}) for v in (0.0, 1.0, 3.0)]
     z = normalize_in_group([0.0, 1.0, 3.0], 0.5)
     assert shape(rollouts) == [

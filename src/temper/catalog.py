@@ -15,6 +15,7 @@ from temper.envs.code_repair.task import CodeRepairTask
 from temper.envs.gateway_env import GatewayTask
 from temper.envs.memory_corridor import MemoryCorridorTask
 from temper.envs.multi_tool import MultiToolTask
+from temper.envs.orchestrator import OrchestratorTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
 from temper.envs.user_env import EnvDataTask
@@ -42,6 +43,7 @@ ENVIRONMENT_TASKS: dict[str, type] = {
     "multi_tool": MultiToolTask,  # tools with costs and dependencies, local or MCP
     "simulated_search": SimulatedSearchTask,
     "search_documents": SearchDocumentsTask,  # its simulator's SFT task
+    "orchestrator": OrchestratorTask,  # sub-tasks delegated to parallel scripted sub-agents (PARL)
     "gateway": GatewayTask,  # the user's openai-client agent script, through the gateway
     "memory_corridor": MemoryCorridorTask,  # a fact seen early, needed late, under a context budget
 }

@@ -104,7 +104,7 @@ class Env(Protocol):
 class EnvTask(Protocol):
     """An environment task: each problem is played as an episode of the env `make_env` returns,
     not graded as one answer. Implemented by `calculator_arithmetic`, `treasure_hunt`,
-    `multi_tool`, `code_repair`, `simulated_search` and `EnvDataTask` (a data task with `env:`),
+    `multi_tool`, `orchestrator`, `code_repair`, `simulated_search` and `EnvDataTask` (a data task with `env:`),
     or any class with the method; `make_env` below calls it (a `TaskEnv` for other tasks), and
     evaluation, the sft / rft / prompt_distill / eval stages and the RL features that need
     single-turn answers tell environment tasks apart with it."""
@@ -176,7 +176,7 @@ class GradesSummaries(Protocol):
 @runtime_checkable
 class Cuttable(Protocol):
     """An env with end-of-episode signals that stay verifiable when the agent loop ends the episode
-    first (see the module docstring). Implemented by `CodeRepairEnv` and the wrapper of a user's
+    first (see the module docstring). Implemented by `CodeRepairEnv`, `OrchestratorEnv` and the wrapper of a user's
     env (passing it on to the user's env); called once by the agent loop, before `close`."""
 
     def cut(self, reason: str) -> dict[str, Any]: ...

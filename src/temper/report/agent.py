@@ -48,14 +48,29 @@ def _label(key: str) -> str:
     label = name.replace("stop_", "stop: ").replace("_", " ")
     if kind == "gateway":  # the rows of rewritten histories (`train/rl_metrics.episode_metrics`)
         label = "gateway: " + ("calls that started a new row (per step)" if name == "rewrites" else label)
+    if kind == "parallel":  # orchestrator RL (`train/features/parallel.py`)
+        label = "orchestrator: " + _PARALLEL.get(name, label)
     return label
+
+
+_PARALLEL = {
+    "weight": "parallel reward weight w(t) (per step)",
+    "critical_path": "critical path (turns + slowest worker per batch)",
+    "total_steps": "total steps (turns + every worker's steps)",
+    "subagents": "sub-agent calls",
+    "spawns": "spawn turns (parallel batches)",
+    "unused": "sub-agent results unused",
+    "measure": "parallel measure 1 - critical / total",
+}
 
 
 def rl_episode_table(rows: list[dict[str, Any]]) -> str:
     """Per-episode means (turns, tokens, environment seconds, each step signal summed over the
-    episode, a gateway episode's training rows) and the share of each stop reason, over the first
-    and the last tenth of the steps; and the calls per step that rewrote an agent's history."""
-    keys = sorted({k for r in rows for k in r if k.startswith(("episode/", "signal/", "gateway/"))})
+    episode, a gateway episode's training rows, an orchestrator's critical path and total steps)
+    and the share of each stop reason, over the first and the last tenth of the steps; and the
+    calls per step that rewrote an agent's history."""
+    prefixes = ("episode/", "signal/", "gateway/", "parallel/")
+    keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     if not keys:
         return ""
     tenth = max(1, len(rows) // 10)

@@ -212,7 +212,8 @@ def curriculum_of(task: Any) -> FailureCurriculum | None:
 class DemonstratesEpisodes(Protocol):
     """A multi-turn task whose SFT demonstration is a whole episode (every move an assistant turn,
     the environment's answers between them) rather than one answer after the prompt. Implemented
-    by the environment tasks `treasure_hunt`, `multi_tool`, `code_repair` and `simulated_search`;
+    by the environment tasks `treasure_hunt`, `multi_tool`, `orchestrator`, `code_repair` and
+    `simulated_search`;
     called by the sft stage instead of `demonstration`."""
 
     def demonstration_messages(self, problem: Problem) -> list[dict[str, Any]]: ...

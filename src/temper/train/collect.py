@@ -84,7 +84,7 @@ def sample_share(
     features = features or Features([])
     share = distributed.share(config.prompts_per_step, rank, world)
     want = share.stop - share.start
-    shape = shapers(config)
+    shape = shapers(config, step + 1)  # `step` is 0-based here, the hooks (and shapers) see it 1-based
     kept: list[Group] = []
     causes: list[str | None] = []
     failed: list[GroupFailure] = []

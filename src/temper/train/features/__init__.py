@@ -147,9 +147,10 @@ def scorers(config: Any, setup: ScorerSetup) -> dict[str, Any]:
     return out
 
 
-def shapers(config: Any) -> list[Any]:
-    """The features' terms of a group's rewards (applied in order when a group is graded)."""
-    return [s for f in FEATURES if f.shape is not None and (s := f.shape(config)) is not None]
+def shapers(config: Any, step: int) -> list[Any]:
+    """The features' terms of a group's rewards at the 1-based `step` (applied in order when a
+    group is graded)."""
+    return [s for f in FEATURES if f.shape is not None and (s := f.shape(config, step)) is not None]
 
 
 class Features:

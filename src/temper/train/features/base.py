@@ -220,8 +220,8 @@ class RLFeature:
     with the form to write instead (checked before the block is validated)."""
     scorers: Callable[[Any, ScorerSetup], dict[str, GroupScorer]] | None = None
     """(train config, setup) -> the batch reward components it scores, by name (`rewards:` key)."""
-    shape: Callable[[Any], Shaper | None] | None = None
-    """(train config) -> the term it adds to each group's rewards before the group's
+    shape: Callable[[Any, int], Shaper | None] | None = None
+    """(train config, the 1-based step) -> the term it adds to each group's rewards before the group's
     zero-variance cause is read, or None (off)."""
     start: Callable[[Any, RunStart], Hooks | None] | None = None
     """(train config, the run) -> its hooks for this run, or None (off)."""

@@ -77,6 +77,6 @@ FEATURE = RLFeature(
     rules=lambda config, stage: at(("train",), path_errors(config.path, config.rewards)),
     task_rules=lambda config, tasks: at(("train",), signal_errors(config.path, config.rewards, tasks)),
     describe=_describe,
-    shape=lambda config: path_shaper(config.path) if config.path is not None else None,
+    shape=lambda config, step: path_shaper(config.path) if config.path is not None else None,
     start=start,
 )
