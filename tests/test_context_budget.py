@@ -323,3 +323,105 @@ def test_memory_corridor_train_problems_never_are_held_out_ones():
     assert len(held) >= 5 and len(train) >= 8 and not held & train
     with pytest.raises(ValueError, match="held out"):
         make_task("memory_corridor", **small | {"problems": 400}).sample("train", 1, 0)
+
+
+def pruner(prune: bool, prune_needed: bool = False):
+    """The lookup expert: reads chunks, prunes each distractor (or, with prune_needed, the first
+    chunk whatever it is), answers once both asked codes are in its context."""
+
+    def reply(text, j):
+        asked = re.search(r"Codes of (\w+) and (\w+)\?", text).groups()
+        got = {n: c for _, n, c in re.findall(r"\[(\d+)\] (\w+) (\d+)", text)}
+        if all(a in got for a in asked):
+            return f"answer {got[asked[0]]} {got[asked[1]]}"
+        last = re.match(r"\[(\d+)\] (\w+)", text.rsplit("<|user|>", 1)[-1])
+        if prune and last and (last.group(2) not in asked or (prune_needed and last.group(1) == "1")):
+            return f"prune {last.group(1)}"
+        return "next"
+
+    return reply
+
+
+def lookups(tokenizer, reply, n=12, **options):
+    task = make_task("prune_lookup", **options)
+    problems = task.sample("test", n, 0)
+    limits = EpisodeLimits(max_turns=task.max_turns, max_new_tokens=16, max_tokens=task.max_episode_tokens)
+    groups = run_episodes(
+        Script(tokenizer, reply), tokenizer, [[task.make_env(p)] for p in problems], list(range(n)), limits
+    )
+    return task, problems, [t for [t] in groups]
+
+
+def test_a_prune_rewrites_the_history_into_a_new_row_and_keeps_the_row_within_the_budget(tokenizer):
+    task, problems, episodes = lookups(tokenizer, pruner(True), context_tokens=180)
+    assert all(t.stop_reason == "done" and t.score.correct for t in episodes)
+    for problem, t in zip(problems, episodes):
+        pruned = sum(s.get("pruned", 0) for s in t.signals)
+        assert (
+            pruned > 0
+            and len(t.rows) == pruned + 1
+            and sum(s.get("pruned_needed", 0) for s in t.signals) == 0
+        )
+        for row in t.rows:
+            assert len(row.prompt_ids) + len(row.completion_ids) <= 180
+            *_, last = row.segments
+            assert last.trainable  # a row ends with a policy turn (a prune, or the answer)
+        for before, after in zip(t.rows, t.rows[1:]):
+            said = tokenizer.decode(before.segments[-1].token_ids, skip_special_tokens=True)
+            gone = f"[{said.split()[1]}] "
+            assert said.startswith("prune ") and gone in tokenizer.decode(
+                before.prompt_ids + before.completion_ids
+            )
+            assert gone not in tokenizer.decode(after.prompt_ids)  # the pruned chunk left the context
+            assert after.segments[0].starts_row
+
+
+def test_without_pruning_the_hard_budget_ends_what_does_not_fit(tokenizer):
+    _, problems, episodes = lookups(tokenizer, pruner(False), context_tokens=180, prune=False)
+    ended = [t for t in episodes if t.stop_reason == "max_tokens"]
+    assert ended and all(t.score is None and t.signals[-1]["context_overflow"] == 1 for t in ended)
+    assert all(len(t.rows) == 1 and len(t.prompt_ids) + len(t.completion_ids) <= 180 for t in episodes)
+    fits = [
+        t for t, p in zip(episodes, problems) if p.data["asked"][1] < 5
+    ]  # the second asked chunk comes early
+    assert fits and all(t.score.correct for t in fits)
+    # the same policy's prune is an invalid action there, and with no budget every lookup is answered
+    _, _, free = lookups(tokenizer, pruner(True), prune=False)
+    assert all(t.score.correct for t in free) and all(t.signals[0].get("invalid") == 0 for t in free)
+
+
+def test_pruning_a_needed_chunk_is_counted_and_loses_its_code(tokenizer):
+    _, problems, episodes = lookups(tokenizer, pruner(True, prune_needed=True), context_tokens=180)
+    first_asked = [t for t, p in zip(episodes, problems) if p.data["asked"][0] == 0]
+    assert first_asked and all(sum(s["pruned_needed"] for s in t.signals) == 1 for t in first_asked)
+    assert all(not (t.score and t.score.correct) for t in first_asked)
+
+
+def test_prune_lookup_demonstrations_are_the_loops_rows():
+    """Each demonstrated row but the last ends with a prune, the next row's prompt is the env's
+    history after it (the pruned chunk gone), and the expert never prunes a needed chunk."""
+    task = make_task("prune_lookup", context_tokens=180)
+    pruned = kept = 0
+    for problem in task.sample("train", 30, 0):
+        rows = task.demonstration_rows(problem)
+        env = task.make_env(problem)
+        env.reset()
+        for (prompt, completion), (after, _) in zip(rows, rows[1:]):
+            for m in (m for m in completion if m["role"] == "assistant"):
+                result = env.step(m["content"])
+            assert m["content"].startswith("prune ") and result.history == after
+            assert f"[{m['content'].split()[1]}] " not in str(after)
+        a, b = problem.data["asked"]
+        names = problem.data["names"]
+        for prompt, completion in rows:
+            for m in completion:
+                if m["role"] == "assistant" and m["content"].startswith("prune"):
+                    assert names[int(m["content"].split()[1]) - 1] not in (names[a], names[b])
+        pruned += len(rows) - 1
+        kept += b + 1 - 2 - (len(rows) - 1)
+        assert rows[-1][1][-1]["content"] == f"answer {problem.data['codes'][a]} {problem.data['codes'][b]}"
+    assert pruned and kept  # demo_prune 0.5: some distractors pruned, some kept
+    assert all(
+        len(make_task("prune_lookup", prune=False).demonstration_rows(p)) == 1
+        for p in task.sample("train", 5, 0)
+    )

@@ -16,6 +16,7 @@ from temper.envs.gateway_env import GatewayTask
 from temper.envs.memory_corridor import MemoryCorridorTask
 from temper.envs.multi_tool import MultiToolTask
 from temper.envs.orchestrator import OrchestratorTask
+from temper.envs.prune_lookup import PruneLookupTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
 from temper.envs.user_env import EnvDataTask
@@ -46,6 +47,7 @@ ENVIRONMENT_TASKS: dict[str, type] = {
     "orchestrator": OrchestratorTask,  # sub-tasks delegated to parallel scripted sub-agents (PARL)
     "gateway": GatewayTask,  # the user's openai-client agent script, through the gateway
     "memory_corridor": MemoryCorridorTask,  # a fact seen early, needed late, under a context budget
+    "prune_lookup": PruneLookupTask,  # retrieval under a hard context budget, pruning as an action
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes)."""
 

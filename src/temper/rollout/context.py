@@ -22,6 +22,9 @@ model's window).
   trained by the outcome alone (every row of an episode has the episode's one advantage), or by
   its own reward too when the env grades summaries (`GradesSummaries`, the `summary` reward
   component).
+- `end`: the episode ends there (stop reason max_tokens, signal `context_overflow`, graded as
+  unfinished): the budget is a hard limit the policy must manage itself, e.g. by pruning its own
+  context with an action whose env rewrites the history (`envs/prune_lookup.py`).
 
 What was sampled is never re-tokenised into a trained row: the summary's tokens are trained in
 the row that sampled them and are prompt tokens of the next. The functions here are pure over
@@ -34,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-OnOverflow = Literal["truncate", "summarise"]
+OnOverflow = Literal["truncate", "summarise", "end"]
 
 INSTRUCTION = "Context full. Write a short note of what you must remember."
 """The summary request's text: fixed, so the policy can learn to answer it."""
@@ -43,7 +46,7 @@ INSTRUCTION = "Context full. Write a short note of what you must remember."
 @dataclass(frozen=True)
 class ContextPolicy:
     """max_tokens: a row's tokens (its prompt and everything after it) the loop keeps within;
-    0: no budget. on_overflow: truncate | summarise. summary_max_tokens: the summary's sampler
+    0: no budget. on_overflow: truncate | summarise | end. summary_max_tokens: the summary's sampler
     allowance. instruction: the summary request's text."""
 
     max_tokens: int = 0
@@ -57,8 +60,8 @@ class ContextPolicy:
                 f"need max_tokens >= 0 and summary_max_tokens >= 1, got {self.max_tokens} and "
                 f"{self.summary_max_tokens}"
             )
-        if self.on_overflow not in ("truncate", "summarise"):
-            raise ValueError(f"on_overflow is truncate or summarise, not {self.on_overflow!r}")
+        if self.on_overflow not in ("truncate", "summarise", "end"):
+            raise ValueError(f"on_overflow is truncate, summarise or end, not {self.on_overflow!r}")
 
     @property
     def on(self) -> bool:

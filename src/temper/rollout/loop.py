@@ -427,6 +427,9 @@ def _apply(
             if e.context is not None and _overflows(full, e.context, limits):
                 if e.context.on_overflow == "truncate":
                     return _truncate(e, e.context, tokenizer, limits)
+                if e.context.on_overflow == "end":  # a hard budget: the policy had to keep within it
+                    e.trajectory.signals[-1]["context_overflow"] = 1
+                    return _end(e, "max_tokens", "")
                 e.messages.append(summary_request(e.context))  # the request ends the env's segment
                 e.summarising = True
                 full = prompt_ids(tokenizer, e.messages, tools_of(e.env))
