@@ -353,9 +353,9 @@ def lookups(tokenizer, reply, n=12, **options):
 
 
 def test_a_prune_rewrites_the_history_into_a_new_row_and_keeps_the_row_within_the_budget(tokenizer):
-    task, problems, episodes = lookups(tokenizer, pruner(True), context_tokens=180)
+    _, _, episodes = lookups(tokenizer, pruner(True), context_tokens=180)
     assert all(t.stop_reason == "done" and t.score.correct for t in episodes)
-    for problem, t in zip(problems, episodes):
+    for t in episodes:
         pruned = sum(s.get("pruned", 0) for s in t.signals)
         assert (
             pruned > 0
@@ -406,14 +406,14 @@ def test_prune_lookup_demonstrations_are_the_loops_rows():
         rows = task.demonstration_rows(problem)
         env = task.make_env(problem)
         env.reset()
-        for (prompt, completion), (after, _) in zip(rows, rows[1:]):
+        for (_, completion), (after, _) in zip(rows, rows[1:]):
             for m in (m for m in completion if m["role"] == "assistant"):
                 result = env.step(m["content"])
             assert m["content"].startswith("prune ") and result.history == after
             assert f"[{m['content'].split()[1]}] " not in str(after)
         a, b = problem.data["asked"]
         names = problem.data["names"]
-        for prompt, completion in rows:
+        for _, completion in rows:
             for m in completion:
                 if m["role"] == "assistant" and m["content"].startswith("prune"):
                     assert names[int(m["content"].split()[1]) - 1] not in (names[a], names[b])
