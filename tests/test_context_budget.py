@@ -425,3 +425,14 @@ def test_prune_lookup_demonstrations_are_the_loops_rows():
         len(make_task("prune_lookup", prune=False).demonstration_rows(p)) == 1
         for p in task.sample("train", 5, 0)
     )
+
+
+def test_a_whole_plan_is_graded_by_playing_it():
+    corridor = make_task("memory_corridor", context_tokens=160)
+    problem = corridor.sample("test", 1, 0)[0]
+    assert corridor.score(problem, corridor.demonstration(problem)).correct
+    assert corridor.score(problem, "look\nwalk").details["reason"] == "no_more_moves"
+    lookup = make_task("prune_lookup")
+    problem = lookup.sample("test", 1, 0)[0]
+    assert lookup.score(problem, lookup.demonstration(problem)).correct
+    assert not lookup.score(problem, "next\nanswer 1 2").correct

@@ -261,6 +261,18 @@ def make_env(task: Task, problem: Problem) -> Env:
         return FailedEnv(guard.raised(err, f"task {task.name!r} make_env", f"problem {problem.id}"))
 
 
+def play_plan(env: Env, completion: str) -> Score | None:
+    """A whole plan at once, as an environment task's `score` grades one completion: each non-empty
+    line is one action, played from a fresh `reset`; the score of the step that ended the episode,
+    None when the plan ran out first (the task grades that)."""
+    env.reset()
+    for action in (line for line in completion.splitlines() if line.strip()):
+        result = env.step(action)
+        if result.done:
+            return result.score
+    return None
+
+
 class FailedEnv:
     """The env of a problem whose factory failed: `reset` raises the failure (`UserCodeFailure`),
     so the episode ends before it starts, as an env_error naming what failed."""

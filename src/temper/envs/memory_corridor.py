@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from temper.envs.base import StepResult
+from temper.envs.base import StepResult, play_plan
 from temper.rollout.context import ContextPolicy, summarised, summary_request
 from temper.tasks.base import Problem, Score, check_split
 
@@ -194,12 +194,7 @@ class MemoryCorridorTask:
     def score(self, problem: Problem, completion: str) -> Score:
         """A whole plan at once, one action per line, played from the start (no budget applies)."""
         env = self.make_env(problem)
-        env.reset()
-        for action in (line for line in completion.splitlines() if line.strip()):
-            result = env.step(action)
-            if result.done:
-                return result.score  # type: ignore[return-value]
-        return env.grade("no_more_moves")
+        return play_plan(env, completion) or env.grade("no_more_moves")
 
     def demonstration(self, problem: Problem) -> str:
         return "\n".join(["look", *["walk"] * problem.data["length"], f"open {problem.data['key']}"])

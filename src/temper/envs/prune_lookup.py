@@ -35,7 +35,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from temper.envs.base import StepResult
+from temper.envs.base import StepResult, play_plan
 from temper.rollout.context import ContextPolicy
 from temper.tasks.base import Problem, Score, check_split
 
@@ -143,12 +143,7 @@ class PruneLookupTask:
     def score(self, problem: Problem, completion: str) -> Score:
         """A whole plan at once, one action per line (no budget applies)."""
         env = self.make_env(problem)
-        env.reset()
-        for action in (line for line in completion.splitlines() if line.strip()):
-            result = env.step(action)
-            if result.done:
-                return result.score  # type: ignore[return-value]
-        return env.grade("no_answer")
+        return play_plan(env, completion) or env.grade("no_answer")
 
     def demonstration(self, problem: Problem) -> str:
         a, b = problem.data["asked"]
