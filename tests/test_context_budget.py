@@ -326,16 +326,16 @@ def test_memory_corridor_train_problems_never_are_held_out_ones():
 
 
 def pruner(prune: bool, prune_needed: bool = False):
-    """The lookup expert: reads chunks, prunes each distractor (or, with prune_needed, the first
-    chunk whatever it is), answers once both asked codes are in its context."""
+    """The lookup expert: reads chunks, prunes each `sign` (or, with prune_needed, the first chunk
+    whatever it is), answers once both codes are in its context."""
 
     def reply(text, j):
-        asked = re.search(r"Codes of (\w+) and (\w+)\?", text).groups()
-        got = {n: c for _, n, c in re.findall(r"\[(\d+)\] (\w+) (\d+)", text)}
-        if all(a in got for a in asked):
-            return f"answer {got[asked[0]]} {got[asked[1]]}"
+        chunks = re.findall(r"\[(\d+)\] (\w+) (\d)", text)
+        codes = [c for _, kind, c in chunks if kind == "code"]
+        if len(codes) == 2:
+            return f"answer {codes[0]} {codes[1]}"
         last = re.match(r"\[(\d+)\] (\w+)", text.rsplit("<|user|>", 1)[-1])
-        if prune and last and (last.group(2) not in asked or (prune_needed and last.group(1) == "1")):
+        if prune and last and (last.group(2) == "sign" or (prune_needed and last.group(1) == "1")):
             return f"prune {last.group(1)}"
         return "next"
 

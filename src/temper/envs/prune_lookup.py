@@ -1,17 +1,20 @@
 """prune_lookup: retrieval under a hard context budget, with pruning as an action (Chroma Context-1).
 
-    user        Codes of ab and cd? Say next, prune N or answer X Y.
+    user        Find the two codes. Say next, prune N or answer X Y.
     assistant   next
-    user        [1] ab 482                                  (a chunk the answer needs: keep it)
+    user        [1] code 4                                  (a chunk the answer needs: keep it)
     assistant   next
-    user        [2] ef 105                                  (a distractor)
+    user        [2] sign 7                                  (a distractor)
     assistant   prune 2                                     (the env drops chunk 2 from the context)
     assistant   next                                        (the next row: task, [1], then on)
-    user        [3] cd 731
-    assistant   answer 482 731                              (both codes: 1, else 0)
+    user        [3] code 1
+    assistant   answer 4 1                                  (both codes, in order: 1, else 0)
 
-Each problem is `chunks` chunks, one name and a 3-digit code each, read one at a time with
-`next`; the two names asked for are in the first and the second half. The env runs under a hard
+Each problem is `chunks` chunks, read one at a time with `next`: two `code` chunks (one in the
+first half, one in the second) and `sign` distractors, each with a digit. What to keep is plain
+to see (the tiny default could not match two-letter names against the question reliably: in a
+first design it pruned a needed chunk 0.6 times per episode); what RL has to learn is to prune
+enough, and early enough, to stay within the budget. The env runs under a hard
 context budget (`context_tokens`, a `ContextPolicy` with `on_overflow: end`): a row that could
 not hold the next action ends the episode, unfinished (graded 0). All the chunks do not fit, so
 the policy must `prune N` what it does not need: the env answers with the whole conversation from
@@ -31,7 +34,6 @@ the time and RL has the rest to learn. train/test: `chunks` chunks from disjoint
 from __future__ import annotations
 
 import random
-import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -67,8 +69,8 @@ class PruneLookupConfig:
     def actions(self) -> str:
         return "next, prune N or answer X Y" if self.prune else "next or answer X Y"
 
-    def prompt(self, a: str, b: str) -> str:
-        return f"Codes of {a} and {b}? Say {self.actions}."
+    def prompt(self) -> str:
+        return f"Find the two codes. Say {self.actions}."
 
 
 @dataclass(frozen=True)
@@ -94,17 +96,21 @@ class PruneLookupTask:
         c = self.config
         n = c.ood_chunks if split == "ood" else c.chunks
         rng = random.Random(f"prune_lookup:{split}:{seed}")
-        names = ["".join(rng.sample(string.ascii_lowercase, 2)) for _ in range(4 * n)]
-        names = list(dict.fromkeys(names))[:n]
-        codes = [rng.randrange(100, 1000) for _ in names]
         a, b = rng.randrange(n // 2), rng.randrange(n // 2, n)
+        names = ["code" if i in (a, b) else "sign" for i in range(n)]
+        codes = [rng.randrange(10) for _ in names]
         data = {"names": names, "codes": codes, "asked": [a, b], "max_steps": self.max_turns}
-        return Problem(self.name, split, f"lookup{seed}", c.prompt(names[a], names[b]), data)
+        return Problem(self.name, split, f"lookup{seed}", c.prompt(), data)
+
+    def problem_key(self, problem: Problem) -> str:
+        """The chunks themselves (the prompt is the same for every problem): the contamination
+        check compares keys. Train and held-out problems come from different seed strings; two
+        coincide with chance ~1e-8 (positions x digits)."""
+        d = problem.data
+        return f"{d['asked'][0]},{d['asked'][1]}/{''.join(map(str, d['codes']))}"
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
-        """train: n fresh seeds; test/ood: n of the split's `problems` seeds, without repeats
-        (train and held-out problems come from different seed strings, so they never coincide
-        but by a ~1e-9 chance of equal names and codes)."""
+        """train: n fresh seeds; test/ood: n of the split's `problems` seeds, without repeats."""
         check_split(split)
         c = self.config
         rng = random.Random(f"prune_lookup:{split}:draw:{seed}")
