@@ -81,8 +81,11 @@ def test_a_rewritten_episodes_rows_and_the_gateway_metrics_are_shown():
     )
     rows = [{"step": 1, "gateway/segments_per_episode": 1.5, "gateway/rewrites": 2}] * 2
     table = rl_episode_table(rows)
-    assert "<tr><td>gateway: segments per episode</td><td>1.5</td><td>1.5</td></tr>" in table
-    assert "<tr><td>gateway: calls that started a new row (per step)</td><td>2</td><td>2</td></tr>" in table
+    assert "<tr><td>rows: training rows per episode</td><td>1.5</td><td>1.5</td></tr>" in table
+    assert (
+        "<tr><td>rows: new training rows started (per step; rewrites, summaries, truncations)</td>"
+        "<td>2</td><td>2</td></tr>" in table
+    )
 
 
 def test_a_summarised_and_a_truncated_row_say_why_they_start_and_the_summary_is_marked():

@@ -46,8 +46,12 @@ def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
 def _label(key: str) -> str:
     kind, name = key.split("/", 1)
     label = name.replace("stop_", "stop: ").replace("_", " ")
-    if kind == "gateway":  # the rows of rewritten histories (`train/rl_metrics.episode_metrics`)
-        label = "gateway: " + ("calls that started a new row (per step)" if name == "rewrites" else label)
+    if kind == "gateway":  # episodes of several rows (`train/rl_metrics.episode_metrics`): a rewritten
+        # history (the gateway's agents, a prune) or a context budget's compaction
+        label = {
+            "rewrites": "rows: new training rows started (per step; rewrites, summaries, truncations)",
+            "segments_per_episode": "rows: training rows per episode",
+        }.get(name, label)
     if kind == "parallel":  # orchestrator RL (`train/features/parallel.py`)
         label = "orchestrator: " + _PARALLEL.get(name, label)
     return label
