@@ -191,6 +191,7 @@ def test_registry():
         "two_mode",
         "instructed_arithmetic",
         "gateway",
+        "memory_corridor", "prune_lookup", "orchestrator",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

@@ -58,6 +58,8 @@ ENV_TASKS = {
     "multi_tool",
     "orchestrator",
     "simulated_search",
+    "memory_corridor",
+    "prune_lookup",
     "user_env",
     "gateway",
 }
@@ -76,6 +78,8 @@ TASK_CAPABILITIES = {
         "treasure_hunt",
     },
     tasks.MarksEnvironmentSpans: {"calculator_arithmetic"},
+    tasks.DemonstratesRows: {"memory_corridor", "prune_lookup"},
+    envs.EpisodeTokenLimited: {"memory_corridor", "prune_lookup"},
     envs.EnvTask: ENV_TASKS,
     envs.TurnLimited: ENV_TASKS,
     envs.OffersTools: {"multi_tool"},
@@ -95,6 +99,8 @@ ENV_CAPABILITIES = {
     envs.Labelled: {"user_env", "gateway"},
     envs.DescribesCalls: {"user_env", "gateway"},
     envs.OffersTools: {"multi_tool", "user_env", "gateway"},
+    envs.ManagesContext: {"memory_corridor", "prune_lookup"},
+    envs.GradesSummaries: {"memory_corridor"},
 }
 """Protocol -> the tasks whose envs are one (`arithmetic`: the one-step `TaskEnv` of any single-turn task)."""
 

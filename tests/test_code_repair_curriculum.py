@@ -307,6 +307,7 @@ def test_empty_task_options_leave_the_hash_of_runs_recorded_before_them():
                 "async_rollouts",
                 "workers",  # UNHASHED: where envs run changes no output
                 "strategy",  # HASHED_WHEN_SET: left out at its default (ddp)
+                "parallel",  # HASHED_WHEN_SET: orchestrator RL's block, left out at its default
             },
             "server_url": True,  # UNHASHED: where a server listens changes no output
             "vllm_check_sync": True,  # UNHASHED: a check of the engine changes no output

@@ -33,7 +33,7 @@ class LongWalk:
     stop = ()
 
     def __init__(self, policy: ContextPolicy, word: str = "plum", grade_fails: str = ""):
-        self.context, self.word, self.grade_fails = policy, word, grade_fails
+        self.context_budget, self.word, self.grade_fails = policy, word, grade_fails
         self.k, self.seen, self.graded = 0, [], []
 
     def reset(self):
@@ -250,8 +250,8 @@ def test_memory_corridor_grades_notes_against_listing_every_box():
     assert env.summary_reward(f"key in box {key}, not box {key % 4 + 1}") == 0.0  # two boxes: no kept fact
     assert env.summary_reward("box 1 box 2 box 3 box 4") == 0.0
     assert env.summary_reward("Walking on.") == 0.0
-    assert env.context == ContextPolicy(160, "summarise", 24, "Note?")
-    assert make_task("memory_corridor").make_env(problem).context.on is False
+    assert env.context_budget == ContextPolicy(160, "summarise", 24, "Note?")
+    assert make_task("memory_corridor").make_env(problem).context_budget.on is False
 
 
 def test_memory_corridor_demonstrations_are_rows_of_the_loops_shape():

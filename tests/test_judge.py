@@ -337,7 +337,7 @@ def test_recipe_accepts_a_judge_component():
         (
             "judge: 0.5}",
             "judges: 0.5}",
-            "unknown reward component 'judges'; valid: outcome, format, overlong, process, reward_model, judge",
+            "unknown reward component 'judges'; valid: outcome, format, overlong, process, summary, reward_model, judge",
         ),
     ],
 )

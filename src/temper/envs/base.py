@@ -153,13 +153,13 @@ class ManagesContext(Protocol):
     `MemoryCorridorEnv` (its task's `context:` option); read by the agent loop through
     `context_of`, so training and evaluation play the env under the same budget."""
 
-    context: ContextPolicy | None
+    context_budget: ContextPolicy | None
 
 
 def context_of(env: Any) -> ContextPolicy | None:
     """The context budget an env's episodes run under; None when it has none (or it is off)."""
-    policy = env.context if isinstance(env, ManagesContext) else None
-    # a `context` of another kind (the gateway env's request context) is no budget
+    policy = env.context_budget if isinstance(env, ManagesContext) else None
+    # the protocol checks only that the member exists: a value of another kind is no budget
     return policy if isinstance(policy, ContextPolicy) and policy.on else None
 
 

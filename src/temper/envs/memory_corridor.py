@@ -10,7 +10,7 @@
     assistant   open 3                                       (right box: 1, else 0)
 
 The corridor is longer than the task's context budget (`context_tokens`, a
-`temper.rollout.context.ContextPolicy` the env exposes as `context`, so RL and eval play it under
+`temper.rollout.context.ContextPolicy` the env exposes as `context_budget`, so RL and eval play it under
 the same budget): partway down, the agent loop compacts the conversation. With `on_overflow:
 truncate` the oldest turns, the key's among them, are dropped and the agent at the door can only
 guess (1 in `boxes`); with `summarise` the policy is asked for a note, and the episode goes on
@@ -220,7 +220,7 @@ class MemoryCorridorEnv:
 
     def __init__(self, config: MemoryCorridorConfig, data: dict[str, Any]):
         self.config, self.data = config, data
-        self.context: ContextPolicy | None = config.policy()
+        self.context_budget: ContextPolicy | None = config.policy()
         self.position = 0
         self.steps = 0
         self.invalid = 0

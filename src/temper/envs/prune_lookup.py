@@ -168,7 +168,7 @@ class PruneLookupEnv:
 
     def __init__(self, config: PruneLookupConfig, problem: Problem):
         self.config, self.data, self.prompt = config, problem.data, problem.prompt
-        self.context: ContextPolicy | None = config.policy()
+        self.context_budget: ContextPolicy | None = config.policy()
         self.read = 0
         self.kept: list[int] = []  # the read, unpruned chunks, in order
         self.steps = self.invalid = 0

@@ -374,7 +374,7 @@ class RemoteEnv:
         self._pool, self._worker, self._key = pool, worker, key
         self.stop = tuple(env.stop)
         self.tools = tools_of(env)
-        self.context = context_of(env)
+        self.context_budget = context_of(env)
         self.label = (env.label if isinstance(env, Labelled) else None) or type(env).__name__
         self._describes = describes
 
