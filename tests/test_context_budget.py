@@ -75,6 +75,11 @@ def walker(keep: bool):
     return reply
 
 
+def compactions(t) -> float:
+    """The episode's `compactions` signal: the loop counts each truncation or summary there."""
+    return sum(s.get("compactions", 0) for s in t.signals)
+
+
 def play(tokenizer, env, max_new=8):
     [[t]] = run_episodes(
         Script(tokenizer, walker(True)),
@@ -122,7 +127,7 @@ def test_a_summary_is_a_trained_turn_the_env_never_steps_and_the_next_row_starts
     assert t.summaries and all(s == "note: plum" for s in t.summaries)
     assert env.graded == t.summaries and t.summary_rewards == [1.0] * len(t.summaries)
     rows = t.rows
-    assert len(rows) == len(t.summaries) + 1 == t.compactions + 1
+    assert len(rows) == len(t.summaries) + 1 == compactions(t) + 1
     first, second = rows[0], rows[1]
     # the first row ends with the env segment (the observation, the request, the assistant header), then the summary
     *_, asked, summary = first.segments
@@ -154,20 +159,20 @@ def test_under_truncation_the_early_fact_is_gone_and_every_row_fits(tokenizer):
     t = play(tokenizer, env)
     assert t.stop_reason == "done" and not t.score.correct  # at 4 the word was out of the context
     assert env.seen[-1] == "no idea" and not t.summaries and env.graded == []
-    assert len(t.rows) == t.compactions + 1 > 1
+    assert len(t.rows) == compactions(t) + 1 > 1
     for row in t.rows:
         assert len(row.prompt_ids) + 8 <= 120  # the prompt and the next action's allowance fit
         assert tokenizer.decode(row.prompt_ids, skip_special_tokens=False).startswith(
             tokenizer.decode(prompt_ids(tokenizer, [SYSTEM, TASK])[:-1], skip_special_tokens=False)
         )  # the task is always kept
     assert all(not s.trainable for r in t.rows for s in r.segments[:1])
-    assert sum(s.get("compactions", 0) for s in t.signals) == t.compactions
+    assert [r.segments[0].why for r in t.rows[1:]] == ["truncate"] * int(compactions(t))
 
 
 def test_without_a_budget_nothing_changes(tokenizer):
     env = LongWalk(ContextPolicy(max_tokens=0))
     t = play(tokenizer, env)
-    assert len(t.rows) == 1 and t.compactions == 0 and t.score.correct
+    assert len(t.rows) == 1 and compactions(t) == 0 and t.score.correct
 
 
 def test_every_row_of_a_summarised_episode_gets_its_episodes_advantage(tokenizer):

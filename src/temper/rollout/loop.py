@@ -468,7 +468,6 @@ def _new_row(
     e.messages, e.turn_text = history, ""
     e.ids = prompt_ids(tokenizer, history, tools_of(e.env))
     e.trajectory.segments.append(Segment(list(e.ids), None, False, starts_row=True, why=why))
-    e.trajectory.compactions += 1
     _count(e, "compactions", 1.0)
 
 

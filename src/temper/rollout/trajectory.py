@@ -70,7 +70,6 @@ class Trajectory:
     last_stop: str = "eos"  # how the last sampler call ended: eos | stop | length (a truncated turn)
     summaries: list[str] = field(default_factory=list)  # the policy's self-summaries (a context budget)
     summary_rewards: list[float] = field(default_factory=list)  # the env's grade of each, when it grades them
-    compactions: int = 0  # times a context budget compacted the conversation (truncated or summarised)
 
     @property
     def prompt_ids(self) -> list[int]:
