@@ -1,12 +1,15 @@
-"""Summarize the milestone-reward experiment (recipes/milestones_code_repair.yaml) over seeds: does
-success rise faster with verified milestone rewards (MiRA-style) than with the outcome alone?
+"""Summarize a milestone-reward experiment over seeds (recipes/milestones_code_repair.yaml,
+recipes/agent_shell_repo.yaml with `--task shell_repo`): does success rise faster with verified
+milestone rewards (MiRA-style) than with the outcome alone?
 
 Per arm and seed, from the RL stage's metrics.jsonl (sampled training episodes): success in blocks
 of `--block` steps, the least-squares slope of success per step, and the milestone rates per
-episode at the end; from the eval stage: greedy test success. Cells: mean ± sample std [min, max]
+episode at the end (the task's `progress` path signals) and its rule violations; from the eval
+stage: greedy success on each split the eval ran. Cells: mean ± sample std [min, max]
 over seeds; the paired milestone - outcome difference per seed with a 95% t-interval.
 
     python experiments/milestones.py runs/milestones_code_repair --seeds 0 1 2
+    python experiments/milestones.py runs/agent_shell_repo --seeds 0 1 2 --task shell_repo
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ from pathlib import Path
 from tables import cli, greedy, metrics, paired, spread, table
 
 ARMS = {"outcome only": "rl_outcome", "outcome + milestones": "rl_milestone"}
-MILESTONES = ("failure_reproduced", "tests_after_edit", "fix_applied")
+
+
+def path_signals(task: str, kind: str) -> list[str]:
+    """The task's path signals of `kind` ("progress": milestones, "violation": broken rules)."""
+    from temper.catalog import TASKS
+
+    return [name for name, k in TASKS[task].path_signals.items() if k == kind]
 
 
 def slope(values: list[float]) -> float:
@@ -26,13 +35,14 @@ def slope(values: list[float]) -> float:
     return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum((i - mx) ** 2 for i in range(n))
 
 
-def summarize(root: Path, seeds: list[int], block: int) -> str:
+def summarize(root: Path, seeds: list[int], block: int, task: str) -> str:
+    milestones, violations = path_signals(task, "progress"), path_signals(task, "violation")
     runs = [root / f"seed-{s}" for s in seeds]
     rows = {arm: [metrics(run, name) for run in runs] for arm, name in ARMS.items()}
     steps = min(len(r) for per in rows.values() for r in per)
     blocks = [(i, min(i + block, steps)) for i in range(0, steps, block)]
     lines = [
-        f"# Milestone rewards on code_repair: outcome-only vs outcome + milestones, {len(seeds)} seeds "
+        f"# Milestone rewards on {task}: outcome-only vs outcome + milestones, {len(seeds)} seeds "
         f"({', '.join(map(str, seeds))})",
         "",
         "Training success (sampled episodes) by block of steps; mean ± std [min, max] over seeds.",
@@ -57,32 +67,57 @@ def summarize(root: Path, seeds: list[int], block: int) -> str:
         f"{paired([slope(s) for s in a], [slope(s) for s in b], 100, 2)} pp/step; success over the last "
         f"block {paired([sum(s[blocks[-1][0] :]) / len(s[blocks[-1][0] :]) for s in a], [sum(s[blocks[-1][0] :]) / len(s[blocks[-1][0] :]) for s in b], 100, 1)} pp.",
         "",
-        "Milestones per episode over the last block (training episodes):",
+        "Milestones and rule violations per episode over the last block (training episodes):",
         "",
     ]
     last = {arm: [run[blocks[-1][0] : steps] for run in per] for arm, per in rows.items()}
     lines += table(
-        ["arm", *MILESTONES],
+        ["arm", *milestones, *violations],
         [
             [
                 arm,
                 *(
                     spread([sum(r.get(f"signal/{m}", 0.0) for r in run) / len(run) for run in runs_])
-                    for m in MILESTONES
+                    for m in (*milestones, *violations)
                 ),
             ]
             for arm, runs_ in last.items()
         ],
     )
-    test = {arm: [greedy(run, "code_repair", name, "test") for run in runs] for arm, name in ARMS.items()}
-    lines += [
-        "",
-        "Greedy test success (40 held-out tasks): "
-        + "; ".join(f"{arm} {spread(v, 100, 1)}" for arm, v in test.items())
-        + f"; paired {paired(test['outcome only'], test['outcome + milestones'], 100, 1)} pp.",
-    ]
+    for split in splits(runs[0], task):
+        got = {arm: [greedy(run, task, name, split) for run in runs] for arm, name in ARMS.items()}
+        start = ""
+        if all(_has(run, task, split, "sft") for run in runs):
+            start = f"SFT {spread([greedy(run, task, 'sft', split) for run in runs], 100, 1)}; "
+        lines += [
+            "",
+            f"Greedy {split} success: {start}"
+            + "; ".join(f"{arm} {spread(v, 100, 1)}" for arm, v in got.items())
+            + f"; paired {paired(got['outcome only'], got['outcome + milestones'], 100, 1)} pp.",
+        ]
     return "\n".join(lines) + "\n"
 
 
+def splits(run: Path, task: str) -> list[str]:
+    """The held-out splits the run's eval stage scored `task` on (test first)."""
+    found = [s for s in ("test", "ood", "train") if _has(run, task, s)]
+    return found or ["test"]
+
+
+def _has(run: Path, task: str, split: str, model: str = ARMS["outcome only"]) -> bool:
+    try:
+        greedy(run, task, model, split)
+    except (KeyError, FileNotFoundError, StopIteration, IndexError):
+        return False
+    return True
+
+
 if __name__ == "__main__":
-    cli(__doc__, summarize, {"block": (int, 3, "steps per block of the success table")})
+    cli(
+        __doc__,
+        summarize,
+        {
+            "block": (int, 3, "steps per block of the success table"),
+            "task": (str, "code_repair", "the environment task (its path signals name the columns)"),
+        },
+    )

@@ -48,6 +48,7 @@ OPTIONS = {
     "reasoning_gym": {"dataset": "leg_counting", "size": 10},
     "two_mode": {"base": "arithmetic"},
     "code_repair": {"train_tasks": 4, "test_tasks": 2, "ood_tasks": 2},
+    "shell_repo": {"train_tasks": 2, "test_tasks": 1, "ood_tasks": 1},
 }
 """The options a catalog task needs to be built (the rest build with their defaults)."""
 
@@ -60,6 +61,7 @@ ENV_TASKS = {
     "simulated_search",
     "memory_corridor",
     "prune_lookup",
+    "shell_repo",
     "user_env",
     "gateway",
 }
@@ -68,12 +70,13 @@ TASK_CAPABILITIES = {
     tasks.BatchScored: {"dataset", "user_env", "gateway"},
     tasks.Fingerprinted: {"dataset", "user_env", "two_mode", "gateway"},
     tasks.SamplesAtStep: {"code_repair", "simulated_search"},
-    tasks.DeclaresPathSignals: {"code_repair", "multi_tool"},
+    tasks.DeclaresPathSignals: {"code_repair", "multi_tool", "shell_repo"},
     tasks.CurriculumTask: {"code_repair"},
     tasks.DemonstratesEpisodes: {
         "code_repair",
         "multi_tool",
         "orchestrator",
+        "shell_repo",
         "simulated_search",
         "treasure_hunt",
     },
@@ -93,8 +96,8 @@ CLASS_CAPABILITIES = {
 """The protocols of a task class (classmethods the catalog calls), checked on the class."""
 
 ENV_CAPABILITIES = {
-    envs.Cuttable: {"code_repair", "orchestrator", "user_env", "gateway"},
-    envs.Closable: {"calculator_arithmetic", "code_repair", "user_env", "gateway"},
+    envs.Cuttable: {"code_repair", "orchestrator", "shell_repo", "user_env", "gateway"},
+    envs.Closable: {"calculator_arithmetic", "code_repair", "shell_repo", "user_env", "gateway"},
     envs.StepsInBatch: {"simulated_search", "arithmetic"},
     envs.Labelled: {"user_env", "gateway"},
     envs.DescribesCalls: {"user_env", "gateway"},

@@ -17,6 +17,7 @@ from temper.envs.memory_corridor import MemoryCorridorTask
 from temper.envs.multi_tool import MultiToolTask
 from temper.envs.orchestrator import OrchestratorTask
 from temper.envs.prune_lookup import PruneLookupTask
+from temper.envs.shell_repo.task import ShellRepoTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
 from temper.envs.user_env import EnvDataTask
@@ -48,6 +49,7 @@ ENVIRONMENT_TASKS: dict[str, type] = {
     "gateway": GatewayTask,  # the user's openai-client agent script, through the gateway
     "memory_corridor": MemoryCorridorTask,  # a fact seen early, needed late, under a context budget
     "prune_lookup": PruneLookupTask,  # retrieval under a hard context budget, pruning as an action
+    "shell_repo": ShellRepoTask,  # a real shell in the sandbox on multi-file repositories, fail-to-pass
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes)."""
 

@@ -460,7 +460,6 @@ class Sandbox:
             binds += ["--ro-bind", b, b]
         return [
             *bwrap_base_args(self.host.bwrap)[1:],
-            *binds,
             "--size",
             str(self.limits.tmp_mb << 20),
             "--tmpfs",
@@ -472,6 +471,9 @@ class Sandbox:
             "/dev/shm",
             "--remount-ro",
             "/dev",
+            # after the tmpfs mounts, so a read-only bind under /tmp (shared tools: pytest for the
+            # shell env) is not covered by the sandbox's own /tmp
+            *binds,
             "--bind",
             str(self.workspace),
             "/workspace",

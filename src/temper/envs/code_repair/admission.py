@@ -21,10 +21,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from temper.envs.code_repair.generator import SOLUTION, TESTS, RepairTask
 from temper.envs.code_repair.grader import run_hidden
@@ -90,11 +91,16 @@ def admit(
     max_candidates: int = 0,
     workers: int = 4,
     unsafe: bool = False,
+    checker: Callable[..., str | None] | None = None,
+    key: Callable[[Any], str] = lambda t: t.buggy,
 ) -> Admission:
     """The first `n` admitted tasks of the `candidates` stream (in stream order, so the pool is a
     pure function of the stream whatever the thread timing), looking at no more than
     `max_candidates` (0: 4n + 20). `seen` (buggy sources of earlier pools) is updated in place.
-    Candidates are checked `workers` at a time: each check is a few sandbox runs, mostly waiting."""
+    Candidates are checked `workers` at a time: each check is a few sandbox runs, mostly waiting.
+    `checker(task, unsafe=)` and `key(task)` (what makes two tasks duplicates) default to this
+    module's (code_repair's); the shell environment passes its own."""
+    checker = checker or check
     seen = set() if seen is None else seen
     limit = max_candidates or 4 * n + 20
     counts: Counter = Counter({r: 0 for r in REASONS})
@@ -106,7 +112,7 @@ def admit(
             batch = []
             for task in stream:
                 looked += 1
-                if task.buggy in seen or task.buggy in {t.buggy for t in batch}:
+                if key(task) in seen or key(task) in {key(t) for t in batch}:
                     counts["duplicate"] += 1
                 else:
                     batch.append(task)
@@ -114,12 +120,12 @@ def admit(
                     break
             if not batch:
                 break
-            for task, reason in zip(batch, pool.map(lambda t: check(t, unsafe=unsafe), batch), strict=True):
+            for task, reason in zip(batch, pool.map(lambda t: checker(t, unsafe=unsafe), batch), strict=True):
                 if reason is not None:
                     counts[reason] += 1
                 elif len(out.tasks) < n:
                     out.tasks.append(task)
-                    seen.add(task.buggy)
+                    seen.add(key(task))
     counts["admitted"] = len(out.tasks)
     out.counts = dict(counts)
     return out

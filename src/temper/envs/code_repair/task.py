@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from concurrent.futures import ThreadPoolExecutor
+import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from temper.envs.base import StepResult
 from temper.envs.code_repair.admission import Admission, admit
 from temper.envs.code_repair.curriculum import Curriculum, CurriculumConfig
 from temper.envs.code_repair.env import PATH_SIGNALS, CodeRepairEnv
@@ -53,7 +52,8 @@ from temper.envs.code_repair.generator import (
     candidates,
     task_of,
 )
-from temper.tasks.base import Problem, Score, check_split, draw, split_of
+from temper.envs.command_episodes import PlaysCommands
+from temper.tasks.base import Problem, check_split, draw, split_of
 
 INSTRUCTIONS = (
     "Fix sol.py so the tests pass. Commands: cat FILE, run_tests, replace FILE N TEXT, rm FILE, submit. "
@@ -150,7 +150,7 @@ def _pools(config: CodeRepairConfig) -> dict[str, Admission]:
 
 
 @dataclass(frozen=True)
-class CodeRepairTask:
+class CodeRepairTask(PlaysCommands):
     """Generated repositories repaired as multi-turn episodes (module docstring)."""
 
     config: CodeRepairConfig = field(default_factory=CodeRepairConfig)
@@ -188,6 +188,11 @@ class CodeRepairTask:
 
     def problem_of(self, task: RepairTask, split: str, id: str) -> Problem:
         return Problem(self.name, split, id, self.prompt, asdict(task))
+
+    def problem_key(self, problem: Problem) -> str:
+        """The buggy source (every problem's prompt is the same "fix sol.py"): what the
+        contamination check matches, so a train task is never taken for a test one."""
+        return hashlib.sha256(problem.data["buggy"].encode()).hexdigest()[:16]
 
     def sample(self, split: str, n: int, seed: int) -> list[Problem]:
         """`n` tasks of `split`: with repeats from train, without from the held-out splits."""
@@ -229,58 +234,5 @@ class CodeRepairTask:
             return ["run_tests", f"cat {SOLUTION}", fix, "run_tests", "submit"]
         raise ValueError(f"unknown demonstration variant {variant!r}; valid: {', '.join(VARIANTS)}")
 
-    def play(self, problem: Problem, commands: list[str]) -> tuple[list[dict[str, Any]], list[StepResult]]:
-        """Play `commands` through a fresh env: the conversation and each step's result."""
-        env = self.make_env(problem)
-        messages = env.reset()
-        results = []
-        try:
-            for command in commands:
-                messages.append({"role": "assistant", "content": command})
-                result = env.step(command)
-                results.append(result)
-                messages += result.messages
-                if result.done:
-                    break
-        finally:
-            env.close()
-        return messages, results
-
-    def demonstration_messages(self, problem: Problem) -> list[dict[str, Any]]:
-        """The scripted episode of `problem`'s variant (module docstring), played through the env;
-        train problems are played all at once (a few at a time) on first use and cached."""
-        if problem.split == "train":
-            return _train_demos(self)[problem.id]
-        return self._demo(problem)
-
-    def _demo(self, problem: Problem) -> list[dict[str, Any]]:
-        variant = self.variant(problem)
-        messages, results = self.play(problem, self.commands(problem, variant))
-        score = results[-1].score
-        want = {"repair": "pass", "skip_run": "pass", "edit_test": "void_rule_broken"}[variant]
-        if not results[-1].done or score is None or score.details["reason"] != want:
-            raise AssertionError(f"the {variant} demonstration of {problem.id} ended {score}")  # a bug
-        return messages
-
-    def demonstration(self, problem: Problem) -> str:
-        """The repair's commands, one per line (what `score` plays)."""
-        return "\n".join(self.commands(problem))
-
-    def score(self, problem: Problem, completion: str) -> Score:
-        """A whole command list at once: each non-empty line is one command, played until the
-        episode ends (a list without submit ends at the command limit: outcome 0)."""
-        lines = [ln for ln in completion.splitlines() if ln.strip()][: self.config.max_commands]
-        _, results = self.play(problem, lines)
-        if not results or not results[-1].done:
-            return Score(0.0, False, False, {"reason": "no_submit", "commands": len(results)})
-        return results[-1].score
-
     def corpus_text(self, problem: Problem) -> str:
         return f"{problem.prompt}\n{task_of(problem).buggy}" + "\n".join(self.commands(problem))
-
-
-@functools.cache
-def _train_demos(task: CodeRepairTask) -> dict[str, list[dict[str, Any]]]:
-    problems = task.problems("train")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip((p.id for p in problems), pool.map(task._demo, problems), strict=True))
