@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tools / sandbox", ("temper.tools", "temper.sandbox", "temper.gateway")),
     ("envs", ("temper.envs",)),
     ("catalog", ("temper.catalog",)),
+    ("export", ("temper.export",)),
     (
         "episodes",
         (
