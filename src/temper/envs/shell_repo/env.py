@@ -111,12 +111,12 @@ class ShellRepoEnv:
         from temper.sandbox import Limits, Sandbox, workspace_root
 
         self.close()
-        self.tools = tools_dir()
+        self.tools_path = tools_dir()
         self.original = self.task.files()
         self.workspace = Path(tempfile.mkdtemp(prefix="shell-", dir=workspace_root()))
         write_tree(self.workspace, self.original)
         limits = Limits(wall_s=self.timeout_s, output_bytes=8192)
-        self._sandbox = Sandbox(self.workspace, limits, unsafe=self.unsafe, ro_binds=(str(self.tools),))
+        self._sandbox = Sandbox(self.workspace, limits, unsafe=self.unsafe, ro_binds=(str(self.tools_path),))
         self.commands = 0
         self.tree = read_tree(self.workspace)
         self.ever = {"test_edited": False, "file_deleted": False}
@@ -153,7 +153,7 @@ class ShellRepoEnv:
     def _run(self, line: str, signals: dict[str, Any]) -> str:
         if not line:
             return "[exit 0]"
-        result = self._sandbox.run_cmd(shell_argv(line, self.tools))
+        result = self._sandbox.run_cmd(shell_argv(line, self.tools_path))
         out = result.stdout + result.stderr
         if is_pytest(line) and not self.any_change and ("FAILED tests/" in out or "ERROR tests/" in out):
             self._milestone("failure_reproduced", signals)

@@ -61,12 +61,17 @@ class ShellRepoConfig:
     families: tuple[str, ...] = ("helper_off_by_one", "op_swap", "wrong_import")
     """Bug families of train and test."""
     ood_shapes: tuple[str, ...] = ()
+    """Shapes seen only in ood."""
     ood_families: tuple[str, ...] = ("edge_case",)
+    """Bug families seen only in ood (edge_case needs the branch shape)."""
     train_tasks: int = 120
+    """Admitted train repositories (the fail-to-pass gate's counts are printed per split)."""
     test_tasks: int = 40
     ood_tasks: int = 40
     seed: int = 0
+    """Seeds the generator's streams (each split its own)."""
     n_hidden: int = 6
+    """Hidden calls per repository (the oracle's tests; never in the workspace)."""
     max_commands: int = 10
     """Commands per episode; the last one ends it (no submit: outcome 0)."""
     max_output_chars: int = 160
@@ -74,6 +79,7 @@ class ShellRepoConfig:
     instructions: bool = False
     """Open the prompt with INSTRUCTIONS (off: the tiny model learns the protocol from demonstrations)."""
     rule_breaking_share: float = 0.0
+    """Share of the train tasks whose demonstration breaks a rule (edit_test or skip_run)."""
     timeout_s: float = 10.0
     """Wall clock of each command (its process tree is killed at the deadline)."""
     unsafe: bool = False
@@ -141,7 +147,8 @@ def _pools(config: ShellRepoConfig) -> dict[str, Admission]:
 
 @dataclass(frozen=True)
 class ShellRepoTask(PlaysCommands):
-    """Generated repositories repaired with shell commands (module docstring)."""
+    """Generated multi-file repositories repaired with shell commands run in the sandbox, graded
+    fail-to-pass by hidden tests (module docstring)."""
 
     config: ShellRepoConfig = field(default_factory=ShellRepoConfig)
     name: ClassVar[str] = "shell_repo"
