@@ -276,3 +276,16 @@ def test_config_errors_are_one_line():
         from temper.envs.shell_repo.task import pools
 
         pools(ShellRepoConfig(shapes=("pair",), train_tasks=1, test_tasks=1, ood_tasks=1))
+
+
+def test_a_live_env_offers_no_chat_tools_or_context_budget(helper_bug):
+    """The loop reads `tools` and `context_budget` off any env: a live shell env must have neither
+    (its pytest directory was once `self.tools`, which the loop took for chat tool schemas)."""
+    from temper.envs.base import OffersTools, context_of
+
+    env = ShellRepoEnv(helper_bug)
+    env.reset()
+    try:
+        assert not isinstance(env, OffersTools) and context_of(env) is None
+    finally:
+        env.close()
