@@ -99,9 +99,9 @@ def summarize(root: Path, seeds: list[int], block: int, task: str) -> str:
 
 
 def splits(run: Path, task: str) -> list[str]:
-    """The held-out splits the run's eval stage scored `task` on (test first)."""
+    """The splits the run's eval stage scored `task` on (test first; none without an eval)."""
     found = [s for s in ("test", "ood", "train") if _has(run, task, s)]
-    return found or ["test"]
+    return found
 
 
 def _has(run: Path, task: str, split: str, model: str = ARMS["outcome only"]) -> bool:
