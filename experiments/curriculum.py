@@ -1,19 +1,22 @@
-"""Summarize the curriculum experiment (recipes/curriculum_code_repair.yaml) over seeds: outcome-only
-GRPO on the fixed pool vs the same with the WebRL-style curriculum grown from the policy's failures,
-from the same SFT model at equal compute.
+"""Summarize a curriculum experiment (recipes/curriculum_code_repair.yaml, recipes/agent_web_shop.yaml
+with `--task web_shop --splits test,ood`) over seeds: outcome-only GRPO on the fixed pool vs the
+same with the WebRL-style curriculum grown from the policy's failures, from the same SFT model at
+equal compute.
 
 Per arm and seed, from the RL stage's metrics.jsonl (sampled training episodes, temperature 1):
-success at the start (mean of the first `--window` steps) and the end (the last `--window`), and the
-share of all-fail groups. The curriculum arm's draws include the variants it generated (born from
+success at the start (mean of the first `--window` steps) and the end (the last `--window`), the
+share of all-fail groups and the turns (actions) per episode. The curriculum arm's draws include the variants it generated (born from
 failures, so harder than the average original), so its training success is not the same measure
 as the other arm's; the eval stage's greedy success on the fixed train and test splits is. From
 the curriculum arm's `curriculum/*` metrics: the pool at the end, the share of it the curriculum
 generated, the share of the drawn problems that were generated, the variants admitted and the
-candidates rejected by the fail-to-pass gate, by reason, summed over the run. Cells: mean ± sample
+candidates rejected by the task's gate, by reason (the `curriculum/rejected/*` metrics), summed
+over the run. Cells: mean ± sample
 std [min, max] over seeds; the paired curriculum - outcome difference per seed with its 95%
 t-interval (tables.py).
 
     python experiments/curriculum.py runs/curriculum_code_repair --seeds 0 1 2 --out results/curriculum_code_repair.md
+    python experiments/curriculum.py runs/agent_web_shop --seeds 0 1 2 --task web_shop --splits test,ood
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tables import cli, greedy, mean, metrics, paired, spread, table
-
-from temper.envs.code_repair.curriculum import CURRICULUM_REASONS
 
 ARMS = {"outcome only": "rl_outcome", "outcome + curriculum": "rl_curriculum"}
 
@@ -32,10 +33,17 @@ def train_figures(rows: list[dict], window: int) -> dict[str, float]:
     for when, part in (("start", rows[:window]), ("end", rows[-window:])):
         out[f"success/{when}"] = mean([r["accuracy"] for r in part])
         out[f"all_fail/{when}"] = mean([r.get("path/all_fail_groups", 0.0) for r in part])
+        out[f"turns/{when}"] = mean([r.get("episode/turns", 0.0) for r in part])
     return out
 
 
-def curriculum_figures(rows: list[dict]) -> dict[str, float]:
+def reasons_of(rows: list[dict]) -> list[str]:
+    """The gate's rejection reasons a run logged (`curriculum/rejected/<reason>`), in log order."""
+    prefix = "curriculum/rejected/"
+    return list(dict.fromkeys(k.removeprefix(prefix) for r in rows for k in r if k.startswith(prefix)))
+
+
+def curriculum_figures(rows: list[dict], reasons: list[str]) -> dict[str, float]:
     """The curriculum's pool and gate figures over a run (its `curriculum/*` metrics)."""
     rows = [r for r in rows if "curriculum/pool_size" in r]
     if not rows:
@@ -47,20 +55,18 @@ def curriculum_figures(rows: list[dict]) -> dict[str, float]:
         "drawn_share/end": rows[-1]["curriculum/drawn_generated_share"],
         "admitted": sum(r["curriculum/admitted"] for r in rows),
         "failed": sum(r["curriculum/failed_problems"] for r in rows),
-        **{
-            f"rejected/{k}": sum(r.get(f"curriculum/rejected/{k}", 0) for r in rows)
-            for k in CURRICULUM_REASONS
-        },
+        **{f"rejected/{k}": sum(r.get(f"curriculum/rejected/{k}", 0) for r in rows) for k in reasons},
     }
 
 
-def summarize(root: Path, seeds: list[int], window: int) -> str:
+def summarize(root: Path, seeds: list[int], window: int, task: str, splits: str) -> str:
     runs = {s: root / f"seed-{s}" for s in seeds}
     rows = {arm: [metrics(run, name) for run in runs.values()] for arm, name in ARMS.items()}
     train = {arm: [train_figures(r, window) for r in per] for arm, per in rows.items()}
-    cur = [curriculum_figures(r) for r in rows["outcome + curriculum"]]
+    all_reasons = reasons_of([r for per in rows["outcome + curriculum"] for r in per])
+    cur = [curriculum_figures(r, all_reasons) for r in rows["outcome + curriculum"]]
     lines = [
-        f"# A curriculum grown from failures on code_repair: outcome-only GRPO with and without it, "
+        f"# A curriculum grown from failures on {task}: outcome-only GRPO with and without it, "
         f"{len(seeds)} seeds ({', '.join(map(str, seeds))})",
         "",
         f"RL training episodes (sampled, temperature 1; start = mean of the first {window} steps, end = "
@@ -69,22 +75,24 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
         "",
     ]
     lines += table(
-        ["arm", "success start %", "success end %", "all-fail groups start %", "all-fail groups end %"],
+        ["arm", "success start %", "success end %", "all-fail groups start %", "all-fail groups end %",
+         "turns per episode (end)"],
         [
             [arm]
             + [
                 spread([f[k] for f in figs], 100, 1)
                 for k in ("success/start", "success/end", "all_fail/start", "all_fail/end")
             ]
+            + [spread([f["turns/end"] for f in figs], 1, 2)]
             for arm, figs in train.items()
         ],
-    )
+    )  # fmt: skip
     lines += [
         "",
         "The curriculum, per seed (summed over the run; the pool and its generated share at the end):",
         "",
     ]
-    reasons = [k for k in CURRICULUM_REASONS if any(c[f"rejected/{k}"] for c in cur)]
+    reasons = [k for k in all_reasons if any(c[f"rejected/{k}"] for c in cur)]
     lines += table(
         [
             "seed",
@@ -108,9 +116,9 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
             for s, c in zip(seeds, cur, strict=True)
         ],
     )
-    splits = ("train", "test")
+    splits = tuple(splits.split(","))
     ev = {
-        (label, split): [greedy(run, "code_repair", model, split) for run in runs.values()]
+        (label, split): [greedy(run, task, model, split) for run in runs.values()]
         for label, model in ({"sft (shared start)": "sft"} | ARMS).items()
         for split in splits
     }
@@ -141,4 +149,8 @@ def summarize(root: Path, seeds: list[int], window: int) -> str:
 
 
 if __name__ == "__main__":
-    cli(__doc__, summarize, {"window": (int, 3, "steps averaged at the start and the end")})
+    cli(__doc__, summarize, {
+        "window": (int, 3, "steps averaged at the start and the end"),
+        "task": (str, "code_repair", "the task whose curriculum grew (a catalog name)"),
+        "splits": (str, "train,test", "the eval splits to report, comma-separated"),
+    })  # fmt: skip

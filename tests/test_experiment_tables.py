@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
 import curriculum  # noqa: E402  (experiments/, put on the path above)
 import tables  # noqa: E402
 
+from temper.envs.code_repair.curriculum import CURRICULUM_REASONS  # noqa: E402
+
 
 def test_spread_and_the_paired_t_interval_by_hand():
     assert tables.spread([0.1, 0.3], 100, 1) == "20.0 ± 14.1 [10.0, 30.0]"
@@ -29,7 +31,8 @@ def _run(root: Path, seed: int, success: dict[str, list[float]], greedy: dict[st
     run = root / f"seed-{seed}"
     for i, (name, values) in enumerate(success.items(), 3):
         (run / f"0{i}-{name}").mkdir(parents=True)
-        rows = [{"step": s + 1, "accuracy": v, "path/all_fail_groups": 1 - v} for s, v in enumerate(values)]
+        rows = [{"step": s + 1, "accuracy": v, "path/all_fail_groups": 1 - v, "episode/turns": 4 + seed + s}
+                for s, v in enumerate(values)]  # fmt: skip
         if name == "rl_curriculum":
             rows = [r | g for r, g in zip(rows, grown, strict=True)]
         (run / f"0{i}-{name}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -55,10 +58,7 @@ def _grown(admitted: list[int], duplicates: list[int], draws: list[float]) -> li
                 "curriculum/admitted": a,
                 "curriculum/failed_problems": a + d,
                 "curriculum/drawn_generated_share": share,
-                **{
-                    f"curriculum/rejected/{r}": (d if r == "duplicate" else 0)
-                    for r in curriculum.CURRICULUM_REASONS
-                },
+                **{f"curriculum/rejected/{r}": (d if r == "duplicate" else 0) for r in CURRICULUM_REASONS},
             }
         )
     return rows
@@ -79,8 +79,9 @@ def test_the_curriculum_summary_reports_the_pool_share_the_gate_and_the_paired_e
         {"sft": 0.3, "rl_outcome": 0.4, "rl_curriculum": 0.3},
         _grown([0, 0, 4], [0, 0, 0], [0.0, 0.0, 0.0]),
     )
-    text = curriculum.summarize(tmp_path, [0, 1], window=1)
+    text = curriculum.summarize(tmp_path, [0, 1], window=1, task="code_repair", splits="train,test")
     assert "| outcome only | 15.0 ± 7.1 [10.0, 20.0] | 45.0 ± 21.2 [30.0, 60.0] |" in text
+    assert text.splitlines()[6].endswith("| 6.50 ± 0.71 [6.00, 7.00] |")  # turns at the last step: 6 and 7
     # seed 0: 10 admitted, 3 duplicates, pool 20 (50% generated), draws 10% on average, 20% last
     assert "| 0 | 13 | 10 | 3 | 20 | 50.0 | 10.0; 20.0 |" in text
     assert "| 1 | 4 | 4 | 0 | 14 | 28.6 | 0.0; 0.0 |" in text
@@ -99,4 +100,4 @@ def test_a_run_without_curriculum_metrics_is_refused(tmp_path):
         [{}],
     )
     with pytest.raises(SystemExit, match="no curriculum"):
-        curriculum.summarize(tmp_path, [0], window=1)
+        curriculum.summarize(tmp_path, [0], window=1, task="code_repair", splits="train,test")

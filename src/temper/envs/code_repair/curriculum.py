@@ -1,71 +1,36 @@
-"""A self-evolving curriculum (issue 10 item 4; WebRL, Qi et al. 2024, §3.2): the train tasks the
-policy fails become new, admitted variants in the pool that later RL steps draw from.
+"""code_repair's self-evolving curriculum (issue 10 item 4; WebRL, Qi et al. 2024, §3.2): the train
+tasks the policy fails become new, admitted variants in the pool (the growth, the bounded-share
+draw and the log are `temper.envs.curriculum`'s).
 
     code_repair: {curriculum: {every: 1, variants_per_failure: 2, max_share: 0.5}}
 
-After every `every` RL steps, each train problem whose whole group failed in those steps (no
-rollout correct; a void outcome counts as a failure) spawns `variants_per_failure` variants.
 A variant keeps what the failed task asks for, the same function (its reference source: same
 shape, operators and constants) and the same bug family, and changes the bug: a seeded other
 rewrite of that family at any of the shape's bug sites, with new seeded test inputs. Why this
 rather than a fresh task of the same (shape, family) or a nearby family: WebRL rewrites a failed
 instruction into nearby ones so the policy meets the skill it lacks again in other surface
 forms; here that skill is "this kind of bug in this function", while a fresh draw of the pair
-is as far from the failure as any train task and another family asks for another skill. A
-failed variant spawns variants of its own, so the pool keeps moving toward what the policy
-still fails.
+is as far from the failure as any train task and another family asks for another skill.
 
 Every variant enters only through the fail-to-pass gate (admission.py), rejections counted by
-reason; `duplicate` is checked against every split (a variant is never a test or ood task) and
-every earlier variant, and `no_variant` counts a draw for a parent with no other rewrite.
-
-Sampling (`draw`): the originals and the variants born before the step; variants are at most
-`max_share` of the draws (a seeded coin per draw, heads with probability
-min(max_share, variants / pool)), so the original tasks stay in the mix.
-
-Determinism and resume: the pool after step s is the originals plus the variants of the
-failures of steps <= s, a pure function of the run. Each step's row (its failures and the
-variants admitted) is appended, flushed and fsynced, to `curriculum_code_repair.jsonl` in the
-run's folder before the step's checkpoint is written; a resumed run keeps the rows up to its
-checkpoint's step and replays them. Under N processes train_rl gathers every process's graded
-problems, the main process runs the gate (sandbox timings must not make processes disagree)
-and every process gets the same row.
+reason; `duplicate` is checked on the buggy source against every split and every earlier variant.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any
 
-from temper import distributed
 from temper.envs.code_repair.admission import REASONS, admit
 from temper.envs.code_repair.generator import RepairTask, bug_sites, build, mutations, task_of
-from temper.tasks.base import Problem, draw
+from temper.envs.curriculum import Curriculum as GrowingPool
+from temper.envs.curriculum import CurriculumConfig
+from temper.tasks.base import Problem
 
-if TYPE_CHECKING:
-    from temper.envs.code_repair.task import CodeRepairTask
+__all__ = ["CURRICULUM_REASONS", "Curriculum", "CurriculumConfig", "variant"]
 
 CURRICULUM_REASONS = ("no_variant", *REASONS)
-
-
-@dataclass(frozen=True)
-class CurriculumConfig:
-    every: int = 1
-    """Grow the pool after every `every` RL steps (from the failures of those steps)."""
-    variants_per_failure: int = 2
-    max_share: float = 0.5
-    """The most of a step's train draws that may be generated variants (the rest: originals)."""
-
-    def __post_init__(self) -> None:
-        if self.every < 1 or self.variants_per_failure < 1:
-            raise ValueError("curriculum: every and variants_per_failure must be >= 1")
-        if not 0.0 < self.max_share < 1.0:
-            raise ValueError(f"curriculum: max_share must be in (0, 1), got {self.max_share}")
 
 
 def variant(parent: RepairTask, key: str, n_hidden: int = 6) -> RepairTask | None:
@@ -82,118 +47,31 @@ def variant(parent: RepairTask, key: str, n_hidden: int = 6) -> RepairTask | Non
     return build(parent.shape, parent.family, lines, i, mutated, arity, rng, n_hidden)
 
 
-class Curriculum:
+class Curriculum(GrowingPool):
     """The growing train pool of one CodeRepairTask (module docstring)."""
 
-    def __init__(self, task: CodeRepairTask, config: CurriculumConfig):
-        self.task, self.config = task, config
-        self.path: Path | None = None
-        self.write = False
-        self.reset()
+    reasons = REASONS
 
-    def reset(self) -> None:
-        self.born: list[tuple[int, Problem]] = []  # (the step after which it entered, problem)
-        self.pending: list[str] = []  # failed ids of the steps since the last growth
-
-    # ---- the pool --------------------------------------------------------------------------
-    def originals(self) -> list[Problem]:
-        return self.task.problems("train")
-
-    def generated(self, step: int | None = None) -> list[Problem]:
-        """The variants admitted after steps <= `step` (None: all)."""
-        return [p for s, p in self.born if step is None or s <= step]
-
-    def draw(self, n: int, seed: int, step: int) -> list[Problem]:
-        """`n` train problems for the (0-based) RL step `step`: the originals as `sample` draws
-        them, a bounded share of the draws replaced by the variants born before this step."""
-        generated, originals = self.generated(step), self.originals()
-        if not generated:
-            return self.task.sample("train", n, seed)
-        rng = random.Random(f"code_repair:curriculum:{seed}")
-        share = min(self.config.max_share, len(generated) / (len(generated) + len(originals)))
-        heads = [rng.random() < share for _ in range(n)]
-        orig = iter(draw(originals, f"code_repair:train:{seed}", n - sum(heads), repeat=True))
-        gen = iter(draw(generated, f"code_repair:curriculum:{seed}", sum(heads), repeat=True))
-        return [next(gen) if h else next(orig) for h in heads]
-
-    # ---- growth ----------------------------------------------------------------------------
-    def grow(self, step: int, failed: list[str]) -> dict[str, Any]:
-        """The row of a growth step: variants of the `failed` problem ids through the gate (a pure
-        function of the pool so far, the ids and the step), their ids `gen<step>_<k>`."""
-        known = {p.id: p for p in self.originals() + self.generated()}
-        seen = {t.buggy for a in self.task.admitted().values() for t in a.tasks}
-        seen |= {p.data["buggy"] for p in self.generated()}
-        counts: Counter = Counter({r: 0 for r in CURRICULUM_REASONS})
-        candidates, parent_of = [], {}
-        for pid in failed:
-            for j in range(self.config.variants_per_failure):
-                t = self.make_variant(task_of(known[pid]), f"{self.task.config.seed}:{pid}:{step}:{j}")
-                if t is None:
-                    counts["no_variant"] += 1
-                    continue
-                candidates.append(t)
-                parent_of.setdefault(t.buggy, pid)
-        gate = admit(candidates, len(candidates), seen=seen, max_candidates=len(candidates),
-                     unsafe=self.task.config.unsafe)  # fmt: skip
-        counts.update({r: gate.counts.get(r, 0) for r in REASONS})
-        admitted = [
-            {"id": f"gen{step}_{k}", "parent": parent_of[t.buggy], "task": asdict(t)}
-            for k, t in enumerate(gate.tasks)
-        ]
-        return {"step": step, "failed": failed, "admitted": admitted, "rejected": dict(counts)}
+    def parent(self, problem: Problem) -> RepairTask:
+        return task_of(problem)
 
     def make_variant(self, parent: RepairTask, key: str) -> RepairTask | None:
         """One variant candidate (a method, so a test can plant a bad one)."""
         return variant(parent, key, self.task.config.n_hidden)
 
-    def after_step(self, step: int, drawn: list[tuple[str, bool]]) -> dict[str, float]:
-        """After the (1-based) step `step`: `drawn` is every train problem graded in it (all
-        processes, all sampling rounds) with whether its whole group failed. Grows the pool on
-        growth steps, records the row and returns the step's metrics."""
-        failed = list(dict.fromkeys(pid for pid, all_failed in drawn if all_failed))
-        if step % self.config.every == 0:
-            parents = list(dict.fromkeys(self.pending + failed))
-            row = distributed.on_main(self.grow, step, parents) | {"failed": failed}
-        else:
-            row = {"step": step, "failed": failed, "admitted": [], "rejected": {}}
-        self.apply(row)
-        pool = len(self.originals()) + len(self.born)
-        metrics = {
-            "curriculum/pool_size": pool,
-            "curriculum/generated_share": len(self.born) / pool,
-            "curriculum/admitted": len(row["admitted"]),
-            "curriculum/failed_problems": len(failed),
-            "curriculum/drawn_generated_share": sum(pid.startswith("gen") for pid, _ in drawn)
-            / max(len(drawn), 1),
-        }
-        return metrics | {f"curriculum/rejected/{r}": row["rejected"].get(r, 0) for r in CURRICULUM_REASONS}
+    def gate(self, candidates: list[RepairTask], seen: set[str]) -> tuple[list[RepairTask], dict[str, int]]:
+        out = admit(candidates, len(candidates), seen=seen, max_candidates=len(candidates),
+                    unsafe=self.task.config.unsafe)  # fmt: skip
+        return out.tasks, out.counts
 
-    def apply(self, row: dict[str, Any]) -> None:
-        """Add a row's variants to the pool (and append the row to the log on the main process)."""
-        step = row["step"]
-        for a in row["admitted"]:
-            data = a["task"] | {"parent": a["parent"]}
-            self.born.append((step, Problem(self.task.name, "train", a["id"], self.task.prompt, data)))
-        self.pending = [] if step % self.config.every == 0 else self.pending + row["failed"]
-        if self.write and self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())  # on disk before the step's checkpoint
+    def candidate_key(self, candidate: RepairTask) -> str:
+        return candidate.buggy
 
-    def resume(self, out_dir: Path, start: int, main: bool) -> None:
-        """The pool after `start` steps of the run in `out_dir`: its log's rows up to `start`
-        replayed (later rows, from steps past the checkpoint, are dropped on the main process)."""
-        self.reset()
-        self.path, self.write = Path(out_dir) / f"curriculum_{self.task.name}.jsonl", False
-        rows = []
-        if start and self.path.exists():
-            rows = [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
-            rows = [r for r in rows if r["step"] <= start]
-        for row in rows:
-            self.apply(row)
-        if main:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            os.replace(tmp, self.path)
-        self.write = main
+    def candidate_data(self, candidate: RepairTask) -> dict[str, Any]:
+        return asdict(candidate)
+
+    def known_keys(self) -> set[str]:
+        return {t.buggy for a in self.task.admitted().values() for t in a.tasks}
+
+    def generated_key(self, problem: Problem) -> str:
+        return problem.data["buggy"]

@@ -93,13 +93,7 @@ class CodeRepairConfig:
     variants_per_failure: 2, max_share: 0.5}; None: a fixed pool."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.curriculum, dict):
-            fields = set(CurriculumConfig.__dataclass_fields__)
-            if bad := set(self.curriculum) - fields:
-                raise ValueError(
-                    f"unknown curriculum options {sorted(bad)}; valid: {', '.join(sorted(fields))}"
-                )
-            object.__setattr__(self, "curriculum", CurriculumConfig(**self.curriculum))
+        object.__setattr__(self, "curriculum", CurriculumConfig.of(self.curriculum))
         for name in ("shapes", "families", "ood_shapes", "ood_families"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         for name, valid in (
