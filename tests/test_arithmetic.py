@@ -192,7 +192,7 @@ def test_registry():
         "instructed_arithmetic",
         "gateway",
         "memory_corridor", "prune_lookup", "orchestrator",
-        "shell_repo",
+        "shell_repo", "web_shop",
     }  # fmt: skip
     task = make_task("arithmetic", max_digits=3, ood_digits=5, ops=["+", "-"])
     assert isinstance(task, Arithmetic)

@@ -49,6 +49,7 @@ OPTIONS = {
     "two_mode": {"base": "arithmetic"},
     "code_repair": {"train_tasks": 4, "test_tasks": 2, "ood_tasks": 2},
     "shell_repo": {"train_tasks": 2, "test_tasks": 1, "ood_tasks": 1},
+    "web_shop": {"train_tasks": 2, "test_tasks": 1, "ood_tasks": 1},
 }
 """The options a catalog task needs to be built (the rest build with their defaults)."""
 
@@ -62,6 +63,7 @@ ENV_TASKS = {
     "memory_corridor",
     "prune_lookup",
     "shell_repo",
+    "web_shop",
     "user_env",
     "gateway",
 }
@@ -69,9 +71,9 @@ ENV_TASKS = {
 TASK_CAPABILITIES = {
     tasks.BatchScored: {"dataset", "user_env", "gateway"},
     tasks.Fingerprinted: {"dataset", "user_env", "two_mode", "gateway"},
-    tasks.SamplesAtStep: {"code_repair", "simulated_search"},
+    tasks.SamplesAtStep: {"code_repair", "simulated_search", "web_shop"},
     tasks.DeclaresPathSignals: {"code_repair", "multi_tool", "shell_repo"},
-    tasks.CurriculumTask: {"code_repair"},
+    tasks.CurriculumTask: {"code_repair", "web_shop"},
     tasks.DemonstratesEpisodes: {
         "code_repair",
         "multi_tool",
@@ -79,6 +81,7 @@ TASK_CAPABILITIES = {
         "shell_repo",
         "simulated_search",
         "treasure_hunt",
+        "web_shop",
     },
     tasks.MarksEnvironmentSpans: {"calculator_arithmetic"},
     tasks.DemonstratesRows: {"memory_corridor", "prune_lookup"},
@@ -97,7 +100,7 @@ CLASS_CAPABILITIES = {
 
 ENV_CAPABILITIES = {
     envs.Cuttable: {"code_repair", "orchestrator", "shell_repo", "user_env", "gateway"},
-    envs.Closable: {"calculator_arithmetic", "code_repair", "shell_repo", "user_env", "gateway"},
+    envs.Closable: {"calculator_arithmetic", "code_repair", "shell_repo", "web_shop", "user_env", "gateway"},
     envs.StepsInBatch: {"simulated_search", "arithmetic"},
     envs.Labelled: {"user_env", "gateway"},
     envs.DescribesCalls: {"user_env", "gateway"},

@@ -108,6 +108,23 @@ def test_a_code_repair_demonstration_through_the_gym_env_is_the_direct_episode(r
         env.step("submit")
 
 
+def test_the_browser_agent_through_the_gym_env_is_the_direct_episode_and_frees_its_server():
+    shop = make_task("web_shop", train_tasks=2, test_tasks=1, ood_tasks=1)
+    env = gym_env(shop, n_problems=2)
+    problem = env.episode.problems[0]
+    actions = shop.commands(problem)
+    prompt, results = direct(shop, problem, actions)
+    observation, info = env.reset(seed=0, options={"problem_index": 0})
+    assert observation == prompt[0]["content"] and observation.startswith(problem.prompt + "\n[1] textbox")
+    server = env.episode.env.server
+    assert server is not None and server.base.startswith("http://127.0.0.1:")
+    for i, (action, want) in enumerate(zip(actions, results, strict=True)):
+        observation, reward, terminated, truncated, info = env.step(action)
+        assert observation == render(want.messages) and terminated == (i == len(actions) - 1)
+    assert info["score"]["correct"] and info["score"]["details"]["reason"] in ("ordered", "right_answer")
+    assert server._server is None  # the episode's HTTP server is shut down at the end
+
+
 def test_treasure_rewards_invalid_answers_and_weights_are_the_direct_envs(treasure):
     env = gym_env(treasure, split="test", seed=3, process=0.5, outcome=2.0)
     problem = next(p for p in env.episode.problems if len(p.data["path"]) <= 5)  # room for detours

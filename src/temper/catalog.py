@@ -21,6 +21,7 @@ from temper.envs.shell_repo.task import ShellRepoTask
 from temper.envs.simulated_search import SearchDocumentsTask, SimulatedSearchTask
 from temper.envs.treasure_task import TreasureHuntTask
 from temper.envs.user_env import EnvDataTask
+from temper.envs.web_shop.task import WebShopTask
 from temper.tasks.arithmetic import Arithmetic
 from temper.tasks.base import BuiltFromRecipe, Fingerprinted, Task, WrapsTask
 from temper.tasks.dataset_task import DataTask
@@ -50,6 +51,7 @@ ENVIRONMENT_TASKS: dict[str, type] = {
     "memory_corridor": MemoryCorridorTask,  # a fact seen early, needed late, under a context budget
     "prune_lookup": PruneLookupTask,  # retrieval under a hard context budget, pruning as an action
     "shell_repo": ShellRepoTask,  # a real shell in the sandbox on multi-file repositories, fail-to-pass
+    "web_shop": WebShopTask,  # a browser agent on a local shop served per episode (WebRL curriculum)
 }
 """Environment tasks (a Task with `make_env`: multi-turn episodes)."""
 

@@ -3,10 +3,10 @@ demonstrations, the whole-list scoring and the play loop they share.
 
 A task using `PlaysCommands` defines `commands(problem, variant) -> [command]` (the expert's
 script of a demonstration variant), `variant(problem)` (which variant a problem gets),
-`make_env(problem)` and `config.max_commands`. Demonstrations are played through the real env,
-so their observations, signals and outcome are the env's own; a demonstration that does not end
-as its variant must (`VARIANT_ENDS`: a repair passes, an edited test is void) is a bug of the
-script and raises.
+`make_env(problem)` and `max_turns` (the most commands an episode takes). Demonstrations are
+played through the real env, so their observations, signals and outcome are the env's own; a
+demonstration that does not end as its variant must (`variant_ends`, by default VARIANT_ENDS: a
+repair passes, an edited test is void) is a bug of the script and raises.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from typing import Any
 from temper.envs.base import StepResult
 from temper.tasks.base import Problem, Score
 
-VARIANT_ENDS = {"repair": "pass", "skip_run": "pass", "edit_test": "void_rule_broken"}
-"""The outcome reason each demonstration variant must end with."""
+VARIANT_ENDS = {"repair": ("pass",), "skip_run": ("pass",), "edit_test": ("void_rule_broken",)}
+"""The outcome reasons each demonstration variant may end with."""
 
 
 class PlaysCommands:
     """Mixin of a command-per-turn environment task (module docstring)."""
+
+    variant_ends: dict[str, tuple[str, ...]] = VARIANT_ENDS
 
     def play(self, problem: Problem, commands: list[str]) -> tuple[list[dict[str, Any]], list[StepResult]]:
         """Play `commands` through a fresh env: the conversation and each step's result."""
@@ -53,7 +55,7 @@ class PlaysCommands:
         variant = self.variant(problem)
         messages, results = self.play(problem, self.commands(problem, variant))
         score = results[-1].score
-        if not results[-1].done or score is None or score.details["reason"] != VARIANT_ENDS[variant]:
+        if not results[-1].done or score is None or score.details["reason"] not in self.variant_ends[variant]:
             raise AssertionError(f"the {variant} demonstration of {problem.id} ended {score}")  # a bug
         return messages
 
@@ -64,7 +66,7 @@ class PlaysCommands:
     def score(self, problem: Problem, completion: str) -> Score:
         """A whole command list at once: each non-empty line is one command, played until the
         episode ends (a list without submit ends at the command limit: outcome 0)."""
-        lines = [ln for ln in completion.splitlines() if ln.strip()][: self.config.max_commands]
+        lines = [ln for ln in completion.splitlines() if ln.strip()][: self.max_turns]
         _, results = self.play(problem, lines)
         if not results or not results[-1].done:
             return Score(0.0, False, False, {"reason": "no_submit", "commands": len(results)})
