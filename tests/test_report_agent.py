@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from temper.report.agent import episode_html, eval_episode_table, rl_episode_table
+from temper.report.agent import episode_html, eval_episode_table, plain, rl_episode_table, transcripts
 from temper.report.rl import _rollout
 
 
@@ -103,3 +103,36 @@ def test_a_summarised_and_a_truncated_row_say_why_they_start_and_the_summary_is_
     )
     assert "row 2: the context budget was reached; the oldest turns are dropped" in html
     assert "rewrote" not in html
+
+
+def test_a_transcript_shows_each_turn_as_the_user_reads_it_without_template_markers():
+    episode = [
+        {"by": "policy", "text": "pytest<|end|>"},
+        {"by": "env", "text": "<|user|>1 failed <b>\n[exit 1]<|end|><|assistant|>"},
+        {"by": "policy", "text": "submit<|end|>"},
+    ]
+    wrong = {
+        "id": "t1",
+        "prompt": "fix the repo",
+        "episode": episode,
+        "score": {"correct": False, "reason": "fail"},
+    }
+    right = wrong | {"id": "t2", "score": {"correct": True, "reason": "pass"}}
+    html = transcripts(
+        "shell_repo", {"sft": {"test": {"examples": [wrong, right]}}, "rl": {"ood": {"examples": [wrong]}}}
+    )
+    first, second = html.split("</details>")[:2]
+    assert first.startswith(
+        "<details><summary>one episode as the agent saw it: shell_repo / sft / test / t2: correct (pass), 2 turns"
+    )
+    assert (
+        "<tr><td>1</td><td><pre>pytest</pre></td><td><pre>1 failed &lt;b&gt;\n[exit 1]</pre></td></tr>"
+        in first
+    )
+    assert (
+        "<tr><td>2</td><td><pre>submit</pre></td><td><pre>[the episode ends: correct, pass]</pre></td></tr>"
+        in first
+    )
+    assert second.startswith("<details open><summary>") and "rl / ood / t1: wrong (fail)" in second
+    assert plain("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") == "hi"
+    assert transcripts("t", {"m": {"test": {"examples": [{"id": "x", "completion": "4"}]}}}) == ""

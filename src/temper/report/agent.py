@@ -3,6 +3,7 @@ episodes with the environment's turns drawn apart from the policy's."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,65 @@ def episode_html(segments: Sequence[Mapping[str, Any]]) -> str:
         return f"<span class='{'pol' if s.get('by') == 'policy' else 'env'}'>{esc(s.get('text', ''))}</span>"
 
     return f"<pre class='episode'>{''.join(rule(s) + span(s) for s in segments)}</pre>"
+
+
+_ROLE_HEADER = re.compile(r"<\|im_start\|>(?:system|user|assistant|tool)\n?")
+_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")
+
+
+def plain(text: str) -> str:
+    """`text` without chat-template markers (`<|user|>`, `<|end|>`, ChatML's `<|im_start|>user`)."""
+    return _MARKER.sub("", _ROLE_HEADER.sub("", text)).strip("\n")
+
+
+def transcript_html(prompt: str, segments: Sequence[Mapping[str, Any]], end: str = "") -> str:
+    """An episode as its user reads it: the task, then one row per turn with the agent's action and
+    the environment's answer (a shell's output, a page's elements), chat-template markers removed;
+    `end` (the grade) in the last turn's answer when the environment said nothing after it. An
+    environment answer before any action (an inline tool result) gets a row of its own."""
+    rows: list[list[str]] = []
+    for s in segments:
+        text = plain(s.get("text", ""))
+        if s.get("by") == "policy":
+            rows.append([str(len(rows) + 1), text, ""])
+        elif rows and not rows[-1][2]:
+            rows[-1][2] = text
+        else:
+            rows.append(["", "", text])
+    if rows and not rows[-1][2]:
+        rows[-1][2] = end
+    cells = "".join(
+        f"<tr><td>{esc(n)}</td><td><pre>{esc(action)}</pre></td><td><pre>{esc(answer)}</pre></td></tr>"
+        for n, action, answer in rows
+    )
+    return (
+        f"<div class='transcript'><pre class='task'>{esc(plain(prompt))}</pre><table>"
+        f"<tr><th>turn</th><th>agent</th><th>environment</th></tr>{cells}</table></div>"
+    )
+
+
+def transcripts(task: str, by_model: Mapping[str, Mapping[str, Any]]) -> str:
+    """One greedy episode per model of an environment task, as its user reads it (`transcript_html`):
+    of the first split evaluated, its first correct example, else its first; the last model's open."""
+    out = []
+    for model, by_split in by_model.items():
+        split, result = next(iter(by_split.items()), ("", {}))
+        shown = [e for e in result.get("examples", []) if e.get("episode")]
+        if not shown:
+            continue
+        e = next((e for e in shown if e.get("score", {}).get("correct")), shown[0])
+        score = e.get("score", {})
+        verdict = "correct" if score.get("correct") else "wrong"
+        title = (
+            f"one episode as the agent saw it: {task} / {model} / {split} / {e.get('id', '')}: {verdict} "
+            f"({score.get('reason')}), {len([s for s in e['episode'] if s.get('by') == 'policy'])} turns"
+        )
+        end = f"[the episode ends: {verdict}, {score.get('reason')}]"
+        out.append((title, transcript_html(e.get("prompt", ""), e["episode"], end)))
+    return "".join(
+        f"<details{' open' if i == len(out) - 1 else ''}><summary>{esc(title)}</summary>{body}</details>"
+        for i, (title, body) in enumerate(out)
+    )
 
 
 def _label(key: str) -> str:

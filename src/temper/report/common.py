@@ -33,6 +33,9 @@ p .toks { padding: 0.1em 0.2em; }
 .toks > span.sup { background: #c9efc9; border-color: #7c7; color: #111; }
 .toks > span.sp { font-weight: bold; color: #a05; }
 .toks .ws { color: #bbb; } .toks > span.sup .ws { color: #4a4; }
+.transcript table td { vertical-align: top; } .transcript td pre { margin: 0; white-space: pre-wrap; }
+.transcript td:nth-child(2) pre { background: #c9efc9; } .transcript td:nth-child(3) pre { background: #e4e4f4; }
+.transcript pre.task { background: #f4f4f4; font-weight: bold; }
 .episode .pol { background: #c9efc9; } .episode .env { background: #e4e4f4; color: #446; }
 .episode .row { display: block; border-top: 2px dashed #a66; color: #a66; margin-top: 0.3em; }
 .episode .summary { background: #f6e3a8; font-weight: bold; }

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from temper.evaluate import best_of_n_rows, judge_rows, table_rows
-from temper.report.agent import LEGEND, episode_html, eval_episode_table
+from temper.report.agent import LEGEND, episode_html, eval_episode_table, transcripts
 from temper.report.common import Stage, correct_mark, embed_figure, esc, html_table, read_json
 from temper.rewards.best_of_n import bon_kl
 
@@ -185,6 +185,7 @@ def eval_section(stage: Stage, plots: Path) -> str:
             parts.append("<p>No difference with non-overlapping 95% intervals.</p>")
         parts.append(eval_table(by_model))
         parts.append(eval_episode_table(by_model))
+        parts.append(transcripts(task, by_model))
         png = plots / f"{stage.folder.name}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
         parts.append(embed_figure(accuracy_figure(task, by_model), png, f"{task} greedy accuracy"))
         parts.append(best_of_n_block(task, by_model, png.with_name(f"{png.stem}-best_of_n.png")))
