@@ -43,3 +43,28 @@ def test_evaluate_plays_episodes_and_reports_them(tokenizer):
         "policy",
     ]
     assert first["episode"][1]["text"] == "<|user|>at 1<|end|><|assistant|>"
+
+
+def test_the_episode_budget_of_an_eval_cuts_episodes_where_the_rl_stage_would(tokenizer):
+    script = Script(tokenizer, lambda text, j: "left")
+    kw = dict(n_problems=3, k=0, max_new_tokens=8)
+    # a turn is "left" + end of turn (5 tokens) and the env's answer (7): a budget of 12 ends each
+    # good episode after its first turn, as `train.max_episode_tokens: 12` does in RL
+    cut = evaluate(script, tokenizer, Walks(), "test", max_episode_tokens=12, **kw)
+    assert cut["episodes"]["stop_reasons"] == {"max_tokens": 2, "env_error": 1}
+    assert cut["metrics"]["greedy_accuracy"]["value"] == 0
+    whole = evaluate(script, tokenizer, Walks(), "test", max_episode_tokens=1000, **kw)
+    assert whole["episodes"]["stop_reasons"] == {"done": 2, "env_error": 1}
+    # the default budget, max_turns x max_new_tokens = 40, holds the three turns (36 tokens)
+    assert evaluate(script, tokenizer, Walks(), "test", **kw)["episodes"]["stop_reasons"] == {
+        "done": 2,
+        "env_error": 1,
+    }
+
+
+def test_the_eval_stage_hashes_its_episode_budget_only_when_set():  # runs recorded before it stay complete
+    from temper.stages.evaluation import EvalStage
+    from temper.stages.markers import stage_settings
+
+    assert "max_episode_tokens" not in stage_settings(EvalStage(kind="eval"))
+    assert stage_settings(EvalStage(kind="eval", max_episode_tokens=504))["max_episode_tokens"] == 504

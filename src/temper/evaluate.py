@@ -101,6 +101,7 @@ def evaluate(
     k: int = 4,
     temperature: float = 1.0,
     max_new_tokens: int = 64,
+    max_episode_tokens: int = 0,
     n_examples: int = 5,
     best_of_n: Sequence[int] = (),
     ranker: Ranker | None = None,
@@ -138,6 +139,10 @@ def evaluate(
     the verifier. The pass@k metrics use the first k of those n samples, which are the k samples
     a draw of k alone gives (sample j of a prompt depends only on its seed and j).
 
+    An environment task plays whole episodes of at most its `max_turns` turns of `max_new_tokens`
+    each, within `max_episode_tokens` after the prompt (0: max_turns x max_new_tokens; a task with
+    a context budget of its own, `EpisodeTokenLimited`, keeps it).
+
     `judge` (a `temper.rewards.judge.Judge`, single-turn tasks only) grades every graded completion
     (greedy and sampled) against its problem's prompt in one call, as a metric beside the verifier:
     `result["judge"]` holds `judge_metrics` (the mean verdict, its agreement with the verifier and
@@ -165,7 +170,9 @@ def evaluate(
     if isinstance(task, EnvTask):  # an environment task: whole episodes
         limits = EpisodeLimits(
             max_turns=task.max_turns if isinstance(task, TurnLimited) else 8,
-            max_tokens=task.max_episode_tokens if isinstance(task, EpisodeTokenLimited) else 0,
+            max_tokens=task.max_episode_tokens
+            if isinstance(task, EpisodeTokenLimited)
+            else max_episode_tokens,
             max_new_tokens=max_new_tokens,
         )
 

@@ -67,6 +67,11 @@ class EvalStage(Strict):
     """Samples per problem for pass@k and mean@k."""
     temperature: float = Field(1.0, ge=0)
     max_new_tokens: int = Field(64, gt=0)
+    """Per completion; for an environment task per turn."""
+    max_episode_tokens: int | None = Field(None, gt=0)
+    """Environment tasks: the episode's token budget after the prompt (the policy's turns and the
+    environment's answers), as the rl stage's `train.max_episode_tokens`; default
+    max_turns x max_new_tokens. A task with a context budget of its own keeps it."""
     seed: int = 1234
     sampler: SamplerKind = "hf"
     """Generation backend: hf (in-process transformers), vllm (a vLLM engine in this process: GPU,
@@ -89,7 +94,7 @@ class EvalStage(Strict):
     verifier (and Cohen's kappa) and the unparseable verdicts. `model: policy`: each model judges
     its own answers."""
 
-    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("judge",)
+    HASHED_WHEN_SET: ClassVar[tuple[str, ...]] = ("judge", "max_episode_tokens")
     UNHASHED: ClassVar[tuple[str, ...]] = ("server_url", "vllm_check_sync")
 
     @model_validator(mode="after")
@@ -183,6 +188,7 @@ def run_eval(
                     k=stage.k,
                     temperature=stage.temperature,
                     max_new_tokens=stage.max_new_tokens,
+                    max_episode_tokens=stage.max_episode_tokens or 0,
                     best_of_n=bon.n if bon else (),
                     ranker=ranker,
                     judge=judge,
