@@ -381,7 +381,7 @@ def monitor_table(rows: list[dict[str, Any]], settings: Mapping[str, Any] | None
 
 
 def curriculum_table(rows: list[dict[str, Any]]) -> str:
-    """A curriculum grown from failures (code_repair's, WebRL-style): the pool at the end, the
+    """A curriculum grown from failures (code_repair's or web_shop's, WebRL-style): the pool at the end, the
     share of it the curriculum generated, what the gate admitted and rejected over the run, and
     the share of the drawn problems that were generated; empty when no curriculum ran."""
     rows = [r for r in rows if "curriculum/pool_size" in r]

@@ -157,7 +157,7 @@ class WrapsTask(Protocol):
 @runtime_checkable
 class SamplesAtStep(Protocol):
     """A task whose RL training problems depend on the step (a curriculum: a noise schedule, a pool
-    grown from failures). Implemented by `SimulatedSearchTask` and `CodeRepairTask`; the RL loop
+    grown from failures). Implemented by `SimulatedSearchTask`, `CodeRepairTask` and `WebShopTask`; the RL loop
     (`train.collect.problems_for_step`) calls it instead of `sample`, and the rl stage leaves such a
     task out of the contamination screen of the drawn prompts (its pool is not known up front)."""
 
@@ -182,7 +182,7 @@ def path_signals_of(task: Any) -> Mapping[str, str]:
 
 class FailureCurriculum(Protocol):
     """A train pool that grows from the problems whose whole RL group failed
-    (`temper.envs.code_repair.curriculum.Curriculum`)."""
+    (`temper.envs.curriculum.Curriculum`, with code_repair's and web_shop's variants)."""
 
     def resume(self, out_dir: Path, start: int, main: bool) -> None:
         """Replay the growth logged before step `start` (a resumed run)."""
@@ -197,7 +197,7 @@ class FailureCurriculum(Protocol):
 class CurriculumTask(Protocol):
     """A task that may grow its train pool from failures: `failure_curriculum` is the curriculum,
     or None when the recipe did not ask for one (present but None means no curriculum: read it
-    through `curriculum_of`). Implemented by `CodeRepairTask` (its `curriculum:` option); the curriculum
+    through `curriculum_of`). Implemented by `CodeRepairTask` and `WebShopTask` (their `curriculum:` option); the curriculum
     RL feature (`train.features.curriculum`) grows it after each step."""
 
     failure_curriculum: FailureCurriculum | None

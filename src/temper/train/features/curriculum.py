@@ -1,5 +1,5 @@
 """Curriculum growth as an RL feature, without a block of its own: a task with a
-`failure_curriculum` (`code_repair`'s `curriculum:` option, `temper.envs.code_repair.curriculum`)
+`failure_curriculum` (`code_repair`'s and `web_shop`'s `curriculum:` option, `temper.envs.curriculum`)
 grows its train pool from the problems whose whole group failed. After each step every process's
 graded problems (all sampling rounds, the dropped groups too) are gathered, each with whether its
 whole group failed, and handed to its task's curriculum, which grows its pool from the failures
