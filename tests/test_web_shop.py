@@ -358,3 +358,46 @@ def test_an_rl_run_grows_the_curriculum_and_a_resumed_run_draws_the_same(tokeniz
 def test_the_curriculum_config_is_shared_with_code_repair():
     assert small(curriculum=CURRICULUM).config.curriculum == CurriculumConfig(**CURRICULUM)
     assert replace(small().config, curriculum=None).curriculum is None
+
+
+# ---- the chromium backend -------------------------------------------------------------------
+def _chromium_or_skip():
+    from temper.envs.web_shop.browser import BrowserUnavailable, find_chromium
+
+    pytest.importorskip("websockets")
+    try:
+        find_chromium()
+    except BrowserUnavailable:
+        pytest.skip("no chromium on PATH")
+
+
+def test_a_real_browser_shows_the_same_pages_and_reaches_the_same_outcome():
+    """The expert's episode through headless Chromium (its DOM after each load, its own form
+    submissions and redirects) is the text backend's, page for page."""
+    _chromium_or_skip()
+    text, browser = small(), small(backend="chromium")
+    for p in [text.problems("train")[i] for i in (0, 1, 3)] + text.problems("ood")[:1]:
+        actions = text.commands(p)
+        a_messages, a_results = text.play(p, actions)
+        b_messages, b_results = browser.play(p, actions)
+        assert b_messages == a_messages and b_results[-1].score == a_results[-1].score
+        assert b_results[-1].score.correct
+    env = browser.make_env(text.problems("test")[0])
+    env.reset()
+    try:
+        process, profile = env.browser.process, env.browser.profile
+        assert env.step("goto /p/999").messages[0]["content"].startswith("404 no such product")
+        assert env.step("back").messages[0]["content"].startswith('[1] textbox "search"')
+    finally:
+        env.close()
+    assert process.poll() is not None and not profile.exists()  # the browser is gone with the episode
+
+
+def test_the_chromium_backend_is_refused_in_one_line_without_a_browser(monkeypatch):
+    import temper.envs.web_shop.browser as browser
+
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="none of chromium, chromium-browser, google-chrome is on PATH"):
+        make_task("web_shop", backend="chromium")
+    with pytest.raises(ValueError, match="unknown backend 'firefox'"):
+        make_task("web_shop", backend="firefox")

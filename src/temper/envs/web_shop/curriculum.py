@@ -15,6 +15,7 @@ solved by the expert).
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -60,7 +61,8 @@ class WebShopCurriculum(Curriculum):
         return variant(parent, key, c.n_products, c.ood_colours)
 
     def gate(self, candidates: list[ShopTask], seen: set[str]) -> tuple[list[ShopTask], dict[str, int]]:
-        out = admit(iter(candidates), len(candidates), set(seen), len(candidates), self.task.env_of)
+        text = functools.partial(self.task.env_of, backend="text")  # the same pages, no browser start-up
+        out = admit(iter(candidates), len(candidates), set(seen), len(candidates), text)
         return out.tasks, out.counts
 
     def candidate_key(self, candidate: ShopTask) -> str:

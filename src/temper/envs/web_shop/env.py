@@ -17,6 +17,10 @@ order is placed (the shop's checkout is final), at `answer`, or at the `max_acti
 (outcome 0, reason no_end). The outcome is read from the SERVER's state (goals.grade): the orders
 placed, not the pages the agent saw. A server that does not answer within `timeout_s` is an
 infrastructure error (one line), which the agent loop records as env_error.
+
+Backends: `text` (the default) requests each page with urllib and parses the server's HTML;
+`chromium` has a real headless browser (browser.py, one per episode) load each page and submit
+each form, and parses the browser's DOM. The pages, ids and actions are the same.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from temper.envs.base import StepResult
+from temper.envs.web_shop.browser import ChromiumBrowser
 from temper.envs.web_shop.goals import Goal, grade
 from temper.envs.web_shop.page import Element, Page, parse
 from temper.envs.web_shop.server import ShopServer, ShopState
@@ -62,6 +67,7 @@ class WebShopEnv:
         max_chars: int = 160,
         timeout_s: float = 5.0,
         preamble: str = "",
+        backend: str = "text",
     ):
         self.goal, self.products = goal, products
         self.max_actions, self.per_page, self.max_chars, self.timeout_s = (
@@ -70,8 +76,9 @@ class WebShopEnv:
             max_chars,
             timeout_s,
         )
-        self.preamble = preamble
+        self.preamble, self.backend = preamble, backend
         self.server: ShopServer | None = None
+        self.browser: ChromiumBrowser | None = None
         # no proxies (a proxy variable must never route 127.0.0.1 elsewhere), no automatic redirects
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
 
@@ -80,6 +87,8 @@ class WebShopEnv:
         self.close()
         self.state = ShopState(self.products, per_page=self.per_page)
         self.server = ShopServer(self.state)
+        if self.backend == "chromium":
+            self.browser = ChromiumBrowser(self.timeout_s)
         self.actions = self.invalid = self.offsite = 0
         self.history: list[str] = []
         self.values: dict[int, str] = {}  # element id -> text typed into it on this page
@@ -88,6 +97,9 @@ class WebShopEnv:
         return [{"role": "user", "content": f"{opening}{self.goal.instruction}\n{self.render()}"}]
 
     def close(self) -> None:
+        if self.browser is not None:
+            self.browser.close()
+            self.browser = None
         if self.server is not None:
             self.server.close()
             self.server = None
@@ -114,12 +126,30 @@ class WebShopEnv:
             ) from None
 
     def _load(self, method: str, path: str, data: dict[str, str] | None = None, record: bool = True) -> Page:
+        if self.browser is not None:
+            return self._browse(method, path, data, record)
         status, body, location = self._fetch(method, path, data)
         if status in (301, 302, 303, 307) and location:
             method, path, data = "GET", location, None
             status, body, _ = self._fetch(method, path)
         self.values = {}
         if record and method == "GET":
+            self.history.append(path)
+        return parse(path, status, body)
+
+    def _browse(self, method: str, path: str, data: dict[str, str] | None, record: bool) -> Page:
+        """`_load` through the browser: it follows the redirect itself; the page's URL is recorded."""
+        url = urljoin(self.server.base + "/", path)
+        try:
+            status, body, final = (
+                self.browser.post(url, data or {}) if method == "POST" else self.browser.get(url)
+            )
+        except (TimeoutError, RuntimeError) as e:
+            raise RuntimeError(f"web_shop browser on {self.server.base}, {method} {path}: {e}") from None
+        parts = urlsplit(final)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.values = {}
+        if record:
             self.history.append(path)
         return parse(path, status, body)
 

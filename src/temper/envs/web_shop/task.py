@@ -35,6 +35,7 @@ from typing import ClassVar
 
 from temper.envs.command_episodes import PlaysCommands
 from temper.envs.curriculum import CurriculumConfig
+from temper.envs.web_shop.browser import BrowserUnavailable, find_chromium
 from temper.envs.web_shop.curriculum import WebShopCurriculum
 from temper.envs.web_shop.env import WebShopEnv
 from temper.envs.web_shop.goals import TEMPLATES
@@ -73,6 +74,10 @@ class WebShopConfig:
     """Open the prompt with INSTRUCTIONS (off: the tiny model learns the protocol from demonstrations)."""
     timeout_s: float = 5.0
     """The most one request to the episode's server may take (then an env_error)."""
+    backend: str = "text"
+    """How pages are loaded: text (urllib and the server's HTML) or chromium (a headless Chromium
+    per episode over the DevTools protocol, its DOM parsed; `temper[browser]` and a chromium on
+    PATH). Admission always plays the text backend (the same pages, without a browser's start-up)."""
     curriculum: CurriculumConfig | None = None
     """Grow the train pool from the goals RL fails (curriculum.py), e.g. {every: 1,
     variants_per_failure: 2, max_share: 0.5}; None: a fixed pool."""
@@ -96,6 +101,13 @@ class WebShopConfig:
             raise ValueError(
                 f"n_products must be in [1, {len(COLOURS) * len(CATEGORIES)}], got {self.n_products}"
             )
+        if self.backend not in ("text", "chromium"):
+            raise ValueError(f"unknown backend {self.backend!r}; valid: text, chromium")
+        if self.backend == "chromium":
+            try:
+                find_chromium()
+            except BrowserUnavailable as e:
+                raise ValueError(str(e)) from None
         if self.per_page < 1 or self.max_chars < 40 or self.timeout_s <= 0:
             raise ValueError("need per_page >= 1, max_chars >= 40 and timeout_s > 0")
 
@@ -112,7 +124,8 @@ def _pools(task: WebShopTask) -> dict[str, Pool]:
     for split in ("train", "test", "ood"):
         n = task.config.size(split)
         stream = (t for _, t in candidates(task.config, split))
-        out[split] = admit(stream, n, seen, max_candidates=4 * n + 20, make_env=task.env_of)
+        make_env = functools.partial(task.env_of, backend="text")
+        out[split] = admit(stream, n, seen, max_candidates=4 * n + 20, make_env=make_env)
         if len(out[split].tasks) < n:
             raise ValueError(
                 f"web_shop: only {len(out[split].tasks)} of {n} {split} tasks admitted {out[split].counts}"
@@ -176,7 +189,7 @@ class WebShopTask(PlaysCommands):
             return self.failure_curriculum.draw(n, seed, step)
         return self.sample(split, n, seed)
 
-    def env_of(self, task: ShopTask) -> WebShopEnv:
+    def env_of(self, task: ShopTask, backend: str | None = None) -> WebShopEnv:
         c = self.config
         return WebShopEnv(
             task.goal,
@@ -186,6 +199,7 @@ class WebShopTask(PlaysCommands):
             max_chars=c.max_chars,
             timeout_s=c.timeout_s,
             preamble=self.prompt,
+            backend=backend or c.backend,
         )
 
     def make_env(self, problem: Problem) -> WebShopEnv:
