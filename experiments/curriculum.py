@@ -32,9 +32,18 @@ def train_figures(rows: list[dict], window: int) -> dict[str, float]:
     out = {}
     for when, part in (("start", rows[:window]), ("end", rows[-window:])):
         out[f"success/{when}"] = mean([r["accuracy"] for r in part])
-        out[f"all_fail/{when}"] = mean([r.get("path/all_fail_groups", 0.0) for r in part])
+        out[f"all_fail/{when}"] = mean([all_fail(r) for r in part])
         out[f"turns/{when}"] = mean([r.get("episode/turns", 0.0) for r in part])
     return out
+
+
+def all_fail(row: dict) -> float:
+    """The share of groups with no correct rollout: `path/all_fail_groups` where the task has path
+    signals, else the zero-variance groups that were not all correct (with an outcome-only reward
+    of 0 or 1, a group with no success is a group of zeros)."""
+    if "path/all_fail_groups" in row:
+        return row["path/all_fail_groups"]
+    return row["zero_variance"] - row["zero_variance/all_correct"]
 
 
 def reasons_of(rows: list[dict]) -> list[str]:

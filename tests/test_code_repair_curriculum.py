@@ -103,6 +103,9 @@ def test_the_pool_grows_only_from_all_fail_groups_and_stays_a_bounded_share():
     assert 0.2 < share <= min(0.5, n / (4 + n)) + 0.06 and {p.id for p in drawn} >= set(ids)
     c.config = CurriculumConfig(max_share=0.1)  # the cap binds: the originals keep 90% of the draws
     assert 0.05 < sum(p.id.startswith("gen") for p in c.draw(400, 3, 1)) / 400 <= 0.13
+    c.config = CurriculumConfig(max_share=0.9, weighting="fixed")  # max_share, not the pool's share
+    assert 0.85 < sum(p.id.startswith("gen") for p in c.draw(400, 3, 1)) / 400 < 0.95
+    assert c.draw(50, 3, 0) == task.sample("train", 50, 3)  # still nothing before the first birth
     c.config = CurriculumConfig(**CURRICULUM)
     # a failed variant spawns variants of its own; a step where all groups succeed adds nothing
     gen = c.generated()[0].id
@@ -249,6 +252,11 @@ def test_a_stage_turns_the_curriculum_on_for_its_arm_only_with_the_same_pools():
             "{curriculum: {every: 1, max_share: 2}}",
             "stages[2].task_options.code_repair",
             "max_share must be in (0, 1)",
+        ),
+        (
+            "{curriculum: {weighting: uniform}}",
+            "stages[2].task_options.code_repair",
+            "weighting must be pool or fixed, got 'uniform'",
         ),
         (
             "{curriculum: {evry: 1}}",

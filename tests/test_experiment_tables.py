@@ -101,3 +101,16 @@ def test_a_run_without_curriculum_metrics_is_refused(tmp_path):
     )
     with pytest.raises(SystemExit, match="no curriculum"):
         curriculum.summarize(tmp_path, [0], window=1, task="code_repair", splits="train,test")
+
+
+def test_all_fail_groups_without_path_signals_are_the_zero_variance_groups_not_all_correct():
+    assert (
+        curriculum.all_fail(
+            {"path/all_fail_groups": 0.25, "zero_variance": 0.5, "zero_variance/all_correct": 0.5}
+        )
+        == 0.25
+    )
+    # web_shop logs no path signals: 5/6 groups of one reward, 4/6 of them all correct
+    assert curriculum.all_fail({"zero_variance": 5 / 6, "zero_variance/all_correct": 4 / 6}) == pytest.approx(
+        1 / 6
+    )

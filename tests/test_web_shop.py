@@ -317,6 +317,10 @@ def test_the_pool_grows_from_failures_through_the_gate_within_a_bounded_share(mo
     assert c.draw(20, 3, 0) == task.sample("train", 20, 3)  # nothing born before step 1
     share = sum(p.id.startswith("gen") for p in c.draw(400, 3, 1)) / 400
     assert 0.08 < share <= 1 / 7 + 0.05  # min(max_share, 1 generated / 7 in the pool)
+    fixed = small(curriculum=CURRICULUM | {"weighting": "fixed"}).failure_curriculum
+    fixed.born = c.born
+    share = sum(p.id.startswith("gen") for p in fixed.draw(400, 3, 1)) / 400
+    assert 0.43 < share < 0.57  # max_share of the draws, whatever the pool's size
     assert task.problems("train") == small().problems("train")  # the splits never change
 
 

@@ -12,9 +12,11 @@ is checked against every split (a variant is never a test or ood task) and every
 variant, and `no_variant` counts a draw for a parent with no other variant. A failed variant
 spawns variants of its own, so the pool keeps moving toward what the policy still fails.
 
-Sampling (`draw`): the originals and the variants born before the step; variants are at most
-`max_share` of the draws (a seeded coin per draw, heads with probability
-min(max_share, variants / pool)), so the original tasks stay in the mix.
+Sampling (`draw`): the originals and the variants born before the step; a seeded coin per draw
+picks a variant. `weighting: pool` (the default): heads with probability min(max_share,
+variants / pool), so a large pool dilutes a few variants to a few percent of the draws;
+`weighting: fixed`: heads with probability `max_share` as soon as any variant exists (WebRL trains
+each phase on its newly generated tasks). Either way the original tasks keep the rest of the mix.
 
 Determinism and resume: the pool after step s is the originals plus the variants of the
 failures of steps <= s, a pure function of the run. Each step's row (its failures and the
@@ -46,12 +48,17 @@ class CurriculumConfig:
     variants_per_failure: int = 2
     max_share: float = 0.5
     """The most of a step's train draws that may be generated variants (the rest: originals)."""
+    weighting: str = "pool"
+    """`pool`: variants drawn at their share of the pool, capped by `max_share`; `fixed`: at
+    `max_share` of the draws once any exist."""
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.variants_per_failure < 1:
             raise ValueError("curriculum: every and variants_per_failure must be >= 1")
         if not 0.0 < self.max_share < 1.0:
             raise ValueError(f"curriculum: max_share must be in (0, 1), got {self.max_share}")
+        if self.weighting not in ("pool", "fixed"):
+            raise ValueError(f"curriculum: weighting must be pool or fixed, got {self.weighting!r}")
 
     @staticmethod
     def of(value: Any) -> CurriculumConfig | None:
@@ -128,7 +135,9 @@ class Curriculum:
             return self.task.sample("train", n, seed)
         name = self.task.name
         rng = random.Random(f"{name}:curriculum:{seed}")
-        share = min(self.config.max_share, len(generated) / (len(generated) + len(originals)))
+        share = self.config.max_share
+        if self.config.weighting == "pool":
+            share = min(share, len(generated) / (len(generated) + len(originals)))
         heads = [rng.random() < share for _ in range(n)]
         orig = iter(draw(originals, f"{name}:train:{seed}", n - sum(heads), repeat=True))
         gen = iter(draw(generated, f"{name}:curriculum:{seed}", sum(heads), repeat=True))
