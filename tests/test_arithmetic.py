@@ -188,7 +188,7 @@ def test_registry():
         "code_repair",
         "multi_tool",
         "simulated_search", "search_documents",
-        "two_mode",
+        "two_mode", "translated", "thinking_language",
         "instructed_arithmetic",
         "gateway",
         "memory_corridor", "prune_lookup", "orchestrator",

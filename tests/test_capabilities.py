@@ -47,6 +47,8 @@ OPTIONS = {
     "gateway": {"data": "rows.jsonl", "agent": "agent.py"},
     "reasoning_gym": {"dataset": "leg_counting", "size": 10},
     "two_mode": {"base": "arithmetic"},
+    "translated": {"base": "arithmetic"},
+    "thinking_language": {"base": "arithmetic"},
     "code_repair": {"train_tasks": 4, "test_tasks": 2, "ood_tasks": 2},
     "shell_repo": {"train_tasks": 2, "test_tasks": 1, "ood_tasks": 1},
     "web_shop": {"train_tasks": 2, "test_tasks": 1, "ood_tasks": 1},
@@ -70,7 +72,7 @@ ENV_TASKS = {
 
 TASK_CAPABILITIES = {
     tasks.BatchScored: {"dataset", "user_env", "gateway"},
-    tasks.Fingerprinted: {"dataset", "user_env", "two_mode", "gateway"},
+    tasks.Fingerprinted: {"dataset", "user_env", "two_mode", "translated", "thinking_language", "gateway"},
     tasks.SamplesAtStep: {"code_repair", "simulated_search", "web_shop"},
     tasks.DeclaresPathSignals: {"code_repair", "multi_tool", "shell_repo"},
     tasks.CurriculumTask: {"code_repair", "web_shop"},
@@ -94,7 +96,7 @@ TASK_CAPABILITIES = {
 
 CLASS_CAPABILITIES = {
     tasks.BuiltFromRecipe: {"dataset", "user_env", "reasoning_gym", "simulated_search", "gateway"},
-    tasks.WrapsTask: {"two_mode"},
+    tasks.WrapsTask: {"two_mode", "translated", "thinking_language"},
 }
 """The protocols of a task class (classmethods the catalog calls), checked on the class."""
 

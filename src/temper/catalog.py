@@ -28,6 +28,8 @@ from temper.tasks.dataset_task import DataTask
 from temper.tasks.general_points import GeneralPoints
 from temper.tasks.instructed import InstructedArithmetic
 from temper.tasks.reasoning_gym_task import ReasoningGym
+from temper.tasks.thinking_language import ThinkingLanguage
+from temper.tasks.translated import Translated
 from temper.tasks.two_mode import TwoMode
 
 TASKS: dict[str, type] = {
@@ -37,6 +39,8 @@ TASKS: dict[str, type] = {
     "reasoning_gym": ReasoningGym,  # any reasoning-gym data set (needs the reasoning_gym extra)
     "two_mode": TwoMode,  # a task's demonstrations in a thinking and a direct mode (AdaptThink)
     "instructed_arithmetic": InstructedArithmetic,  # a house rule in a system prompt (prompt distillation)
+    "translated": Translated,  # a task in a synthetic language (another script and word order)
+    "thinking_language": ThinkingLanguage,  # the trace in the language a system prompt names
 }
 
 ENVIRONMENT_TASKS: dict[str, type] = {

@@ -156,6 +156,9 @@ def _files(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
         child = getattr(node, key)
         if (key == "files" or key.endswith("_files")) and isinstance(child, list):
             out += [((*loc, key, j), path) for j, path in enumerate(child) if isinstance(path, str)]
+        elif isinstance(child, dict):  # named sub-specs (a corpus's mix sources)
+            for name, sub in child.items():
+                out += _files(sub, (*loc, key, name))
         else:
             out += _files(child, (*loc, key))
     return out

@@ -251,6 +251,8 @@ def _value_loc(node: Any, field: str, value: Any) -> Loc:
     stage names a task (`tasks`, `data.tasks`, `corpus.tasks`). () if not found."""
     if isinstance(node, BaseModel):
         items: list[tuple[str, Any]] = [(k, getattr(node, k)) for k in type(node).model_fields]
+    elif isinstance(node, dict):  # named sub-specs (a corpus's mix sources)
+        items = list(node.items())
     else:
         return ()
     for key, child in items:

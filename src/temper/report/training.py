@@ -92,6 +92,7 @@ def training_section(stage: Stage, plots: Path) -> str:
     loud = ("data: truncated", "data: dropped", "skipped")
     flagged = {i for i, (k, v) in enumerate(counts) if v and k.startswith(loud)}
     parts.append(html_table(counts, flagged=flagged, caption="data (highlighted: rows lost or cut)"))
+    parts.append(mix_table(summary.get("mix") or {}))
     parts.append(best_of_n_table(summary.get("best_of_n") or {}))
     parts.append(contamination_html(summary.get("contamination")))
     return "".join(parts) + mask_section(stage.folder / "examples.json")
@@ -133,6 +134,27 @@ def overfitting_table(rows: list[dict[str, Any]]) -> str:
         [["held-out loss rising", value, flagged, rule]], head, {0} if first is not None else set()
     )
     return "<h3>Overfitting check</h3>" + boxes(warn) + table
+
+
+def mix_table(mix: dict[str, Any]) -> str:
+    """A pretrain stage's `corpus.mix`: each source's stated and realised token share, its tokens
+    and how often it was read through (a source read again is highlighted: it repeats); "" without one."""
+    if not mix:
+        return ""
+    head = ["source", "share", "realised share", "tokens", "examples", "passes"]
+    rows = [
+        [
+            name,
+            percent(m["share"]),
+            f"{100 * m['realised_share']:.1f}%",
+            number(m["tokens"]),
+            number(m["examples"]),
+            m["passes"],
+        ]
+        for name, m in mix.items()
+    ]
+    flagged = {i for i, m in enumerate(mix.values()) if m["passes"] > 1}
+    return html_table(rows, head, flagged, caption="corpus mix (highlighted: a source read more than once)")
 
 
 def best_of_n_table(by_task: dict[str, Any]) -> str:

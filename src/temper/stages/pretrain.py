@@ -7,6 +7,7 @@ the base learns the notation and the arithmetic but not the chat protocol: SFT t
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 from pathlib import Path
@@ -17,8 +18,10 @@ from rich.console import Console
 
 from temper import distributed
 from temper.atomic import atomic_dir, atomic_write_json
+from temper.data.chat import tokenize_example
 from temper.data.dataset import build_sequences
 from temper.data.formats import Example, NoUsableRowsError, load_rows
+from temper.data.mix import mix_examples
 from temper.models import build_preset, build_tokenizer, load_model, load_tokenizer, save_model
 from temper.stages.base import (
     EpochRows,
@@ -40,6 +43,15 @@ if TYPE_CHECKING:
 console = Console(stderr=True)
 
 
+class MixSource(Strict):
+    tasks: list[str] = []
+    """Tasks whose corpus lines this source holds (as `corpus.tasks`)."""
+    files: list[str] = []
+    """Text files or data sets this source holds (as `corpus.files`)."""
+    share: float = Field(ge=0.0, le=1.0)
+    """This source's share of the mixed corpus's tokens."""
+
+
 class CorpusSpec(Strict):
     tasks: list[str] = []
     """Tasks whose problems and solutions, in plain notation, make the synthetic corpus."""
@@ -53,6 +65,13 @@ class CorpusSpec(Strict):
     """Extra text: .txt (one document per line), or any data set with a `text` column (.jsonl,
     .json, .parquet, .arrow, a save_to_disk folder, a hub id; `NAME[split]` picks a split)."""
     seed: int = 0
+    mix: dict[str, MixSource] = {}
+    """Named sources at token shares (continued pre-training against forgetting: `{new: {tasks:
+    [arithmetic_cy], share: 0.8}, old: {tasks: [arithmetic], share: 0.2}}`), interleaved evenly
+    and `tokens` long (`temper.data.mix`); what each source gave is recorded in pretrain.json.
+    With a mix, the corpus's own `tasks` and `files` stay empty."""
+    tokens: int | None = Field(None, gt=0)
+    """A mixed corpus's length in tokens (each source repeated if it is shorter than its share)."""
 
 
 class PretrainStage(Strict):
@@ -74,7 +93,25 @@ class PretrainStage(Strict):
     @model_validator(mode="after")
     def _check(self) -> PretrainStage:
         errors = [(("train", *loc), msg) for loc, msg in train_rules(self.train)]
-        if not self.corpus.tasks and not self.corpus.files:
+        corpus = self.corpus
+        if corpus.mix:
+            if corpus.tasks or corpus.files:
+                errors.append(
+                    (
+                        ("corpus", "mix"),
+                        "with a mix, name the tasks and files in its sources, not in the corpus",
+                    )
+                )
+            if corpus.tokens is None:
+                errors.append((("corpus", "tokens"), "a mix needs tokens: the mixed corpus's length"))
+            if not math.isclose(total := sum(m.share for m in corpus.mix.values()), 1.0, abs_tol=1e-6):
+                errors.append((("corpus", "mix"), f"the shares must sum to 1, got {total:g}"))
+            for name, source in corpus.mix.items():
+                if not source.tasks and not source.files:
+                    errors.append((("corpus", "mix", name), "an empty source: give tasks or files"))
+        elif corpus.tokens is not None:
+            errors.append((("corpus", "tokens"), "tokens sets a mix's length: give a mix, or leave it out"))
+        elif not corpus.tasks and not corpus.files:
             errors.append((("corpus",), "the corpus is empty: give tasks (their problems) or files (text)"))
         raise_located(errors)
         return self
@@ -83,10 +120,40 @@ class PretrainStage(Strict):
 def corpus_examples(stage: PretrainStage, ctx: StageContext, tokenizer=None) -> list[Example]:
     """Task lines (train split only, so test problems never leak into the base) plus user files;
     with `corpus.chat_share`, every problem whose index falls in that share (spread evenly) is a
-    chat transcript rendered by `tokenizer`'s chat template instead."""
+    chat transcript rendered by `tokenizer`'s chat template instead. A `corpus.mix`: see
+    `mixed_corpus`."""
+    if stage.corpus.mix:
+        return mixed_corpus(stage, ctx, tokenizer)[0]
+    examples = _source_examples(stage.corpus.tasks, stage.corpus.files, stage, ctx, tokenizer)
+    random.Random(stage.corpus.seed).shuffle(examples)
+    return examples
+
+
+def mixed_corpus(stage: PretrainStage, ctx: StageContext, tokenizer) -> tuple[list[Example], dict]:
+    """A `corpus.mix`'s examples, its sources interleaved at their token shares (counted as the
+    packer tokenizes them), and what each source gave."""
+    corpus = stage.corpus
+    sources = {
+        name: _source_examples(m.tasks, m.files, stage, ctx, tokenizer) if m.share else []
+        for name, m in corpus.mix.items()
+    }
+    shares = {name: m.share for name, m in corpus.mix.items()}
+    max_len = stage.max_len
+    return mix_examples(
+        sources,
+        shares,
+        corpus.tokens,
+        lambda ex: len(tokenize_example(tokenizer, ex, max_len).input_ids),
+        corpus.seed,
+    )
+
+
+def _source_examples(
+    tasks: list[str], files: list[str], stage: PretrainStage, ctx: StageContext, tokenizer
+) -> list[Example]:
     examples: list[Example] = []
     share = stage.corpus.chat_share
-    for name in stage.corpus.tasks:
+    for name in tasks:
         task = ctx.tasks[name]
         for i, problem in enumerate(task.sample("train", stage.corpus.problems_per_task, stage.corpus.seed)):
             if share and int((i + 1) * share) > int(i * share):  # e.g. 0.25: problems 3, 7, 11, ...
@@ -95,10 +162,9 @@ def corpus_examples(stage: PretrainStage, ctx: StageContext, tokenizer=None) -> 
             else:
                 text = task.corpus_text(problem)
             examples.append(Example(source=f"task:{name}", line=i + 1, text=text))
-    for path in stage.corpus.files:
+    for path in files:
         rows, _ = load_rows(path, ctx.base_dir)
         examples += [r for r in rows if r.text is not None] or _no_text(path, len(rows))
-    random.Random(stage.corpus.seed).shuffle(examples)
     return examples
 
 
@@ -117,7 +183,7 @@ def pretrain_hash(stage: PretrainStage, spec: ModelSpec, ctx: StageContext) -> s
     change the weights (progress bar, trackers) are left out, and so is `precision` at fp32, the
     only precision before the setting existed (a base trained in bf16 gets its own hash), and
     `epochs` when not given (likewise)."""
-    tasks = {t: ctx.task_options.get(t, {}) for t in stage.corpus.tasks}
+    tasks = {t: ctx.task_options.get(t, {}) for t in corpus_tasks(stage)}
     skip_train = {"progress", "trackers"} | ({"precision"} if stage.train.precision == "fp32" else set())
     skip_train |= {"epochs"} if stage.train.epochs is None else set()
     defaults = TrainConfig()  # settings added later (optimizer): left out at their defaults
@@ -154,9 +220,12 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
     else:
         path = ctx.model_source(spec.path)
         tokenizer, model = load_tokenizer(path), load_model(path)
-    sequences, stats = build_sequences(
-        tokenizer, corpus_examples(stage, ctx, tokenizer), stage.max_len, pack=True
-    )
+    mix = None
+    if stage.corpus.mix:
+        examples, mix = mixed_corpus(stage, ctx, tokenizer)
+    else:
+        examples = corpus_examples(stage, ctx, tokenizer)
+    sequences, stats = build_sequences(tokenizer, examples, stage.max_len, pack=True)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"pretrain: {n_params / 1e6:.2f}M parameters, {stats.sequences} packed rows, "
@@ -176,6 +245,7 @@ def run_pretrain(stage: PretrainStage, spec: ModelSpec, ctx: StageContext, out: 
         "seconds": result.seconds,
         "tokens": result.tokens,
         "precision": result.precision,
+        **({"mix": mix} if mix else {}),
     }
     if distributed.is_main():
         atomic_write_json(out / "pretrain.json", summary)
@@ -201,8 +271,21 @@ def _fill_cache(cache: Path, out: Path, summary: dict) -> None:
     console.print(f"pretrain: stored the base in {cache}")
 
 
+def corpus_tasks(stage: PretrainStage) -> list[str]:
+    """Every task the corpus reads: its own and its mix sources'."""
+    mixed = [t for m in stage.corpus.mix.values() for t in m.tasks]
+    return list(dict.fromkeys(stage.corpus.tasks + mixed))
+
+
 def describe(stage: PretrainStage, recipe: Recipe) -> str:
-    what = f"pretrain {recipe.model.preset or recipe.model.path} on {stage.corpus.tasks + stage.corpus.files}, {length(stage.train)}"
+    corpus = stage.corpus
+    sources = (
+        ", ".join(f"{n} {m.share:.0%} ({', '.join(m.tasks + m.files)})" for n, m in corpus.mix.items())
+        + f"; {corpus.tokens:,} tokens"
+        if corpus.mix
+        else str(corpus.tasks + corpus.files)
+    )
+    what = f"pretrain {recipe.model.preset or recipe.model.path} on {sources}, {length(stage.train)}"
     return what + (f" (or reuse {stage.cache} if its settings match)" if stage.cache else "")
 
 
@@ -215,10 +298,14 @@ KIND = StageKind(
     produces_model=True,
     help="pre-train a preset (or continue a model) on a corpus",
     outputs=("pretrain.json",),
-    tasks=lambda stage: stage.corpus.tasks,
+    tasks=corpus_tasks,
     order=10,
-    epoch_rows=lambda stage: EpochRows(
-        stage.corpus.problems_per_task * len(stage.corpus.tasks), tuple(stage.corpus.files), packed=True
+    epoch_rows=lambda stage: (
+        EpochRows(
+            stage.corpus.problems_per_task * len(stage.corpus.tasks), tuple(stage.corpus.files), packed=True
+        )
+        if not stage.corpus.mix
+        else EpochRows(0, (), packed=True, pending="the mix is built")
     ),
     caches=lambda stage: [(("cache",), stage.cache)] if stage.cache else [],
 )

@@ -11,7 +11,10 @@ if TYPE_CHECKING:  # the names, for type checkers; imported on first use (temper
     from temper.tasks.dataset_task import DataTask, DataTaskConfig
     from temper.tasks.general_points import GeneralPoints, GeneralPointsConfig
     from temper.tasks.instructed import InstructedArithmetic
+    from temper.tasks.language import Language
     from temper.tasks.reasoning_gym_task import ReasoningGym, ReasoningGymConfig
+    from temper.tasks.thinking_language import ThinkingLanguage, ThinkingLanguageConfig
+    from temper.tasks.translated import Translated, TranslatedConfig
     from temper.tasks.two_mode import TwoMode, TwoModeConfig
 
 __getattr__, __dir__ = exports(
@@ -30,6 +33,11 @@ __getattr__, __dir__ = exports(
         "InstructedArithmetic": "instructed",
         "ReasoningGym": "reasoning_gym_task",
         "ReasoningGymConfig": "reasoning_gym_task",
+        "Language": "language",
+        "ThinkingLanguage": "thinking_language",
+        "ThinkingLanguageConfig": "thinking_language",
+        "Translated": "translated",
+        "TranslatedConfig": "translated",
         "TwoMode": "two_mode",
         "TwoModeConfig": "two_mode",
     },
@@ -43,12 +51,17 @@ __all__ = [
     "GeneralPoints",
     "GeneralPointsConfig",
     "InstructedArithmetic",
+    "Language",
     "Problem",
     "ReasoningGym",
     "ReasoningGymConfig",
     "Score",
     "Task",
     "TaskOptionError",
+    "ThinkingLanguage",
+    "ThinkingLanguageConfig",
+    "Translated",
+    "TranslatedConfig",
     "TwoMode",
     "TwoModeConfig",
 ]

@@ -149,9 +149,22 @@ class BuiltFromRecipe(Protocol):
 class WrapsTask(Protocol):
     """A task CLASS over another task that the catalog builds: a `wrap(config, name, make_inner)`
     classmethod, `make_inner()` building the base task from the entry's options. Checked on the
-    class. Implemented by `TwoMode`; called by `catalog.make_task`."""
+    class. Implemented by `TwoMode`, `Translated` and `ThinkingLanguage`; called by `catalog.make_task`."""
 
     def wrap(self, config: Any, name: str, make_inner: Callable[[], Task]) -> Task: ...
+
+
+def inner_task(kind: str, base: str, make_inner: Callable[[], Any]) -> Any:
+    """A wrapper task's base task (`WrapsTask.wrap`), its errors located at the entry's `base` or
+    `options`; a wrapper of kind `kind` cannot wrap another one."""
+    if base == kind:
+        raise TaskOptionError(("base",), f"a {kind} task cannot wrap another {kind} task")
+    try:
+        return make_inner()
+    except TaskOptionError:
+        raise
+    except ValueError as err:
+        raise TaskOptionError(("options" if "option" in str(err) else "base",), str(err)) from err
 
 
 @runtime_checkable

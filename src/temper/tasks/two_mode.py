@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from temper.tasks.base import Fingerprinted, Problem, Score, TaskOptionError
+from temper.tasks.base import Fingerprinted, Problem, Score, TaskOptionError, inner_task
 
 THINK = "Think:"
 """The thinking mode's first text: the worked solution follows."""
@@ -62,7 +62,7 @@ class TwoModeConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.direct_share <= 1.0:
-            raise TaskOptionError("direct_share", f"must be in [0, 1], got {self.direct_share}")
+            raise TaskOptionError(("direct_share",), f"must be in [0, 1], got {self.direct_share}")
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,9 @@ class TwoMode:
     def wrap(cls, config: TwoModeConfig, name: str, make_inner: Callable[[], Any]) -> TwoMode:
         """The task over the base task `make_inner()` builds (`temper.catalog.make_task` of
         `config.base` with `config.options`: the catalog hands it over, as it sits above this layer)."""
-        if config.base == cls.name:
-            raise TaskOptionError("base", "a two_mode task cannot wrap another two_mode task")
-        try:
-            inner = make_inner()
-        except TaskOptionError:
-            raise
-        except ValueError as err:
-            raise TaskOptionError("options" if "option" in str(err) else "base", str(err)) from err
+        inner = inner_task(cls.name, config.base, make_inner)
         if not hasattr(inner, "demonstration"):
-            raise TaskOptionError("base", f"task {config.base!r} has no worked demonstrations")
+            raise TaskOptionError(("base",), f"task {config.base!r} has no worked demonstrations")
         return cls(config, inner, name)
 
     def fingerprint(self) -> str:
